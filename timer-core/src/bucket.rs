@@ -1,0 +1,108 @@
+//! A bucket: one slot of one wheel level, holding a doubly linked list of entries.
+//!
+//! The list is threaded through the slab (`Entry::next` / `Entry::prev`, slot indices,
+//! `NIL`-terminated), so linking and unlinking allocate nothing and touch at most three
+//! entries (the entry and its two neighbours).
+//!
+//! # Invariants
+//! - `head` is `NIL` or an occupied slot whose `prev` is `NIL` and whose `bucket` is this
+//!   bucket's id; following `next` from it visits every entry linked here exactly once.
+//! - `expiration` is [`NOT_QUEUED`] exactly when the bucket has no entry in the bucket
+//!   queue. Otherwise it is the tick at which the bucket's range starts, and the bucket
+//!   queue holds exactly one `(expiration, id)` item for it: a bucket is never queued twice
+//!   for one round.
+//! - A bucket may be queued and empty (all its entries were cancelled); flushing it then
+//!   costs one queue pop and nothing else.
+
+use crate::slab::{Slab, NIL};
+
+/// `Bucket::expiration` of a bucket that is not in the bucket queue.
+pub(crate) const NOT_QUEUED: u64 = u64::MAX;
+
+#[derive(Debug, Clone)]
+pub(crate) struct Bucket {
+    pub(crate) head: u32,
+    pub(crate) expiration: u64,
+}
+
+impl Bucket {
+    pub(crate) const EMPTY: Bucket = Bucket {
+        head: NIL,
+        expiration: NOT_QUEUED,
+    };
+
+    /// Links the vacant-of-links entry `index` at the front of this bucket (id `id`).
+    pub(crate) fn push<T>(&mut self, id: u32, index: u32, slab: &mut Slab<T>) {
+        let old_head = self.head;
+        if old_head != NIL {
+            slab.get_mut(old_head).prev = index;
+        }
+        let entry = slab.get_mut(index);
+        debug_assert_eq!(entry.bucket, NIL, "entry is already linked");
+        entry.next = old_head;
+        entry.prev = NIL;
+        entry.bucket = id;
+        self.head = index;
+    }
+
+    /// Unlinks entry `index`, which must be linked into this bucket.
+    pub(crate) fn unlink<T>(&mut self, index: u32, slab: &mut Slab<T>) {
+        let entry = slab.get_mut(index);
+        let (prev, next) = (entry.prev, entry.next);
+        entry.prev = NIL;
+        entry.next = NIL;
+        entry.bucket = NIL;
+        if prev == NIL {
+            debug_assert_eq!(self.head, index, "an entry without prev must be the head");
+            self.head = next;
+        } else {
+            slab.get_mut(prev).next = next;
+        }
+        if next != NIL {
+            slab.get_mut(next).prev = prev;
+        }
+    }
+
+    /// Detaches the whole list and marks the bucket as not queued; returns the old head.
+    /// The entries keep their `next` links (so the caller can walk them) but must each be
+    /// re-linked or removed by the caller; their `bucket` field still names this bucket
+    /// until then.
+    pub(crate) fn take(&mut self) -> u32 {
+        self.expiration = NOT_QUEUED;
+        std::mem::replace(&mut self.head, NIL)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn walk(bucket: &Bucket, slab: &Slab<u32>) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut at = bucket.head;
+        while at != NIL {
+            out.push(slab.get(at).task.unwrap());
+            at = slab.get(at).next;
+        }
+        out
+    }
+
+    #[test]
+    fn push_and_unlink_head_middle_tail() {
+        let mut slab = Slab::new();
+        let mut bucket = Bucket::EMPTY;
+        let keys: Vec<_> = (0..4).map(|i| slab.insert(0, i)).collect();
+        for k in &keys {
+            bucket.push(7, k.index, &mut slab);
+        }
+        assert_eq!(walk(&bucket, &slab), vec![3, 2, 1, 0]);
+        bucket.unlink(keys[2].index, &mut slab); // middle
+        assert_eq!(walk(&bucket, &slab), vec![3, 1, 0]);
+        bucket.unlink(keys[3].index, &mut slab); // head
+        assert_eq!(walk(&bucket, &slab), vec![1, 0]);
+        bucket.unlink(keys[0].index, &mut slab); // tail
+        assert_eq!(walk(&bucket, &slab), vec![1]);
+        bucket.unlink(keys[1].index, &mut slab);
+        assert_eq!(bucket.head, NIL);
+    }
+}

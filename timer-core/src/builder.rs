@@ -1,0 +1,141 @@
+//! Configuration of a [`Timer`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::{Clock, SystemClock};
+use crate::error::BuildError;
+use crate::executor::Executor;
+use crate::timer::{reaper_loop, Inner, Timer};
+use crate::TimerTask;
+
+/// Builds a [`Timer`]. Defaults: tick 1 ms, wheel size 20 (Kafka's), one shard per
+/// available core (at least 2), the system clock, expired tasks run inline on a reaper
+/// thread named `timer-reaper`.
+#[derive(Clone)]
+pub struct TimerBuilder {
+    tick: Duration,
+    wheel_size: u32,
+    shards: Option<usize>,
+    clock: Option<Arc<dyn Clock>>,
+    executor: Executor,
+    reaper: bool,
+    name: String,
+}
+
+impl Default for TimerBuilder {
+    fn default() -> Self {
+        TimerBuilder {
+            tick: Duration::from_millis(1),
+            wheel_size: 20,
+            shards: None,
+            clock: None,
+            executor: Executor::Inline,
+            reaper: true,
+            name: "timer-reaper".to_owned(),
+        }
+    }
+}
+
+impl TimerBuilder {
+    /// A builder with the defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The resolution of the finest level (1 us ..= 1 h).
+    pub fn tick(mut self, tick: Duration) -> Self {
+        self.tick = tick;
+        self
+    }
+
+    /// Buckets per level (2 ..= 65,536).
+    pub fn wheel_size(mut self, wheel_size: u32) -> Self {
+        self.wheel_size = wheel_size;
+        self
+    }
+
+    /// Number of independent wheels (1 ..= 1,024). Each thread adds to one of them.
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = Some(shards);
+        self
+    }
+
+    /// The time source; [`ManualClock`](crate::ManualClock) for tests.
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Where expired tasks run.
+    pub fn executor(mut self, executor: Executor) -> Self {
+        self.executor = executor;
+        self
+    }
+
+    /// Whether to start a reaper thread that drives the clock (default true). Without
+    /// one, the owner calls [`Timer::advance_clock`].
+    pub fn reaper(mut self, reaper: bool) -> Self {
+        self.reaper = reaper;
+        self
+    }
+
+    /// The reaper thread's name.
+    pub fn thread_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Checks the configuration and builds the timer (starting its reaper if asked).
+    pub fn build<T: TimerTask>(self) -> Result<Timer<T>, BuildError> {
+        if self.tick < Duration::from_micros(1) || self.tick > Duration::from_secs(3600) {
+            return Err(BuildError::InvalidTick(self.tick));
+        }
+        if !(2..=65_536).contains(&self.wheel_size) {
+            return Err(BuildError::InvalidWheelSize(self.wheel_size));
+        }
+        let shards = self.shards.unwrap_or_else(|| {
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(2)
+                .max(2)
+        });
+        if !(1..=1024).contains(&shards) {
+            return Err(BuildError::InvalidShards(shards));
+        }
+        let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock::new()));
+        let inner = Arc::new(Inner::new(
+            self.wheel_size,
+            shards,
+            self.tick,
+            clock,
+            self.executor,
+        ));
+        let reaper = if self.reaper {
+            let inner = Arc::clone(&inner);
+            let handle = std::thread::Builder::new()
+                .name(self.name)
+                .spawn(move || reaper_loop(inner))
+                .map_err(BuildError::Spawn)?;
+            Some(handle)
+        } else {
+            None
+        };
+        Ok(Timer {
+            inner,
+            reaper: parking_lot::Mutex::new(reaper),
+        })
+    }
+}
+
+impl std::fmt::Debug for TimerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TimerBuilder")
+            .field("tick", &self.tick)
+            .field("wheel_size", &self.wheel_size)
+            .field("shards", &self.shards)
+            .field("executor", &self.executor)
+            .field("reaper", &self.reaper)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,72 @@
+//! A hierarchical timing wheel (Kafka's `TimingWheel` and `SystemTimer`) whose non-empty
+//! buckets sit in a delay queue ordered by expiration, so the clock jumps straight to the
+//! next due bucket and an idle timer does no work.
+//!
+//! # Layers
+//! - [`Wheel`]: the pure data structure, single-threaded, time in integer ticks. O(1)
+//!   insert and O(1) cancel by generation-checked key; overflow levels created on demand;
+//!   entries cascade down as their coarse buckets come due.
+//! - [`Timer`]: thread-safe, sharded wheels behind `parking_lot` locks, a [`Clock`], and a
+//!   reaper thread that sleeps until the earliest bucket is due. Built by [`TimerBuilder`].
+//!
+//! # Guarantees
+//! - Every added task either runs exactly once or is handed back (by a winning `cancel`,
+//!   or by `shutdown`); a stale handle touches nothing.
+//! - A task never runs before its deadline on the timer's clock, and runs at most one tick
+//!   after it (plus scheduling delay).
+//! - A panicking task is caught, logged through `tracing` and counted; the timer goes on.
+//!
+//! # Example
+//! ```
+//! use std::sync::mpsc;
+//! use std::time::Duration;
+//! use timer_core::TimerBuilder;
+//!
+//! // One timer holds one task type; boxed closures let tasks differ.
+//! type Task = Box<dyn FnOnce() + Send>;
+//! let timer = TimerBuilder::new().build::<Task>().unwrap();
+//! let (tx, rx) = mpsc::channel();
+//! let tx2 = tx.clone();
+//! timer.add(Duration::from_millis(5), Box::new(move || tx.send("fired").unwrap())).unwrap();
+//! let handle = timer
+//!     .add(Duration::from_secs(60), Box::new(move || tx2.send("never").unwrap()))
+//!     .unwrap();
+//! assert!(timer.cancel(handle).is_some());
+//! assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), "fired");
+//! ```
+
+mod bucket;
+mod bucket_queue;
+mod builder;
+mod clock;
+mod error;
+mod executor;
+mod sleeper;
+mod slab;
+mod sync;
+mod timer;
+mod wheel;
+
+pub use builder::TimerBuilder;
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{AddError, BuildError};
+pub use executor::Executor;
+pub use slab::SlotKey;
+pub use timer::{Timer, TimerHandle, TimerStats};
+pub use wheel::Wheel;
+
+/// Work the timer runs once, when its delay has passed.
+///
+/// Implemented for every `FnOnce() + Send + 'static` closure; implement it for your own
+/// type to avoid boxing (the timer stores tasks inline, so a pointer-sized task keeps each
+/// pending entry at 32 bytes).
+pub trait TimerTask: Send + 'static {
+    /// Runs the task. Called at most once, outside every timer lock.
+    fn run(self);
+}
+
+impl<F: FnOnce() + Send + 'static> TimerTask for F {
+    fn run(self) {
+        self()
+    }
+}

@@ -1,0 +1,195 @@
+//! The entry arena: every task the wheel holds lives in one slot of this slab.
+//!
+//! # Layout
+//! Slots are stored in fixed-size chunks (`CHUNK` slots each) so the slab grows without
+//! ever moving or copying the slots it already has: no multi-megabyte `memcpy` under a
+//! shard lock when the timer grows past a power of two. A slot index is `chunk * CHUNK +
+//! offset`.
+//!
+//! Freed slot indices go on a separate compact stack (`free`), not a list threaded
+//! through the freed slots: popping from it reads one warm `u32` instead of chasing a
+//! pointer through cold memory, so re-adding after random-order cancels stays cheap.
+//!
+//! # Invariants
+//! - A slot is *occupied* exactly when its `task` is `Some`; only occupied slots are linked
+//!   into a bucket list (see `bucket.rs`).
+//! - A slot's `generation` changes every time the slot is freed. A [`SlotKey`] names a
+//!   slot *and* the generation it was handed out with, so a key to a task that has since
+//!   fired or been cancelled never matches again, even after the slot is reused.
+//!   (After 2^32 reuses of one slot a generation repeats; a key would have to be held
+//!   across all of them to be confused.)
+//! - Every index on the `free` stack is below `len` and names a vacant slot.
+
+/// "No slot": the end of a list, or a slot that is not linked anywhere.
+pub(crate) const NIL: u32 = u32::MAX;
+
+const CHUNK_BITS: u32 = 12;
+const CHUNK: usize = 1 << CHUNK_BITS;
+const CHUNK_MASK: u32 = (CHUNK as u32) - 1;
+
+/// A generation-checked reference to one occupied slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct SlotKey {
+    pub(crate) index: u32,
+    pub(crate) generation: u32,
+}
+
+/// One slot of the arena. 32 bytes when `T` is a pointer or a `u32`-sized value with a
+/// niche-free `Option` layout of 8 bytes.
+#[derive(Debug)]
+pub(crate) struct Entry<T> {
+    /// Next slot in the same bucket list, or `NIL`.
+    pub(crate) next: u32,
+    /// Previous slot in the same bucket list, or `NIL` when this is the head.
+    pub(crate) prev: u32,
+    pub(crate) generation: u32,
+    /// The bucket this entry is linked into, or `NIL`.
+    pub(crate) bucket: u32,
+    /// Expiration in wheel ticks (a deadline rounded up to a tick).
+    pub(crate) expiration: u64,
+    pub(crate) task: Option<T>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Slab<T> {
+    chunks: Vec<Vec<Entry<T>>>,
+    /// Slots ever handed out; slots `len..` do not exist yet.
+    len: u32,
+    free: Vec<u32>,
+    occupied: usize,
+}
+
+impl<T> Slab<T> {
+    pub(crate) fn new() -> Self {
+        Slab {
+            chunks: Vec::new(),
+            len: 0,
+            free: Vec::new(),
+            occupied: 0,
+        }
+    }
+
+    /// Number of occupied slots.
+    pub(crate) fn occupied(&self) -> usize {
+        self.occupied
+    }
+
+    /// Stores `task` in a vacant slot (a freed one first) and returns its key.
+    /// The new entry is not linked into any bucket yet.
+    pub(crate) fn insert(&mut self, expiration: u64, task: T) -> SlotKey {
+        self.occupied += 1;
+        if let Some(index) = self.free.pop() {
+            let entry = self.get_mut(index);
+            debug_assert!(entry.task.is_none(), "free stack named an occupied slot");
+            entry.next = NIL;
+            entry.prev = NIL;
+            entry.bucket = NIL;
+            entry.expiration = expiration;
+            entry.task = Some(task);
+            return SlotKey {
+                index,
+                generation: entry.generation,
+            };
+        }
+        let index = self.len;
+        assert!(index != NIL, "timer slab is full (2^32 - 1 tasks in one shard)");
+        self.len += 1;
+        let chunk = (index >> CHUNK_BITS) as usize;
+        if chunk == self.chunks.len() {
+            self.chunks.push(Vec::with_capacity(CHUNK));
+        }
+        self.chunks[chunk].push(Entry {
+            next: NIL,
+            prev: NIL,
+            generation: 0,
+            bucket: NIL,
+            expiration,
+            task: Some(task),
+        });
+        SlotKey {
+            index,
+            generation: 0,
+        }
+    }
+
+    /// The slot a live key names, if the key is not stale.
+    pub(crate) fn lookup(&self, key: SlotKey) -> Option<&Entry<T>> {
+        if key.index >= self.len {
+            return None;
+        }
+        let entry = self.get(key.index);
+        (entry.generation == key.generation && entry.task.is_some()).then_some(entry)
+    }
+
+    /// Empties an occupied slot, bumps its generation and returns its task.
+    /// The caller must already have unlinked it from its bucket.
+    pub(crate) fn remove(&mut self, index: u32) -> T {
+        let entry = self.get_mut(index);
+        debug_assert_eq!(entry.bucket, NIL, "removing a slot still linked in a bucket");
+        let task = entry.task.take().expect("removing a vacant slot");
+        entry.generation = entry.generation.wrapping_add(1);
+        self.free.push(index);
+        self.occupied -= 1;
+        task
+    }
+
+    /// Takes every task out, leaving the slab empty (used at shutdown).
+    pub(crate) fn drain(&mut self) -> Vec<T> {
+        let mut tasks = Vec::with_capacity(self.occupied);
+        for chunk in self.chunks.drain(..) {
+            tasks.extend(chunk.into_iter().filter_map(|e| e.task));
+        }
+        self.len = 0;
+        self.free.clear();
+        self.occupied = 0;
+        tasks
+    }
+
+    #[inline]
+    pub(crate) fn get(&self, index: u32) -> &Entry<T> {
+        &self.chunks[(index >> CHUNK_BITS) as usize][(index & CHUNK_MASK) as usize]
+    }
+
+    #[inline]
+    pub(crate) fn get_mut(&mut self, index: u32) -> &mut Entry<T> {
+        &mut self.chunks[(index >> CHUNK_BITS) as usize][(index & CHUNK_MASK) as usize]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_is_32_bytes_for_pointer_tasks() {
+        assert_eq!(std::mem::size_of::<Entry<Box<u8>>>(), 32);
+        assert_eq!(std::mem::size_of::<Entry<std::sync::Arc<u8>>>(), 32);
+        assert_eq!(std::mem::size_of::<Entry<u32>>(), 32);
+    }
+
+    #[test]
+    fn stale_key_never_matches_a_reused_slot() {
+        let mut slab = Slab::new();
+        let a = slab.insert(1, "a");
+        assert_eq!(slab.remove(a.index), "a");
+        let b = slab.insert(2, "b");
+        assert_eq!(a.index, b.index, "freed slot is reused first");
+        assert!(slab.lookup(a).is_none());
+        assert_eq!(slab.lookup(b).map(|e| e.expiration), Some(2));
+    }
+
+    #[test]
+    fn grows_across_chunks_and_drains() {
+        let mut slab = Slab::new();
+        let keys: Vec<_> = (0..(CHUNK as u64 * 2 + 5)).map(|i| slab.insert(i, i)).collect();
+        for (i, k) in keys.iter().enumerate() {
+            assert_eq!(slab.lookup(*k).unwrap().task, Some(i as u64));
+        }
+        assert_eq!(slab.occupied(), keys.len());
+        let mut drained = slab.drain();
+        drained.sort_unstable();
+        assert_eq!(drained.len(), keys.len());
+        assert_eq!(slab.occupied(), 0);
+        assert!(slab.lookup(keys[0]).is_none());
+    }
+}

@@ -1,0 +1,92 @@
+//! The synchronisation primitives the timer uses, swapped for loom's under `cfg(loom)`.
+//!
+//! Normal builds use `parking_lot` (small, fast uncontended locks, no poisoning) and std
+//! atomics. Under `RUSTFLAGS="--cfg loom"` every lock, condition variable and atomic the
+//! thread-safe timer touches is loom's, so a loom model explores their interleavings.
+//! Loom has no notion of time: a timed wait there waits until notified.
+
+#[cfg(not(loom))]
+mod imp {
+    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64};
+    use std::time::Instant;
+
+    pub(crate) type MutexGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
+
+    #[derive(Debug, Default)]
+    pub(crate) struct Mutex<T>(parking_lot::Mutex<T>);
+
+    impl<T> Mutex<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Mutex(parking_lot::Mutex::new(value))
+        }
+
+        #[inline]
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+            self.0.lock()
+        }
+    }
+
+    #[derive(Debug, Default)]
+    pub(crate) struct Condvar(parking_lot::Condvar);
+
+    impl Condvar {
+        /// Waits for a notification or until `deadline` (forever when `None`).
+        pub(crate) fn wait_until<'a, T>(
+            &self,
+            mut guard: MutexGuard<'a, T>,
+            deadline: Option<Instant>,
+        ) -> MutexGuard<'a, T> {
+            match deadline {
+                Some(deadline) => {
+                    self.0.wait_until(&mut guard, deadline);
+                }
+                None => self.0.wait(&mut guard),
+            }
+            guard
+        }
+
+        pub(crate) fn notify_all(&self) {
+            self.0.notify_all();
+        }
+    }
+}
+
+#[cfg(loom)]
+mod imp {
+    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64};
+    use std::time::Instant;
+
+    pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
+
+    #[derive(Debug)]
+    pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
+
+    impl<T> Mutex<T> {
+        pub(crate) fn new(value: T) -> Self {
+            Mutex(loom::sync::Mutex::new(value))
+        }
+
+        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+            self.0.lock().expect("loom mutex poisoned")
+        }
+    }
+
+    #[derive(Debug, Default)]
+    pub(crate) struct Condvar(loom::sync::Condvar);
+
+    impl Condvar {
+        pub(crate) fn wait_until<'a, T>(
+            &self,
+            guard: MutexGuard<'a, T>,
+            _deadline: Option<Instant>,
+        ) -> MutexGuard<'a, T> {
+            self.0.wait(guard).expect("loom mutex poisoned")
+        }
+
+        pub(crate) fn notify_all(&self) {
+            self.0.notify_all();
+        }
+    }
+}
+
+pub(crate) use imp::*;

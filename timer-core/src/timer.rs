@@ -1,0 +1,380 @@
+//! The thread-safe timer (Kafka's `SystemTimer`): sharded wheels behind locks, a clock,
+//! and the logic that advances them.
+//!
+//! # Design
+//! - The timer holds `shards` independent [`Wheel`]s, each behind its own mutex. A thread
+//!   adds to "its" shard (picked once per thread, round robin), so threads that add at the
+//!   same time do not share a lock or a cache line. A handle records its shard, so cancel
+//!   goes straight to the right wheel. One global lock would put every add and cancel of
+//!   every thread through one cache line.
+//! - Each shard publishes the expiration of its earliest queued bucket in
+//!   `next_expiration`, so the driver finds the next due tick without taking any lock, and
+//!   skips shards with nothing due.
+//! - Deadlines are rounded *up* to a tick and the clock is rounded *down*, so a task never
+//!   runs before its deadline; it runs at most one tick (plus scheduling delay) after it.
+//!
+//! # Invariants
+//! - A task is in exactly one place: a wheel (pending), the batch being run (expired), or
+//!   back with the caller (cancelled, or refused at add, or returned by `shutdown`).
+//!   Moving it between these happens under its shard lock, so cancel and expiry racing on
+//!   two threads have exactly one winner: `cancel` returns `Some` only if it won.
+//! - `shard.next_expiration` is only lowered by add and only recomputed by advance, both
+//!   under the shard lock; it is never later than the shard's earliest queued bucket.
+//! - Once `shutdown` has drained a shard it is closed: adds to it are refused, so no task
+//!   can slip in after the drain.
+
+use std::sync::atomic::{AtomicU64 as StdAtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::clock::Clock;
+use crate::executor::Executor;
+use crate::sleeper::Sleeper;
+use crate::slab::SlotKey;
+use crate::sync::{AtomicBool, AtomicU64, Mutex};
+use crate::wheel::Wheel;
+use crate::TimerTask;
+
+/// `Shard::next_expiration` of a shard with no queued bucket.
+const IDLE: u64 = u64::MAX;
+
+/// Names one added task. Cheap to copy; stale handles are harmless.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TimerHandle {
+    shard: u32,
+    key: SlotKey,
+}
+
+/// Counters of one timer, summed over its shards.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TimerStats {
+    /// Tasks currently waiting.
+    pub pending: usize,
+    /// Tasks ever accepted by `add`.
+    pub added: u64,
+    /// Tasks removed by a successful `cancel`.
+    pub cancelled: u64,
+    /// Tasks that expired and were handed to the executor.
+    pub expired: u64,
+    /// Expired tasks that panicked while running.
+    pub panicked: u64,
+}
+
+struct ShardState<T> {
+    wheel: Wheel<T>,
+    closed: bool,
+    added: u64,
+    cancelled: u64,
+    expired: u64,
+}
+
+#[repr(align(128))]
+struct Shard<T> {
+    state: Mutex<ShardState<T>>,
+    next_expiration: AtomicU64,
+}
+
+pub(crate) struct Inner<T> {
+    shards: Box<[Shard<T>]>,
+    clock: Arc<dyn Clock>,
+    tick_nanos: u64,
+    executor: Executor,
+    closed: AtomicBool,
+    sleeper: Sleeper,
+    panics: Arc<StdAtomicU64>,
+}
+
+/// A thread-safe hierarchical timer. Share it with `Arc`; every method takes `&self`.
+///
+/// Built by [`TimerBuilder`](crate::TimerBuilder). Unless built with
+/// `.reaper(false)`, a background thread advances the clock and runs expired tasks.
+pub struct Timer<T: TimerTask> {
+    pub(crate) inner: Arc<Inner<T>>,
+    pub(crate) reaper: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+static NEXT_THREAD_HINT: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static THREAD_HINT: usize = NEXT_THREAD_HINT.fetch_add(1, Ordering::Relaxed);
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl<T: TimerTask> Inner<T> {
+    pub(crate) fn new(
+        wheel_size: u32,
+        shards: usize,
+        tick: Duration,
+        clock: Arc<dyn Clock>,
+        executor: Executor,
+    ) -> Self {
+        let tick_nanos = nanos(tick);
+        let start = nanos(clock.now()) / tick_nanos;
+        let shards = (0..shards)
+            .map(|_| Shard {
+                state: Mutex::new(ShardState {
+                    wheel: Wheel::new(wheel_size, start),
+                    closed: false,
+                    added: 0,
+                    cancelled: 0,
+                    expired: 0,
+                }),
+                next_expiration: AtomicU64::new(IDLE),
+            })
+            .collect();
+        Inner {
+            shards,
+            clock,
+            tick_nanos,
+            executor,
+            closed: AtomicBool::new(false),
+            sleeper: Sleeper::new(),
+            panics: Arc::new(StdAtomicU64::new(0)),
+        }
+    }
+
+    fn now_nanos(&self) -> u64 {
+        nanos(self.clock.now())
+    }
+
+    fn add_at(&self, now: u64, deadline: u64, task: T) -> Result<TimerHandle, AddError<T>> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(AddError::Shutdown(task));
+        }
+        let expiration = deadline.div_ceil(self.tick_nanos);
+        let shard_index = THREAD_HINT.with(|hint| *hint) % self.shards.len();
+        let shard = &self.shards[shard_index];
+        let mut state = shard.state.lock();
+        if state.closed {
+            return Err(AddError::Shutdown(task));
+        }
+        state.wheel.catch_up(now / self.tick_nanos);
+        let key = state.wheel.insert(expiration, task);
+        state.added += 1;
+        let next = state.wheel.next_expiration().unwrap_or(IDLE);
+        let earlier = next < shard.next_expiration.load(Ordering::Relaxed);
+        if earlier {
+            shard.next_expiration.store(next, Ordering::SeqCst);
+        }
+        drop(state);
+        if earlier {
+            self.sleeper.wake_if_later_than(next);
+        }
+        Ok(TimerHandle {
+            shard: shard_index as u32,
+            key,
+        })
+    }
+
+    fn earliest(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| s.next_expiration.load(Ordering::SeqCst))
+            .min()
+            .unwrap_or(IDLE)
+    }
+
+    /// Flushes every due bucket of every shard and runs the expired tasks.
+    pub(crate) fn fire_due(&self) -> usize {
+        let now = self.now_nanos() / self.tick_nanos;
+        let mut fired = 0;
+        for shard in self.shards.iter() {
+            if shard.next_expiration.load(Ordering::Acquire) > now {
+                continue;
+            }
+            let mut batch = Vec::new();
+            let mut state = shard.state.lock();
+            let n = state.wheel.advance(now, &mut batch);
+            state.expired += n as u64;
+            let next = state.wheel.next_expiration().unwrap_or(IDLE);
+            shard.next_expiration.store(next, Ordering::SeqCst);
+            drop(state);
+            fired += n;
+            if n > 0 {
+                self.executor.run(batch, &self.panics);
+            }
+        }
+        fired
+    }
+
+    pub(crate) fn advance_clock(&self, max_wait: Duration) -> usize {
+        let fired = self.fire_due();
+        if fired > 0 || max_wait.is_zero() || self.closed.load(Ordering::SeqCst) {
+            return fired;
+        }
+        let now = self.now_nanos();
+        let limit = now.saturating_add(nanos(max_wait));
+        let earliest = self.earliest();
+        let wake_nanos = earliest.saturating_mul(self.tick_nanos).min(limit);
+        let wake_tick = wake_nanos / self.tick_nanos;
+        let deadline = if wake_nanos == u64::MAX {
+            None
+        } else {
+            Instant::now().checked_add(Duration::from_nanos(wake_nanos.saturating_sub(now)))
+        };
+        self.sleeper.sleep(wake_tick, deadline, |wake_tick| {
+            self.closed.load(Ordering::SeqCst) || self.earliest() < wake_tick
+        });
+        self.fire_due()
+    }
+}
+
+pub use crate::error::AddError;
+
+impl<T: TimerTask> Timer<T> {
+    /// Schedules `task` to run once `delay` has passed. A zero delay means due now (it
+    /// runs on the next clock advance, never on the calling thread). Delays beyond about
+    /// `2^62` ticks are clamped to that.
+    ///
+    /// Returns a handle for [`cancel`](Self::cancel), or the task back if the timer has
+    /// been shut down.
+    pub fn add(&self, delay: Duration, task: T) -> Result<TimerHandle, AddError<T>> {
+        let now = self.inner.now_nanos();
+        self.inner
+            .add_at(now, now.saturating_add(nanos(delay)), task)
+    }
+
+    /// Schedules `task` to run at `deadline`, a time on this timer's clock (see
+    /// [`now`](Self::now)). Lets a caller that adds many tasks read the clock once.
+    pub fn add_at(&self, deadline: Duration, task: T) -> Result<TimerHandle, AddError<T>> {
+        let now = self.inner.now_nanos();
+        self.inner.add_at(now, nanos(deadline), task)
+    }
+
+    /// The current time of this timer's clock.
+    pub fn now(&self) -> Duration {
+        self.inner.clock.now()
+    }
+
+    /// Cancels the task `handle` names and gives it back. Returns `None` if the task
+    /// already expired (it has run or is running), was already cancelled, or the timer
+    /// was shut down: exactly one of cancel and expiry wins. O(1).
+    pub fn cancel(&self, handle: TimerHandle) -> Option<T> {
+        let shard = self.inner.shards.get(handle.shard as usize)?;
+        let mut state = shard.state.lock();
+        let task = state.wheel.cancel(handle.key)?;
+        state.cancelled += 1;
+        Some(task)
+    }
+
+    /// Whether `handle` still names a pending task.
+    pub fn is_pending(&self, handle: TimerHandle) -> bool {
+        self.inner
+            .shards
+            .get(handle.shard as usize)
+            .is_some_and(|s| s.state.lock().wheel.contains(handle.key))
+    }
+
+    /// Runs every task that is due, then, if none was, waits up to `max_wait` for the
+    /// earliest bucket to come due (or for an earlier one to be added) and runs what is due
+    /// then. Returns how many tasks expired. With `Duration::ZERO` it never waits.
+    ///
+    /// The reaper thread calls this in a loop; call it yourself when the timer was built
+    /// without one (for example on a [`ManualClock`](crate::ManualClock)).
+    pub fn advance_clock(&self, max_wait: Duration) -> usize {
+        self.inner.advance_clock(max_wait)
+    }
+
+    /// Wakes a thread blocked in [`advance_clock`](Self::advance_clock).
+    pub fn wake(&self) {
+        self.inner.sleeper.wake();
+    }
+
+    /// When the earliest queued bucket is due, on this timer's clock; `None` when idle.
+    pub fn next_expiration(&self) -> Option<Duration> {
+        match self.inner.earliest() {
+            IDLE => None,
+            tick => Some(Duration::from_nanos(
+                tick.saturating_mul(self.inner.tick_nanos),
+            )),
+        }
+    }
+
+    /// Number of pending tasks.
+    pub fn len(&self) -> usize {
+        self.inner
+            .shards
+            .iter()
+            .map(|s| s.state.lock().wheel.len())
+            .sum()
+    }
+
+    /// Whether no task is pending.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Counters summed over all shards.
+    pub fn stats(&self) -> TimerStats {
+        let mut stats = TimerStats {
+            panicked: self.inner.panics.load(Ordering::Relaxed),
+            ..TimerStats::default()
+        };
+        for shard in self.inner.shards.iter() {
+            let state = shard.state.lock();
+            stats.pending += state.wheel.len();
+            stats.added += state.added;
+            stats.cancelled += state.cancelled;
+            stats.expired += state.expired;
+        }
+        stats
+    }
+
+    /// Whether [`shutdown`](Self::shutdown) has been called.
+    pub fn is_shutdown(&self) -> bool {
+        self.inner.closed.load(Ordering::SeqCst)
+    }
+
+    /// Stops the reaper (promptly: it is woken, not waited out) and joins it, refuses
+    /// every later `add`, and hands back every task still pending, unrun. A second call
+    /// returns nothing. Tasks already handed to a pool executor still run there.
+    pub fn shutdown(&self) -> Vec<T> {
+        if self.inner.closed.swap(true, Ordering::SeqCst) {
+            return Vec::new();
+        }
+        self.inner.sleeper.wake();
+        if let Some(reaper) = self.reaper.lock().take() {
+            if reaper.thread().id() != std::thread::current().id() {
+                let _ = reaper.join();
+            }
+        }
+        let mut pending = Vec::new();
+        for shard in self.inner.shards.iter() {
+            let mut state = shard.state.lock();
+            state.closed = true;
+            pending.extend(state.wheel.drain());
+            shard.next_expiration.store(IDLE, Ordering::SeqCst);
+        }
+        pending
+    }
+}
+
+impl<T: TimerTask> Drop for Timer<T> {
+    /// Shuts the timer down; tasks still pending are dropped without running (call
+    /// [`shutdown`](Timer::shutdown) first to get them back).
+    fn drop(&mut self) {
+        let dropped = self.shutdown().len();
+        if dropped > 0 {
+            tracing::debug!(target: "timer_core", dropped, "timer dropped with pending tasks");
+        }
+    }
+}
+
+impl<T: TimerTask> std::fmt::Debug for Timer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Timer")
+            .field("shards", &self.inner.shards.len())
+            .field("tick_nanos", &self.inner.tick_nanos)
+            .field("closed", &self.is_shutdown())
+            .finish_non_exhaustive()
+    }
+}
+
+pub(crate) fn reaper_loop<T: TimerTask>(inner: Arc<Inner<T>>) {
+    while !inner.closed.load(Ordering::SeqCst) {
+        inner.advance_clock(Duration::MAX);
+    }
+}

@@ -1,0 +1,317 @@
+//! The hierarchical timing wheel (Kafka's `TimingWheel`), single-threaded, in integer ticks.
+//!
+//! The wheel knows nothing of clocks, threads or durations: time is a `u64` tick count
+//! that only moves when [`Wheel::advance`] is called. The thread-safe [`Timer`](crate::Timer)
+//! converts clock readings to ticks and wraps one wheel per shard in a lock.
+//!
+//! # Geometry
+//! Level `L` has `wheel_size` buckets, a tick of `wheel_size^L` and an interval of
+//! `wheel_size^(L+1)`. Its current time is a multiple of its tick, rounded down from the
+//! level-0 time. An entry with expiration `e`, placed from level 0 upward, goes to the first
+//! level where `e < current + interval`, into bucket `(e / tick) % wheel_size`, whose
+//! expiration becomes `(e / tick) * tick`: the start of the bucket's range. Levels above 0
+//! are created the first time an entry needs them.
+//!
+//! # Invariants
+//! - Every linked entry sits in a bucket whose expiration is later than that level's
+//!   current time, and within one interval of it, so a bucket never mixes two rounds.
+//! - Every bucket with entries (and possibly some emptied by cancels) is in the bucket queue
+//!   exactly once, under its expiration.
+//! - [`Wheel::advance`] to `now` flushes every bucket with expiration `<= now`, earliest
+//!   first: each entry either expires (its expiration is `<=` the level-0 time the clock has
+//!   reached) or is placed again from level 0, landing in a finer bucket (the cascade).
+//!   So an entry is never handed out before its expiration tick, and never after the first
+//!   `advance` that reaches it.
+//! - Expirations beyond the highest level the tick type can represent are clamped to the
+//!   last tick of that level (about `2^62` ticks away, far beyond any real deadline).
+
+use crate::bucket::{Bucket, NOT_QUEUED};
+use crate::bucket_queue::BucketQueue;
+use crate::slab::{Slab, SlotKey, NIL};
+
+/// Largest interval a level may have; keeps `current + interval` far from overflow.
+const MAX_INTERVAL: u64 = 1 << 62;
+
+#[derive(Debug, Clone)]
+struct Level {
+    tick: u64,
+    interval: u64,
+    current: u64,
+}
+
+/// A hierarchical timing wheel holding tasks of type `T`, with time in whole ticks.
+///
+/// `insert` and `cancel` are O(1); `advance` does work proportional to the buckets that
+/// are due and the entries in them.
+#[derive(Debug)]
+pub struct Wheel<T> {
+    wheel_size: u32,
+    max_levels: usize,
+    levels: Vec<Level>,
+    /// All levels' buckets, flattened: bucket id `level * wheel_size + slot`.
+    buckets: Vec<Bucket>,
+    slab: Slab<T>,
+    queue: BucketQueue,
+}
+
+impl<T> Wheel<T> {
+    /// A wheel of `wheel_size` buckets per level whose time starts at tick `start`.
+    ///
+    /// # Panics
+    /// If `wheel_size < 2`; the [`TimerBuilder`](crate::TimerBuilder) rejects such sizes
+    /// with an error before they get here.
+    pub fn new(wheel_size: u32, start: u64) -> Self {
+        assert!(wheel_size >= 2, "a wheel needs at least 2 buckets per level");
+        let size = u64::from(wheel_size);
+        let mut max_levels = 1;
+        let mut interval = size;
+        while let Some(next) = interval.checked_mul(size).filter(|n| *n <= MAX_INTERVAL) {
+            interval = next;
+            max_levels += 1;
+        }
+        Wheel {
+            wheel_size,
+            max_levels,
+            levels: vec![Level {
+                tick: 1,
+                interval: size,
+                current: start,
+            }],
+            buckets: vec![Bucket::EMPTY; wheel_size as usize],
+            slab: Slab::new(),
+            queue: BucketQueue::default(),
+        }
+    }
+
+    /// The wheel's current time (level 0), in ticks.
+    pub fn current_tick(&self) -> u64 {
+        self.levels[0].current
+    }
+
+    /// Number of tasks held.
+    pub fn len(&self) -> usize {
+        self.slab.occupied()
+    }
+
+    /// Whether the wheel holds no task.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Number of levels created so far.
+    pub fn levels(&self) -> usize {
+        self.levels.len()
+    }
+
+    /// Number of buckets in the bucket queue (bounded by levels x wheel size).
+    pub fn queued_buckets(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// The expiration of the earliest queued bucket: the tick at which `advance` next has
+    /// work to do. `None` when no bucket is queued.
+    pub fn next_expiration(&self) -> Option<u64> {
+        self.queue.peek()
+    }
+
+    /// Stores `task` to expire at tick `expiration` and returns its key.
+    ///
+    /// An expiration at or before the current tick is due now: the task goes into the
+    /// bucket of the current tick and is handed out by the next `advance` (insert never
+    /// hands a task back, so a caller never runs a task on its own thread by surprise).
+    pub fn insert(&mut self, expiration: u64, task: T) -> SlotKey {
+        let expiration = expiration.max(self.levels[0].current);
+        let key = self.slab.insert(expiration, task);
+        self.place(key.index, expiration);
+        key
+    }
+
+    /// Removes the task `key` names and returns it, or `None` when the key is stale (the
+    /// task already expired or was cancelled). O(1): unlinks one entry.
+    pub fn cancel(&mut self, key: SlotKey) -> Option<T> {
+        let bucket = self.slab.lookup(key)?.bucket;
+        debug_assert_ne!(bucket, NIL, "an occupied entry is always linked");
+        self.buckets[bucket as usize].unlink(key.index, &mut self.slab);
+        Some(self.slab.remove(key.index))
+    }
+
+    /// Whether `key` still names a pending task.
+    pub fn contains(&self, key: SlotKey) -> bool {
+        self.slab.lookup(key).is_some()
+    }
+
+    /// Where the task `key` names sits: `(level, bucket)` with level 0 the finest, and the
+    /// expiration tick of that bucket.
+    pub fn location(&self, key: SlotKey) -> Option<(usize, u32, u64)> {
+        let bucket = self.slab.lookup(key)?.bucket;
+        let expiration = self.buckets[bucket as usize].expiration;
+        Some((
+            (bucket / self.wheel_size) as usize,
+            bucket % self.wheel_size,
+            expiration,
+        ))
+    }
+
+    /// Moves time to `now`, pushing every task whose expiration is `<= now` onto `expired`
+    /// (earliest bucket first). Returns how many were pushed. A `now` earlier than the
+    /// current tick does nothing.
+    pub fn advance(&mut self, now: u64, expired: &mut Vec<T>) -> usize {
+        let before = expired.len();
+        while let Some((expiration, id)) = self.queue.pop_due(now) {
+            let bucket = &mut self.buckets[id as usize];
+            debug_assert_eq!(bucket.expiration, expiration, "bucket queued twice");
+            let mut at = bucket.take();
+            self.advance_levels(expiration);
+            let current = self.levels[0].current;
+            while at != NIL {
+                let entry = self.slab.get_mut(at);
+                let next = entry.next;
+                entry.next = NIL;
+                entry.prev = NIL;
+                entry.bucket = NIL;
+                let entry_expiration = entry.expiration;
+                if entry_expiration <= current {
+                    expired.push(self.slab.remove(at));
+                } else {
+                    self.place(at, entry_expiration);
+                }
+                at = next;
+            }
+        }
+        self.advance_levels(now);
+        expired.len() - before
+    }
+
+    /// Moves the wheel's time forward to `now` if no bucket is due by then, so that
+    /// inserts are placed relative to the real time (fewer cascades later). Does nothing
+    /// when a bucket is due: flushing is `advance`'s job.
+    pub fn catch_up(&mut self, now: u64) {
+        if self.queue.peek().is_none_or(|next| next > now) {
+            self.advance_levels(now);
+        }
+    }
+
+    /// Takes every task out, in no particular order, leaving the wheel empty.
+    pub fn drain(&mut self) -> Vec<T> {
+        for bucket in &mut self.buckets {
+            *bucket = Bucket::EMPTY;
+        }
+        self.queue.clear();
+        self.slab.drain()
+    }
+
+    fn advance_levels(&mut self, time: u64) {
+        for level in &mut self.levels {
+            if time >= level.current + level.tick {
+                level.current = time - time % level.tick;
+            }
+        }
+    }
+
+    /// Links the unlinked entry `index` with expiration `expiration` (not before the
+    /// level-0 time) into the first level that can hold it.
+    fn place(&mut self, index: u32, mut expiration: u64) {
+        let mut level = 0;
+        loop {
+            if level == self.levels.len() {
+                self.add_level();
+            }
+            let Level {
+                tick,
+                interval,
+                current,
+            } = self.levels[level];
+            if expiration < current + interval {
+                let slot = (expiration / tick) % u64::from(self.wheel_size);
+                let id = level as u32 * self.wheel_size + slot as u32;
+                let start = expiration - expiration % tick;
+                let bucket = &mut self.buckets[id as usize];
+                bucket.push(id, index, &mut self.slab);
+                if bucket.expiration != start {
+                    debug_assert_eq!(bucket.expiration, NOT_QUEUED, "bucket holds two rounds");
+                    bucket.expiration = start;
+                    self.queue.push(start, id);
+                }
+                return;
+            }
+            if level + 1 == self.max_levels {
+                // Beyond what the top level can represent: clamp (documented above).
+                expiration = current + interval - 1;
+                self.slab.get_mut(index).expiration = expiration;
+                continue;
+            }
+            level += 1;
+        }
+    }
+
+    fn add_level(&mut self) {
+        let below = self.levels.last().expect("level 0 always exists");
+        let tick = below.interval;
+        let current = below.current - below.current % tick;
+        self.levels.push(Level {
+            tick,
+            interval: tick * u64::from(self.wheel_size),
+            current,
+        });
+        self.buckets
+            .extend(std::iter::repeat_n(Bucket::EMPTY, self.wheel_size as usize));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fires_each_task_at_its_tick_not_before() {
+        let mut wheel = Wheel::new(4, 0);
+        let deadlines = [1u64, 2, 3, 5, 9, 17, 33, 64, 100, 1000];
+        for d in deadlines {
+            wheel.insert(d, d);
+        }
+        let mut out = Vec::new();
+        for now in 0..=1000 {
+            out.clear();
+            wheel.advance(now, &mut out);
+            for d in &out {
+                assert_eq!(*d, now, "task fired at the wrong tick");
+            }
+        }
+        assert!(wheel.is_empty());
+        assert_eq!(wheel.queued_buckets(), 0);
+    }
+
+    #[test]
+    fn clamps_huge_expirations_without_overflow() {
+        let mut wheel = Wheel::new(20, 0);
+        let key = wheel.insert(u64::MAX, ());
+        let (level, _, _) = wheel.location(key).unwrap();
+        assert_eq!(level + 1, wheel.levels());
+        assert!(wheel.levels() <= 15);
+        let mut out = Vec::new();
+        assert_eq!(wheel.advance(u64::MAX / 2, &mut out), 1);
+    }
+
+    #[test]
+    fn due_now_waits_for_the_next_advance() {
+        let mut wheel = Wheel::new(20, 10);
+        wheel.insert(3, 'a');
+        assert_eq!(wheel.next_expiration(), Some(10));
+        let mut out = Vec::new();
+        assert_eq!(wheel.advance(10, &mut out), 1);
+        assert_eq!(out, vec!['a']);
+    }
+
+    #[test]
+    fn cancelled_task_never_fires_and_bucket_drains() {
+        let mut wheel = Wheel::new(20, 0);
+        let a = wheel.insert(5, 'a');
+        let b = wheel.insert(5, 'b');
+        assert_eq!(wheel.cancel(a), Some('a'));
+        assert_eq!(wheel.cancel(a), None);
+        let mut out = Vec::new();
+        wheel.advance(5, &mut out);
+        assert_eq!(out, vec!['b']);
+        assert_eq!(wheel.cancel(b), None);
+    }
+}
