@@ -1,1 +1,67 @@
+//! Kafka's delayed-operation purgatory for Rust: park a request that cannot be answered
+//! yet, complete it the moment an event makes it ready, or expire it on its timeout,
+//! exactly once, for millions of requests at once.
+//!
+//! - [`DelayedOperation`]: what you implement (`try_complete`, `on_complete`,
+//!   `on_expiration`, `timeout`).
+//! - [`Purgatory`]: holds operations in per-key watcher lists
+//!   (`try_complete_else_watch`, `check_and_complete`, `cancel_for_key`) over a
+//!   hierarchical timing wheel ([`timer_core`]).
+//!
+//! # Guarantees
+//! Every accepted operation completes exactly once: by `try_complete` succeeding, by a
+//! forced completion, or by its timeout (or shutdown, which expires what is pending),
+//! never two of these, never none. `try_complete` never runs concurrently with itself or
+//! `on_complete` for one operation. No purgatory lock is held while user code runs;
+//! user panics are caught, reported and counted.
+//!
+//! # Example
+//! ```
+//! use std::sync::atomic::{AtomicU64, Ordering};
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use purgatory::{Completion, DelayedOperation, Purgatory};
+//!
+//! /// An acks=all produce: done when the follower reaches `offset`.
+//! struct DelayedProduce {
+//!     offset: u64,
+//!     follower: Arc<AtomicU64>,
+//!     reply: crossbeam_channel::Sender<&'static str>,
+//! }
+//!
+//! impl DelayedOperation for DelayedProduce {
+//!     fn timeout(&self) -> Duration { Duration::from_secs(30) }
+//!     fn try_complete(&mut self) -> bool {
+//!         self.follower.load(Ordering::Acquire) >= self.offset
+//!     }
+//!     fn on_complete(&mut self, how: Completion) {
+//!         let _ = self.reply.send(match how {
+//!             Completion::Expired => "request timed out",
+//!             _ => "acknowledged",
+//!         });
+//!     }
+//! }
+//!
+//! let purgatory: Purgatory<&str, DelayedProduce> = Purgatory::new("produce");
+//! let follower = Arc::new(AtomicU64::new(0));
+//! let (tx, rx) = crossbeam_channel::unbounded();
+//! let op = DelayedProduce { offset: 10, follower: follower.clone(), reply: tx };
+//! assert_eq!(purgatory.try_complete_else_watch(op, ["topic-0"]).unwrap(), false);
+//! follower.store(10, Ordering::Release);              // the follower caught up
+//! assert_eq!(purgatory.check_and_complete(&"topic-0"), 1);
+//! assert_eq!(rx.recv().unwrap(), "acknowledged");
+//! ```
 
+mod builder;
+mod counters;
+mod error;
+mod op_cell;
+mod operation;
+mod purgatory;
+mod watchers;
+
+pub use builder::PurgatoryBuilder;
+pub use error::{BuildError, WatchError};
+pub use operation::{Completion, DelayedOperation};
+pub use purgatory::{OperationHandle, Purgatory, PurgatoryStats, Watched};
+pub use timer_core::{Clock, Executor, ManualClock, SystemClock};

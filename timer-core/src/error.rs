@@ -24,7 +24,9 @@ impl fmt::Display for BuildError {
             BuildError::InvalidWheelSize(size) => {
                 write!(f, "wheel size {size} is out of range (2 ..= 65536)")
             }
-            BuildError::InvalidShards(n) => write!(f, "shard count {n} is out of range (1 ..= 1024)"),
+            BuildError::InvalidShards(n) => {
+                write!(f, "shard count {n} is out of range (1 ..= 1024)")
+            }
             BuildError::Spawn(e) => write!(f, "could not spawn the reaper thread: {e}"),
         }
     }

@@ -41,9 +41,9 @@ mod builder;
 mod clock;
 mod error;
 mod executor;
-mod sleeper;
 mod slab;
-mod sync;
+mod sleeper;
+pub mod sync;
 mod timer;
 mod wheel;
 

@@ -92,7 +92,10 @@ impl<T> Slab<T> {
             };
         }
         let index = self.len;
-        assert!(index != NIL, "timer slab is full (2^32 - 1 tasks in one shard)");
+        assert!(
+            index != NIL,
+            "timer slab is full (2^32 - 1 tasks in one shard)"
+        );
         self.len += 1;
         let chunk = (index >> CHUNK_BITS) as usize;
         if chunk == self.chunks.len() {
@@ -125,7 +128,10 @@ impl<T> Slab<T> {
     /// The caller must already have unlinked it from its bucket.
     pub(crate) fn remove(&mut self, index: u32) -> T {
         let entry = self.get_mut(index);
-        debug_assert_eq!(entry.bucket, NIL, "removing a slot still linked in a bucket");
+        debug_assert_eq!(
+            entry.bucket, NIL,
+            "removing a slot still linked in a bucket"
+        );
         let task = entry.task.take().expect("removing a vacant slot");
         entry.generation = entry.generation.wrapping_add(1);
         self.free.push(index);
@@ -181,7 +187,9 @@ mod tests {
     #[test]
     fn grows_across_chunks_and_drains() {
         let mut slab = Slab::new();
-        let keys: Vec<_> = (0..(CHUNK as u64 * 2 + 5)).map(|i| slab.insert(i, i)).collect();
+        let keys: Vec<_> = (0..(CHUNK as u64 * 2 + 5))
+            .map(|i| slab.insert(i, i))
+            .collect();
         for (i, k) in keys.iter().enumerate() {
             assert_eq!(slab.lookup(*k).unwrap().task, Some(i as u64));
         }

@@ -1,5 +1,8 @@
 //! The synchronisation primitives the timer uses, swapped for loom's under `cfg(loom)`.
 //!
+//! Public so that crates layered on the timer (the purgatory) model their own locks with
+//! the same switch; it is not part of the timer's API proper.
+//!
 //! Normal builds use `parking_lot` (small, fast uncontended locks, no poisoning) and std
 //! atomics. Under `RUSTFLAGS="--cfg loom"` every lock, condition variable and atomic the
 //! thread-safe timer touches is loom's, so a loom model explores their interleavings.
@@ -7,31 +10,36 @@
 
 #[cfg(not(loom))]
 mod imp {
-    pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64};
+    pub use std::sync::atomic::{AtomicBool, AtomicU64};
     use std::time::Instant;
 
-    pub(crate) type MutexGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
+    /// The guard of a locked [`Mutex`].
+    pub type MutexGuard<'a, T> = parking_lot::MutexGuard<'a, T>;
 
+    /// A mutex without poisoning (`parking_lot`'s).
     #[derive(Debug, Default)]
-    pub(crate) struct Mutex<T>(parking_lot::Mutex<T>);
+    pub struct Mutex<T>(parking_lot::Mutex<T>);
 
     impl<T> Mutex<T> {
-        pub(crate) fn new(value: T) -> Self {
+        /// A new unlocked mutex holding `value`.
+        pub fn new(value: T) -> Self {
             Mutex(parking_lot::Mutex::new(value))
         }
 
+        /// Blocks until the lock is held.
         #[inline]
-        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+        pub fn lock(&self) -> MutexGuard<'_, T> {
             self.0.lock()
         }
     }
 
+    /// A condition variable paired with [`Mutex`].
     #[derive(Debug, Default)]
-    pub(crate) struct Condvar(parking_lot::Condvar);
+    pub struct Condvar(parking_lot::Condvar);
 
     impl Condvar {
         /// Waits for a notification or until `deadline` (forever when `None`).
-        pub(crate) fn wait_until<'a, T>(
+        pub fn wait_until<'a, T>(
             &self,
             mut guard: MutexGuard<'a, T>,
             deadline: Option<Instant>,
@@ -45,7 +53,8 @@ mod imp {
             guard
         }
 
-        pub(crate) fn notify_all(&self) {
+        /// Wakes every waiter.
+        pub fn notify_all(&self) {
             self.0.notify_all();
         }
     }
@@ -53,29 +62,29 @@ mod imp {
 
 #[cfg(loom)]
 mod imp {
-    pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64};
+    pub use loom::sync::atomic::{AtomicBool, AtomicU64};
     use std::time::Instant;
 
-    pub(crate) type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
+    pub type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
 
     #[derive(Debug)]
-    pub(crate) struct Mutex<T>(loom::sync::Mutex<T>);
+    pub struct Mutex<T>(loom::sync::Mutex<T>);
 
     impl<T> Mutex<T> {
-        pub(crate) fn new(value: T) -> Self {
+        pub fn new(value: T) -> Self {
             Mutex(loom::sync::Mutex::new(value))
         }
 
-        pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+        pub fn lock(&self) -> MutexGuard<'_, T> {
             self.0.lock().expect("loom mutex poisoned")
         }
     }
 
     #[derive(Debug, Default)]
-    pub(crate) struct Condvar(loom::sync::Condvar);
+    pub struct Condvar(loom::sync::Condvar);
 
     impl Condvar {
-        pub(crate) fn wait_until<'a, T>(
+        pub fn wait_until<'a, T>(
             &self,
             guard: MutexGuard<'a, T>,
             _deadline: Option<Instant>,
@@ -83,10 +92,10 @@ mod imp {
             self.0.wait(guard).expect("loom mutex poisoned")
         }
 
-        pub(crate) fn notify_all(&self) {
+        pub fn notify_all(&self) {
             self.0.notify_all();
         }
     }
 }
 
-pub(crate) use imp::*;
+pub use imp::*;

@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 
 use crate::clock::Clock;
 use crate::executor::Executor;
-use crate::sleeper::Sleeper;
 use crate::slab::SlotKey;
+use crate::sleeper::Sleeper;
 use crate::sync::{AtomicBool, AtomicU64, Mutex};
 use crate::wheel::Wheel;
 use crate::TimerTask;
@@ -177,8 +177,9 @@ impl<T: TimerTask> Inner<T> {
             .unwrap_or(IDLE)
     }
 
-    /// Flushes every due bucket of every shard and runs the expired tasks.
-    pub(crate) fn fire_due(&self) -> usize {
+    /// Flushes every due bucket of every shard, handing each shard's expired tasks to
+    /// `sink` (outside the shard lock). Returns how many expired.
+    pub(crate) fn fire_due(&self, mut sink: impl FnMut(Vec<T>)) -> usize {
         let now = self.now_nanos() / self.tick_nanos;
         let mut fired = 0;
         for shard in self.shards.iter() {
@@ -194,14 +195,20 @@ impl<T: TimerTask> Inner<T> {
             drop(state);
             fired += n;
             if n > 0 {
-                self.executor.run(batch, &self.panics);
+                sink(batch);
             }
         }
         fired
     }
 
-    pub(crate) fn advance_clock(&self, max_wait: Duration) -> usize {
-        let fired = self.fire_due();
+    /// Fires what is due; if nothing was, waits up to `max_wait` for the earliest bucket
+    /// (or an earlier add, or shutdown) and fires what is due then.
+    pub(crate) fn advance_clock_with(
+        &self,
+        max_wait: Duration,
+        mut sink: impl FnMut(Vec<T>),
+    ) -> usize {
+        let fired = self.fire_due(&mut sink);
         if fired > 0 || max_wait.is_zero() || self.closed.load(Ordering::SeqCst) {
             return fired;
         }
@@ -218,7 +225,11 @@ impl<T: TimerTask> Inner<T> {
         self.sleeper.sleep(wake_tick, deadline, |wake_tick| {
             self.closed.load(Ordering::SeqCst) || self.earliest() < wake_tick
         });
-        self.fire_due()
+        self.fire_due(sink)
+    }
+
+    pub(crate) fn advance_clock(&self, max_wait: Duration) -> usize {
+        self.advance_clock_with(max_wait, |batch| self.executor.run(batch, &self.panics))
     }
 }
 
@@ -276,6 +287,15 @@ impl<T: TimerTask> Timer<T> {
     /// without one (for example on a [`ManualClock`](crate::ManualClock)).
     pub fn advance_clock(&self, max_wait: Duration) -> usize {
         self.inner.advance_clock(max_wait)
+    }
+
+    /// Like [`advance_clock`](Self::advance_clock), but instead of running the expired
+    /// tasks it appends them to `expired` for the caller to handle (the executor is not
+    /// used). For owners that drive the timer from their own loop and need context the
+    /// task cannot carry.
+    pub fn advance_clock_into(&self, max_wait: Duration, expired: &mut Vec<T>) -> usize {
+        self.inner
+            .advance_clock_with(max_wait, |batch| expired.extend(batch))
     }
 
     /// Wakes a thread blocked in [`advance_clock`](Self::advance_clock).

@@ -61,7 +61,10 @@ impl<T> Wheel<T> {
     /// If `wheel_size < 2`; the [`TimerBuilder`](crate::TimerBuilder) rejects such sizes
     /// with an error before they get here.
     pub fn new(wheel_size: u32, start: u64) -> Self {
-        assert!(wheel_size >= 2, "a wheel needs at least 2 buckets per level");
+        assert!(
+            wheel_size >= 2,
+            "a wheel needs at least 2 buckets per level"
+        );
         let size = u64::from(wheel_size);
         let mut max_levels = 1;
         let mut interval = size;

@@ -1,0 +1,123 @@
+//! Configuration of a [`Purgatory`].
+
+use std::hash::Hash;
+use std::time::Duration;
+
+use timer_core::{Clock, Executor, TimerBuilder};
+
+use crate::error::BuildError;
+use crate::operation::DelayedOperation;
+use crate::purgatory::{Inner, Purgatory};
+use crate::watchers::Watchers;
+
+/// Builds a [`Purgatory`]. Defaults follow Kafka's: tick 1 ms, wheel size 20, purge when
+/// 1,000 completed entries are still listed, 512 watcher shards; plus one timer shard per
+/// core, expirations run inline on the reaper thread, the system clock.
+#[derive(Debug)]
+pub struct PurgatoryBuilder {
+    name: String,
+    timer: TimerBuilder,
+    purge_interval: usize,
+    shards: usize,
+    executor: Executor,
+    reaper: bool,
+}
+
+impl Default for PurgatoryBuilder {
+    fn default() -> Self {
+        PurgatoryBuilder {
+            name: "purgatory".to_owned(),
+            timer: TimerBuilder::new(),
+            purge_interval: 1000,
+            shards: 512,
+            executor: Executor::Inline,
+            reaper: true,
+        }
+    }
+}
+
+impl PurgatoryBuilder {
+    /// A builder with the defaults.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The name, used in logs and for the reaper thread (`<name>-reaper`).
+    pub fn name(mut self, name: &str) -> Self {
+        self.name = name.to_owned();
+        self
+    }
+
+    /// The timer's tick: the granularity of timeouts (1 us ..= 1 h).
+    pub fn tick(mut self, tick: Duration) -> Self {
+        self.timer = self.timer.tick(tick);
+        self
+    }
+
+    /// The timer's buckets per level (2 ..= 65,536).
+    pub fn wheel_size(mut self, size: u32) -> Self {
+        self.timer = self.timer.wheel_size(size);
+        self
+    }
+
+    /// Purge when this many completed operations' entries are still listed (>= 1).
+    pub fn purge_interval(mut self, entries: usize) -> Self {
+        self.purge_interval = entries;
+        self
+    }
+
+    /// Watcher shards (1 ..= 65,536): more shards, fewer threads meeting on one lock.
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// Timer shards (1 ..= 1,024).
+    pub fn timer_shards(mut self, shards: usize) -> Self {
+        self.timer = self.timer.shards(shards);
+        self
+    }
+
+    /// Where expired operations' callbacks run: inline on the reaper thread (default) or
+    /// on a pool.
+    pub fn executor(mut self, executor: Executor) -> Self {
+        self.executor = executor;
+        self
+    }
+
+    /// The time source; a [`ManualClock`](timer_core::ManualClock) for tests (with
+    /// `reaper(false)`, driving expiry through `Purgatory::advance_clock`).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.timer = self.timer.clock(clock);
+        self
+    }
+
+    /// Whether to start the reaper thread (default true).
+    pub fn reaper(mut self, reaper: bool) -> Self {
+        self.reaper = reaper;
+        self
+    }
+
+    /// Checks the configuration and builds the purgatory, starting its reaper if asked.
+    pub fn build<K, O>(self) -> Result<Purgatory<K, O>, BuildError>
+    where
+        K: Hash + Eq + Clone + Send + Sync + 'static,
+        O: DelayedOperation,
+    {
+        if !(1..=65_536).contains(&self.shards) {
+            return Err(BuildError::InvalidShards(self.shards));
+        }
+        if self.purge_interval == 0 {
+            return Err(BuildError::InvalidPurgeInterval);
+        }
+        let timer = self.timer.reaper(false).build()?;
+        let inner = Inner::new(
+            self.name,
+            timer,
+            Watchers::new(self.shards),
+            self.purge_interval,
+            self.executor,
+        );
+        Purgatory::from_parts(inner, self.reaper).map_err(BuildError::Spawn)
+    }
+}

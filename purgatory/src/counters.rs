@@ -1,0 +1,106 @@
+//! The purgatory's counters, striped so that threads counting at once do not bounce one
+//! cache line between them.
+//!
+//! # Invariants
+//! - Each thread increments the stripe picked by its thread index; readers sum every
+//!   stripe. A sum read while others count is a recent value, not a snapshot.
+//! - `stale` counts watcher entries whose operation is already completed (they wait for a
+//!   check on their key or a purge). It is incremented by an operation's key count when
+//!   the operation completes and decremented by one for each such entry removed, so it
+//!   can dip below zero for a moment between the two.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering::Relaxed};
+
+const STRIPES: usize = 16;
+
+static NEXT_THREAD: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static STRIPE: usize = NEXT_THREAD.fetch_add(1, Relaxed) % STRIPES;
+}
+
+#[derive(Default)]
+#[repr(align(128))]
+struct Stripe {
+    completed: AtomicU64,
+    forced: AtomicU64,
+    expired: AtomicU64,
+    cancelled: AtomicU64,
+    purged: AtomicU64,
+    panicked: AtomicU64,
+    stale: AtomicI64,
+}
+
+/// Which total to bump.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Count {
+    Completed,
+    Forced,
+    Expired,
+    Cancelled,
+    Purged,
+    Panicked,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    stripes: [Stripe; STRIPES],
+}
+
+/// Totals read from [`Counters`].
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Totals {
+    pub(crate) completed: u64,
+    pub(crate) forced: u64,
+    pub(crate) expired: u64,
+    pub(crate) cancelled: u64,
+    pub(crate) purged: u64,
+    pub(crate) panicked: u64,
+    pub(crate) stale: i64,
+}
+
+impl Counters {
+    #[inline]
+    fn stripe(&self) -> &Stripe {
+        &self.stripes[STRIPE.with(|s| *s)]
+    }
+
+    #[inline]
+    pub(crate) fn add(&self, which: Count, n: u64) {
+        let stripe = self.stripe();
+        let counter = match which {
+            Count::Completed => &stripe.completed,
+            Count::Forced => &stripe.forced,
+            Count::Expired => &stripe.expired,
+            Count::Cancelled => &stripe.cancelled,
+            Count::Purged => &stripe.purged,
+            Count::Panicked => &stripe.panicked,
+        };
+        counter.fetch_add(n, Relaxed);
+    }
+
+    #[inline]
+    pub(crate) fn add_stale(&self, delta: i64) {
+        if delta != 0 {
+            self.stripe().stale.fetch_add(delta, Relaxed);
+        }
+    }
+
+    pub(crate) fn stale(&self) -> i64 {
+        self.stripes.iter().map(|s| s.stale.load(Relaxed)).sum()
+    }
+
+    pub(crate) fn totals(&self) -> Totals {
+        let mut t = Totals::default();
+        for s in &self.stripes {
+            t.completed += s.completed.load(Relaxed);
+            t.forced += s.forced.load(Relaxed);
+            t.expired += s.expired.load(Relaxed);
+            t.cancelled += s.cancelled.load(Relaxed);
+            t.purged += s.purged.load(Relaxed);
+            t.panicked += s.panicked.load(Relaxed);
+            t.stale += s.stale.load(Relaxed);
+        }
+        t
+    }
+}

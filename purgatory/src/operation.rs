@@ -1,0 +1,78 @@
+//! The operation a user parks in the purgatory.
+//!
+//! # Contract (kept by the framework, not the user)
+//! - `try_complete` never runs concurrently with itself or with `on_complete` for the same
+//!   operation: each operation sits behind its own lock, and `&mut self` says so.
+//! - `on_complete` runs exactly once for every operation the purgatory accepted, whoever
+//!   completes it: the check inside `try_complete_else_watch`, an event
+//!   (`check_and_complete`), a forced completion, the timeout, or shutdown (which expires).
+//!   It does not run for an operation handed back by `cancel_for_key` or refused with an
+//!   error: the caller owns answering those.
+//! - `on_expiration` runs in addition, right after `on_complete`, exactly when the timeout
+//!   (or shutdown) completed the operation.
+//! - Right after its callbacks the operation value is dropped, so whatever it holds (a
+//!   request payload, a response sender) is freed at completion, not at the next purge.
+//! - No purgatory lock (watcher shard or timer) is held while any of these run.
+
+use std::time::Duration;
+
+/// What completed an operation; passed to [`DelayedOperation::on_complete`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Completion {
+    /// `try_complete` returned true (on watch, or on an event for one of its keys).
+    Ready,
+    /// [`Purgatory::force_complete`](crate::Purgatory::force_complete) completed it.
+    Forced,
+    /// Its timeout passed (or the purgatory shut down) first.
+    Expired,
+}
+
+/// A request that cannot be answered yet: a produce waiting for replicas, a fetch waiting
+/// for bytes.
+///
+/// The common case is an operation that owns its response sender and answers from
+/// `on_complete`:
+///
+/// ```
+/// use std::time::Duration;
+/// use purgatory::{Completion, DelayedOperation};
+///
+/// struct DelayedFetch {
+///     min_bytes: usize,
+///     available: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+///     reply: crossbeam_channel::Sender<Result<usize, &'static str>>,
+/// }
+///
+/// impl DelayedOperation for DelayedFetch {
+///     fn timeout(&self) -> Duration {
+///         Duration::from_millis(500)
+///     }
+///     fn try_complete(&mut self) -> bool {
+///         self.available.load(std::sync::atomic::Ordering::Acquire) >= self.min_bytes
+///     }
+///     fn on_complete(&mut self, how: Completion) {
+///         let bytes = self.available.load(std::sync::atomic::Ordering::Acquire);
+///         let _ = self.reply.send(match how {
+///             Completion::Expired if bytes == 0 => Err("nothing arrived"),
+///             _ => Ok(bytes),
+///         });
+///     }
+/// }
+/// ```
+pub trait DelayedOperation: Send + 'static {
+    /// How long the operation may wait; read once, when it is watched. A zero timeout
+    /// expires it at the next clock advance; huge timeouts are clamped by the timer.
+    fn timeout(&self) -> Duration;
+
+    /// Whether the operation can complete now. Keep it cheap and non-blocking: it runs on
+    /// the thread that calls `try_complete_else_watch` or `check_and_complete`. A panic
+    /// here is caught, reported, and counts as "not ready".
+    fn try_complete(&mut self) -> bool;
+
+    /// Answers the request. Runs exactly once per accepted operation. A panic here is
+    /// caught and reported; the operation still counts as completed.
+    fn on_complete(&mut self, how: Completion);
+
+    /// Runs after `on_complete` when the timeout completed the operation (metrics, logs).
+    fn on_expiration(&mut self) {}
+}

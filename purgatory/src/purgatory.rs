@@ -1,0 +1,579 @@
+//! The purgatory: operations watched per key, completed by events or expired by a timer.
+//!
+//! # Threads
+//! - Callers' threads run `try_complete` (in `try_complete_else_watch` and
+//!   `check_and_complete`) and the `on_complete` of what they complete.
+//! - The reaper thread (one per purgatory, unless built with `reaper(false)`) drives the
+//!   timer, completes expired operations (`on_complete` then `on_expiration`, inline or on
+//!   the configured pool) and purges completed entries. It sleeps until the earliest
+//!   timeout, at most `REAPER_WAIT` while operations are pending, and indefinitely when
+//!   nothing is pending or stale.
+//!
+//! # Invariants
+//! - An accepted operation is in its cell until exactly one of: a successful
+//!   `try_complete`, a forced completion, its expiry, a cancel, or shutdown takes it (see
+//!   `op_cell.rs`). Exactly one `on_complete` follows, except for a cancel (handed back).
+//! - The watcher holds the operation's own lock from its first `try_complete` until its
+//!   entries are listed and its timeout armed. An event that makes it ready during that
+//!   time finds it listed once the lock is released and tries it then: no lost wake-up,
+//!   with one `try_complete` on the watch path instead of two.
+//! - No watcher shard lock or timer lock is held while user code runs. The only lock held
+//!   around user code is the operation's own, around its `try_complete`.
+//! - Purging happens on the reaper between timer rounds, one watcher shard at a time,
+//!   and yields to the timer whenever a bucket is due: a purge never stalls expiry.
+
+use std::hash::Hash;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use timer_core::{Executor, Timer, TimerTask};
+
+use crate::counters::{Count, Counters};
+use crate::error::WatchError;
+use crate::op_cell::{panic_message, try_complete_caught, Attempt, OpCell, Taken};
+use crate::operation::{Completion, DelayedOperation};
+use crate::watchers::Watchers;
+
+/// Longest the reaper sleeps while operations are pending (Kafka's reaper wait), so stale
+/// entries are looked at even when the next timeout is far away.
+const REAPER_WAIT: Duration = Duration::from_millis(200);
+
+/// The timer task of one watched operation: expire it.
+pub(crate) struct Expiry<O>(Arc<OpCell<O>>);
+
+impl<O: DelayedOperation> TimerTask for Expiry<O> {
+    /// Not used by the purgatory (its reaper collects expiries and completes them with
+    /// its own accounting); completes the operation as expired if anything runs it.
+    fn run(self) {
+        if let Some(taken) = self.0.take() {
+            run_callbacks(taken.op, Completion::Expired);
+        }
+    }
+}
+
+/// A watched operation, for [`Purgatory::force_complete`]. Cheap to clone.
+pub struct OperationHandle<O> {
+    cell: Arc<OpCell<O>>,
+}
+
+impl<O> Clone for OperationHandle<O> {
+    fn clone(&self) -> Self {
+        OperationHandle {
+            cell: Arc::clone(&self.cell),
+        }
+    }
+}
+
+impl<O: DelayedOperation> OperationHandle<O> {
+    /// Whether the operation has been completed, expired or cancelled.
+    pub fn is_completed(&self) -> bool {
+        self.cell.is_completed()
+    }
+}
+
+impl<O> std::fmt::Debug for OperationHandle<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OperationHandle").finish_non_exhaustive()
+    }
+}
+
+/// What [`Purgatory::watch`] did with an operation.
+#[derive(Debug)]
+pub enum Watched<O> {
+    /// `try_complete` succeeded at once; `on_complete` has run.
+    Completed,
+    /// The operation waits on its keys and its timeout.
+    Pending(OperationHandle<O>),
+}
+
+/// Counters of one purgatory, for metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PurgatoryStats {
+    /// Operations waiting for their timeout (armed timers).
+    pub pending: usize,
+    /// Watcher entries, including completed operations not yet dropped from their lists
+    /// (Kafka's `PurgatorySize`).
+    pub watched: usize,
+    /// Keys with a watcher list.
+    pub keys: usize,
+    /// Operations completed because `try_complete` returned true (on watch or on an event).
+    pub completed: u64,
+    /// Operations completed by `force_complete`.
+    pub forced: u64,
+    /// Operations completed by their timeout (or by shutdown).
+    pub expired: u64,
+    /// Operations handed back by `cancel_for_key`.
+    pub cancelled: u64,
+    /// Completed entries dropped from lists by purges (not by checks of their key).
+    pub purged: u64,
+    /// User callbacks that panicked (caught and reported).
+    pub panicked: u64,
+}
+
+pub(crate) struct Inner<K, O: DelayedOperation> {
+    pub(crate) name: String,
+    pub(crate) timer: Timer<Expiry<O>>,
+    pub(crate) watchers: Watchers<K, O>,
+    pub(crate) counters: Counters,
+    pub(crate) purge_interval: usize,
+    pub(crate) executor: Executor,
+    pub(crate) closed: AtomicBool,
+    purge_cursor: AtomicUsize,
+}
+
+/// Holds operations that cannot complete yet, per key, until an event completes them or
+/// their timeout expires them. Share it with `Arc`; every method takes `&self`.
+///
+/// # The locking rule
+/// `try_complete` runs under the operation's own lock. Do not call `check_and_complete`
+/// (or `try_complete_else_watch`, `force_complete`, `cancel_for_key`) while holding a lock
+/// that your `try_complete` also takes: the two would wait for each other.
+pub struct Purgatory<K, O: DelayedOperation> {
+    inner: Arc<Inner<K, O>>,
+    reaper: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl<K, O> Purgatory<K, O>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    O: DelayedOperation,
+{
+    /// A purgatory with the default configuration (see [`PurgatoryBuilder`]).
+    ///
+    /// # Panics
+    /// If the operating system cannot spawn the reaper thread.
+    ///
+    /// [`PurgatoryBuilder`]: crate::PurgatoryBuilder
+    pub fn new(name: &str) -> Self {
+        crate::PurgatoryBuilder::new()
+            .name(name)
+            .build()
+            .expect("the default configuration is valid; spawning the reaper failed")
+    }
+
+    /// A builder for a configured purgatory.
+    pub fn builder() -> crate::PurgatoryBuilder {
+        crate::PurgatoryBuilder::new()
+    }
+
+    pub(crate) fn from_parts(
+        inner: Inner<K, O>,
+        start_reaper: bool,
+    ) -> Result<Self, std::io::Error> {
+        let inner = Arc::new(inner);
+        let reaper = if start_reaper {
+            let for_thread = Arc::clone(&inner);
+            Some(
+                std::thread::Builder::new()
+                    .name(format!("{}-reaper", inner.name))
+                    .spawn(move || reaper_loop(&for_thread))?,
+            )
+        } else {
+            None
+        };
+        Ok(Purgatory {
+            inner,
+            reaper: parking_lot::Mutex::new(reaper),
+        })
+    }
+
+    /// The name given at build time.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Tries to complete `op`; if it cannot yet, watches it on every key of `keys` and
+    /// arms its timeout. Returns `Ok(true)` if this call completed it (`on_complete` has
+    /// run), `Ok(false)` if it now waits.
+    ///
+    /// An event that makes the operation ready while it is being watched is never lost.
+    /// An empty `keys` is refused with [`WatchError::NoKeys`]; after shutdown, with
+    /// [`WatchError::Shutdown`]; both give the operation back. A key listed twice is
+    /// watched twice (harmless).
+    pub fn try_complete_else_watch<I>(&self, op: O, keys: I) -> Result<bool, WatchError<O>>
+    where
+        I: IntoIterator<Item = K>,
+    {
+        self.watch(op, keys)
+            .map(|watched| matches!(watched, Watched::Completed))
+    }
+
+    /// Like [`try_complete_else_watch`](Self::try_complete_else_watch), but returns a
+    /// handle to a waiting operation, for [`force_complete`](Self::force_complete).
+    pub fn watch<I>(&self, op: O, keys: I) -> Result<Watched<O>, WatchError<O>>
+    where
+        I: IntoIterator<Item = K>,
+    {
+        let inner = &*self.inner;
+        if inner.closed.load(Ordering::Acquire) {
+            return Err(WatchError::Shutdown(op));
+        }
+        let mut keys = keys.into_iter().peekable();
+        if keys.peek().is_none() {
+            return Err(WatchError::NoKeys(op));
+        }
+        let timeout = op.timeout();
+        let cell = Arc::new(OpCell::new(op));
+        let mut state = cell.lock();
+        let op = state.op.as_mut().expect("a new cell holds its operation");
+        match try_complete_caught(op) {
+            Ok(true) => {
+                let taken = cell
+                    .take_locked(&mut state)
+                    .expect("present under the lock");
+                drop(state);
+                inner.finish(taken, Completion::Ready, 0);
+                return Ok(Watched::Completed);
+            }
+            Ok(false) => {}
+            Err(()) => inner.counters.add(Count::Panicked, 1),
+        }
+        let mut watched = 0u32;
+        for key in keys {
+            inner.watchers.watch(key, &cell);
+            watched += 1;
+        }
+        cell.set_keys(watched);
+        match inner.timer.add(timeout, Expiry(Arc::clone(&cell))) {
+            Ok(handle) => state.timer = Some(handle),
+            Err(_) => {
+                // Shut down while we were watching: hand the operation back. Its entries
+                // are now stale.
+                let taken = cell
+                    .take_locked(&mut state)
+                    .expect("present under the lock");
+                drop(state);
+                inner.counters.add_stale(i64::from(watched));
+                return Err(WatchError::Shutdown(taken.op));
+            }
+        }
+        drop(state);
+        tracing::debug!(target: "purgatory", purgatory = %inner.name, keys = watched, "watch");
+        Ok(Watched::Pending(OperationHandle { cell }))
+    }
+
+    /// Tries every operation watched on `key`, in arrival order, completing those that
+    /// are ready, and drops completed entries from the list (removing the key when it
+    /// empties). Returns how many this call completed; an unknown key returns 0.
+    pub fn check_and_complete(&self, key: &K) -> usize {
+        let inner = &*self.inner;
+        let mut candidates = Vec::new();
+        let saw_completed = inner.watchers.snapshot(key, &mut candidates);
+        let mut completed = 0;
+        for cell in &candidates {
+            match cell.attempt() {
+                Attempt::Ready(taken) => {
+                    inner.finish(taken, Completion::Ready, cell.keys());
+                    completed += 1;
+                }
+                Attempt::NotReady { panicked: true } => inner.counters.add(Count::Panicked, 1),
+                Attempt::NotReady { panicked: false } | Attempt::Gone => {}
+            }
+        }
+        if completed > 0 || saw_completed {
+            let removed = inner.watchers.drop_completed(key);
+            inner.counters.add_stale(-(removed as i64));
+        }
+        completed
+    }
+
+    /// Completes the operation now, whatever `try_complete` would say, unless it is
+    /// already completed. Returns whether this call completed it.
+    pub fn force_complete(&self, handle: &OperationHandle<O>) -> bool {
+        match handle.cell.take() {
+            Some(taken) => {
+                self.inner
+                    .finish(taken, Completion::Forced, handle.cell.keys());
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Removes every operation watched on `key`, disarms their timeouts and hands them
+    /// back uncompleted: the caller now owns answering them. Operations already completed
+    /// are skipped. Unknown key: empty result.
+    pub fn cancel_for_key(&self, key: &K) -> Vec<O> {
+        let inner = &*self.inner;
+        let mut ops = Vec::new();
+        for cell in inner.watchers.take(key) {
+            match cell.take() {
+                Some(taken) => {
+                    if let Some(handle) = taken.timer {
+                        inner.timer.cancel(handle);
+                    }
+                    // All its entries are stale now, but the one on `key` is already gone.
+                    inner.counters.add_stale(i64::from(cell.keys()) - 1);
+                    inner.counters.add(Count::Cancelled, 1);
+                    ops.push(taken.op);
+                }
+                None => inner.counters.add_stale(-1),
+            }
+        }
+        if !ops.is_empty() {
+            tracing::debug!(target: "purgatory", purgatory = %inner.name, cancelled = ops.len(), "cancel for key");
+        }
+        ops
+    }
+
+    /// Drives the timer once: completes every expired operation, then waits up to
+    /// `max_wait` for the next timeout if none was due, and purges if enough completed
+    /// entries are listed. Returns how many operations expired. For purgatories built with
+    /// `reaper(false)` (for example on a manual clock); harmless otherwise.
+    pub fn advance_clock(&self, max_wait: Duration) -> usize {
+        Inner::reap_once(&self.inner, max_wait, &mut Vec::new())
+    }
+
+    /// Drops every completed entry from every list now; returns how many were dropped.
+    pub fn purge(&self) -> usize {
+        let inner = &*self.inner;
+        (0..inner.watchers.shard_count())
+            .map(|i| inner.purge_shard(i))
+            .sum()
+    }
+
+    /// Counters for metrics.
+    pub fn stats(&self) -> PurgatoryStats {
+        let inner = &*self.inner;
+        let totals = inner.counters.totals();
+        PurgatoryStats {
+            pending: inner.timer.len(),
+            watched: inner.watchers.entries(),
+            keys: inner.watchers.keys(),
+            completed: totals.completed,
+            forced: totals.forced,
+            expired: totals.expired,
+            cancelled: totals.cancelled,
+            purged: totals.purged,
+            panicked: totals.panicked,
+        }
+    }
+
+    /// Operations waiting for their timeout.
+    pub fn pending(&self) -> usize {
+        self.inner.timer.len()
+    }
+
+    /// Watcher entries (Kafka's `PurgatorySize`).
+    pub fn watched(&self) -> usize {
+        self.inner.watchers.entries()
+    }
+
+    /// Whether [`shutdown`](Self::shutdown) has run.
+    pub fn is_shutdown(&self) -> bool {
+        self.inner.closed.load(Ordering::Acquire)
+    }
+
+    /// Stops the reaper (promptly) and joins it, then expires every operation still
+    /// pending, on the calling thread (`on_complete` with [`Completion::Expired`], then
+    /// `on_expiration`), so every waiting request gets an answer. Later calls to
+    /// `try_complete_else_watch`/`watch` return [`WatchError::Shutdown`] with the
+    /// operation. Idempotent; also run on drop.
+    pub fn shutdown(&self) {
+        let inner = &*self.inner;
+        if inner.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        inner.timer.wake();
+        if let Some(reaper) = self.reaper.lock().take() {
+            if reaper.thread().id() != std::thread::current().id() {
+                let _ = reaper.join();
+            }
+        }
+        let pending = inner.timer.shutdown();
+        let expired = pending.len();
+        inner.expire_all(pending);
+        inner.watchers.clear();
+        let stale = inner.counters.stale();
+        inner.counters.add_stale(-stale);
+        tracing::debug!(target: "purgatory", purgatory = %inner.name, expired, "shutdown");
+    }
+}
+
+impl<K, O: DelayedOperation> Drop for Purgatory<K, O> {
+    fn drop(&mut self) {
+        // Same as `shutdown`, without the trait bounds on `K`.
+        let inner = &*self.inner;
+        if inner.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        inner.timer.wake();
+        if let Some(reaper) = self.reaper.lock().take() {
+            if reaper.thread().id() != std::thread::current().id() {
+                let _ = reaper.join();
+            }
+        }
+        let pending = inner.timer.shutdown();
+        inner.expire_all(pending);
+    }
+}
+
+impl<K, O: DelayedOperation> std::fmt::Debug for Purgatory<K, O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Purgatory")
+            .field("name", &self.inner.name)
+            .field("closed", &self.inner.closed.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K, O: DelayedOperation> Inner<K, O> {
+    pub(crate) fn new(
+        name: String,
+        timer: Timer<Expiry<O>>,
+        watchers: Watchers<K, O>,
+        purge_interval: usize,
+        executor: Executor,
+    ) -> Self {
+        Inner {
+            name,
+            timer,
+            watchers,
+            counters: Counters::default(),
+            purge_interval,
+            executor,
+            closed: AtomicBool::new(false),
+            purge_cursor: AtomicUsize::new(0),
+        }
+    }
+
+    /// Completes a taken operation: disarms its timer, counts, runs its callbacks, drops
+    /// it. `listed` is how many watcher entries it leaves behind (now stale).
+    fn finish(&self, taken: Taken<O>, how: Completion, listed: u32) {
+        if let Some(handle) = taken.timer {
+            self.timer.cancel(handle);
+        }
+        self.counters.add_stale(i64::from(listed));
+        self.counters.add(
+            match how {
+                Completion::Ready => Count::Completed,
+                Completion::Forced => Count::Forced,
+                Completion::Expired => Count::Expired,
+            },
+            1,
+        );
+        let panics = run_callbacks(taken.op, how);
+        if panics > 0 {
+            self.counters.add(Count::Panicked, panics);
+        }
+        if how != Completion::Expired {
+            tracing::debug!(target: "purgatory", purgatory = %self.name, ?how, "complete");
+        }
+    }
+
+    /// Completes one expired operation (its timer has fired, so there is none to cancel).
+    fn expire(&self, expiry: Expiry<O>) {
+        if let Some(mut taken) = expiry.0.take() {
+            taken.timer = None;
+            self.finish(taken, Completion::Expired, expiry.0.keys());
+        }
+    }
+
+    fn expire_all(&self, batch: Vec<Expiry<O>>) {
+        if !batch.is_empty() {
+            tracing::debug!(target: "purgatory", purgatory = %self.name, count = batch.len(), "expire");
+        }
+        for expiry in batch {
+            self.expire(expiry);
+        }
+    }
+}
+
+impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
+    fn purge_shard(&self, index: usize) -> usize {
+        let removed = self.watchers.purge_shard(index);
+        if removed > 0 {
+            self.counters.add_stale(-(removed as i64));
+            self.counters.add(Count::Purged, removed as u64);
+        }
+        removed
+    }
+
+    /// Purges shard after shard while too many completed entries are listed, yielding as
+    /// soon as the timer has a bucket due.
+    fn purge_some(&self) {
+        let shards = self.watchers.shard_count();
+        let threshold = self.purge_interval as i64;
+        if self.counters.stale() < threshold {
+            return;
+        }
+        let mut removed = 0;
+        for _ in 0..shards {
+            let index = self.purge_cursor.fetch_add(1, Ordering::Relaxed) % shards;
+            removed += self.purge_shard(index);
+            if self.counters.stale() < threshold / 2 {
+                break;
+            }
+            if self
+                .timer
+                .next_expiration()
+                .is_some_and(|due| due <= self.timer.now())
+            {
+                break;
+            }
+        }
+        tracing::debug!(target: "purgatory", purgatory = %self.name, removed, "purge");
+    }
+
+    /// One round of the reaper: expire what is due (waiting up to `max_wait` if nothing
+    /// is) on the configured executor, then purge if needed. Returns how many expired.
+    fn reap_once(this: &Arc<Self>, max_wait: Duration, expired: &mut Vec<Expiry<O>>) -> usize
+    where
+        K: Send + Sync + 'static,
+    {
+        let n = this.timer.advance_clock_into(max_wait, expired);
+        if n > 0 {
+            let batch = std::mem::take(expired);
+            match &this.executor {
+                Executor::Inline => this.expire_all(batch),
+                Executor::Pool(pool) => {
+                    let inner = Arc::clone(this);
+                    pool.spawn(move || inner.expire_all(batch));
+                }
+            }
+        }
+        this.purge_some();
+        n
+    }
+}
+
+/// Runs `on_complete` (and `on_expiration` for an expiry), catching panics; returns how
+/// many panicked. Drops the operation afterwards.
+fn run_callbacks<O: DelayedOperation>(mut op: O, how: Completion) -> u64 {
+    let mut panics = 0;
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(|| op.on_complete(how))) {
+        panics += 1;
+        tracing::error!(target: "purgatory", panic = panic_message(&*payload), "on_complete panicked");
+    }
+    if how == Completion::Expired {
+        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| op.on_expiration())) {
+            panics += 1;
+            tracing::error!(target: "purgatory", panic = panic_message(&*payload), "on_expiration panicked");
+        }
+    }
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(move || drop(op))) {
+        panics += 1;
+        tracing::error!(target: "purgatory", panic = panic_message(&*payload), "dropping an operation panicked");
+    }
+    panics
+}
+
+fn reaper_loop<K, O>(inner: &Arc<Inner<K, O>>)
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    O: DelayedOperation,
+{
+    let mut expired = Vec::new();
+    while !inner.closed.load(Ordering::Acquire) {
+        let max_wait = if inner.counters.stale() >= inner.purge_interval as i64 {
+            Duration::ZERO
+        } else if inner.timer.next_expiration().is_some() {
+            REAPER_WAIT
+        } else {
+            Duration::MAX
+        };
+        Inner::reap_once(inner, max_wait, &mut expired);
+    }
+}
