@@ -145,13 +145,17 @@ impl<T: TimerTask> Inner<T> {
             return Err(AddError::Shutdown(task));
         }
         let expiration = deadline.div_ceil(self.tick_nanos);
-        let shard_index = THREAD_HINT.with(|hint| *hint) % self.shards.len();
+        let shard_index = self.local_shard();
         let shard = &self.shards[shard_index];
         let mut state = shard.state.lock();
         if state.closed {
             return Err(AddError::Shutdown(task));
         }
-        state.wheel.catch_up(now / self.tick_nanos);
+        // Only divide when the clock has moved past the wheel's current tick.
+        let next_tick_nanos = (state.wheel.current_tick() + 1).saturating_mul(self.tick_nanos);
+        if now >= next_tick_nanos {
+            state.wheel.catch_up(now / self.tick_nanos);
+        }
         let key = state.wheel.insert(expiration, task);
         state.added += 1;
         let next = state.wheel.next_expiration().unwrap_or(IDLE);
@@ -167,6 +171,18 @@ impl<T: TimerTask> Inner<T> {
             shard: shard_index as u32,
             key,
         })
+    }
+
+    /// The shard the calling thread adds to.
+    #[inline]
+    fn local_shard(&self) -> usize {
+        let hint = THREAD_HINT.with(|hint| *hint);
+        let n = self.shards.len();
+        if n.is_power_of_two() {
+            hint & (n - 1)
+        } else {
+            hint % n
+        }
     }
 
     fn earliest(&self) -> u64 {

@@ -36,7 +36,32 @@ const MAX_INTERVAL: u64 = 1 << 62;
 struct Level {
     tick: u64,
     interval: u64,
+    /// A multiple of `tick`.
     current: u64,
+    /// `(current / tick) % wheel_size`: the slot of `current`, kept so that placing an
+    /// entry needs no modulo (and on level 0 no division at all).
+    current_slot: u64,
+}
+
+impl Level {
+    fn new(tick: u64, wheel_size: u32, time: u64) -> Level {
+        let mut level = Level {
+            tick,
+            interval: tick * u64::from(wheel_size),
+            current: 0,
+            current_slot: 0,
+        };
+        level.move_to(time, wheel_size);
+        level
+    }
+
+    /// Moves `current` to `time` rounded down to the tick (the caller ensures it is not
+    /// earlier than `current`).
+    fn move_to(&mut self, time: u64, wheel_size: u32) {
+        let ticks = time / self.tick;
+        self.current = ticks * self.tick;
+        self.current_slot = ticks % u64::from(wheel_size);
+    }
 }
 
 /// A hierarchical timing wheel holding tasks of type `T`, with time in whole ticks.
@@ -75,11 +100,7 @@ impl<T> Wheel<T> {
         Wheel {
             wheel_size,
             max_levels,
-            levels: vec![Level {
-                tick: 1,
-                interval: size,
-                current: start,
-            }],
+            levels: vec![Level::new(1, wheel_size, start)],
             buckets: vec![Bucket::EMPTY; wheel_size as usize],
             slab: Slab::new(),
             queue: BucketQueue::default(),
@@ -206,28 +227,37 @@ impl<T> Wheel<T> {
     fn advance_levels(&mut self, time: u64) {
         for level in &mut self.levels {
             if time >= level.current + level.tick {
-                level.current = time - time % level.tick;
+                level.move_to(time, self.wheel_size);
             }
         }
     }
 
     /// Links the unlinked entry `index` with expiration `expiration` (not before the
     /// level-0 time) into the first level that can hold it.
+    ///
+    /// Hot path: the level is found by comparisons only, and the bucket by one division
+    /// (none on level 0), using the level's slot cursor instead of `% wheel_size`.
     fn place(&mut self, index: u32, mut expiration: u64) {
         let mut level = 0;
         loop {
             if level == self.levels.len() {
                 self.add_level();
             }
-            let Level {
-                tick,
-                interval,
-                current,
-            } = self.levels[level];
-            if expiration < current + interval {
-                let slot = (expiration / tick) % u64::from(self.wheel_size);
+            let lvl = &self.levels[level];
+            debug_assert!(expiration >= lvl.current, "placing an entry in the past");
+            let offset = expiration - lvl.current;
+            if offset < lvl.interval {
+                let steps = if level == 0 {
+                    offset
+                } else {
+                    offset / lvl.tick
+                };
+                let mut slot = lvl.current_slot + steps;
+                if slot >= u64::from(self.wheel_size) {
+                    slot -= u64::from(self.wheel_size);
+                }
+                let start = lvl.current + steps * lvl.tick;
                 let id = level as u32 * self.wheel_size + slot as u32;
-                let start = expiration - expiration % tick;
                 let bucket = &mut self.buckets[id as usize];
                 bucket.push(id, index, &mut self.slab);
                 if bucket.expiration != start {
@@ -239,7 +269,7 @@ impl<T> Wheel<T> {
             }
             if level + 1 == self.max_levels {
                 // Beyond what the top level can represent: clamp (documented above).
-                expiration = current + interval - 1;
+                expiration = lvl.current + lvl.interval - 1;
                 self.slab.get_mut(index).expiration = expiration;
                 continue;
             }
@@ -249,13 +279,8 @@ impl<T> Wheel<T> {
 
     fn add_level(&mut self) {
         let below = self.levels.last().expect("level 0 always exists");
-        let tick = below.interval;
-        let current = below.current - below.current % tick;
-        self.levels.push(Level {
-            tick,
-            interval: tick * u64::from(self.wheel_size),
-            current,
-        });
+        let level = Level::new(below.interval, self.wheel_size, below.current);
+        self.levels.push(level);
         self.buckets
             .extend(std::iter::repeat_n(Bucket::EMPTY, self.wheel_size as usize));
     }
