@@ -15,6 +15,11 @@
 //! store-buffer litmus test cannot produce "neither"): either the driver's re-read sees
 //! `e`, or the adder sees the planned tick and notifies. Taking `lock` before notifying
 //! means the notification cannot fall between the driver's re-read and its wait.
+//!
+//! A wake-up is also *sticky*: `wake` sets a flag under `lock`, and a driver about to
+//! sleep that finds the flag set clears it and returns at once. So a wake that arrives
+//! while no driver sleeps (say, a shutdown request racing the driver's loop condition)
+//! is not lost; it costs at most one early return.
 
 use std::time::Instant;
 
@@ -26,7 +31,8 @@ const AWAKE: u64 = 0;
 
 #[derive(Debug, Default)]
 pub(crate) struct Sleeper {
-    lock: Mutex<()>,
+    /// Guards the wait; holds whether a wake-up arrived that no sleep consumed yet.
+    lock: Mutex<bool>,
     cond: Condvar,
     wake_at: AtomicU64,
 }
@@ -34,7 +40,7 @@ pub(crate) struct Sleeper {
 impl Sleeper {
     pub(crate) fn new() -> Self {
         Sleeper {
-            lock: Mutex::new(()),
+            lock: Mutex::new(false),
             cond: Condvar::default(),
             wake_at: AtomicU64::new(AWAKE),
         }
@@ -50,13 +56,17 @@ impl Sleeper {
         deadline: Option<Instant>,
         recheck: impl FnOnce(u64) -> bool,
     ) {
-        let guard = self.lock.lock();
+        let mut woken = self.lock.lock();
+        if std::mem::take(&mut *woken) {
+            return;
+        }
         self.wake_at.store(wake_tick.max(1), SeqCst);
         if !recheck(wake_tick) {
-            let guard = self.cond.wait_until(guard, deadline);
-            drop(guard);
+            woken = self.cond.wait_until(woken, deadline);
+            *woken = false;
         }
         self.wake_at.store(AWAKE, SeqCst);
+        drop(woken);
     }
 
     /// Wakes the driver if it plans to sleep past `expiration`. Call after publishing
@@ -67,9 +77,11 @@ impl Sleeper {
         }
     }
 
-    /// Wakes a sleeping driver unconditionally (shutdown, or a user's request).
+    /// Wakes a sleeping driver unconditionally (shutdown, or a user's request); if none
+    /// sleeps, the next sleep returns at once.
     pub(crate) fn wake(&self) {
-        let _guard = self.lock.lock();
+        let mut woken = self.lock.lock();
+        *woken = true;
         self.cond.notify_all();
     }
 }
