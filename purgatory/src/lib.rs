@@ -52,6 +52,8 @@
 //! assert_eq!(rx.recv().unwrap(), "acknowledged");
 //! ```
 
+#![warn(missing_docs)]
+
 mod builder;
 mod counters;
 mod error;

@@ -14,9 +14,10 @@
 //!   `try_complete`, a forced completion, its expiry, a cancel, or shutdown takes it (see
 //!   `op_cell.rs`). Exactly one `on_complete` follows, except for a cancel (handed back).
 //! - The watcher holds the operation's own lock from its first `try_complete` until its
-//!   entries are listed and its timeout armed. An event that makes it ready during that
-//!   time finds it listed once the lock is released and tries it then: no lost wake-up,
-//!   with one `try_complete` on the watch path instead of two.
+//!   entries are listed and its timeout armed, and tries it a second time once it is
+//!   listed (Kafka's order). An event before the listing is seen by that second try; an
+//!   event after it finds the operation listed and tries it once the lock is released:
+//!   no lost wake-up.
 //! - No watcher shard lock or timer lock is held while user code runs. The only lock held
 //!   around user code is the operation's own, around its `try_complete`.
 //! - Purging happens on the reaper between timer rounds, one watcher shard at a time,
@@ -236,6 +237,21 @@ where
             watched += 1;
         }
         cell.set_keys(watched);
+        // Try once more now that it is listed: an event that made it ready after the
+        // first try but before the listing did not find it, so nobody else will try it.
+        let op = state.op.as_mut().expect("present under the lock");
+        match try_complete_caught(op) {
+            Ok(true) => {
+                let taken = cell
+                    .take_locked(&mut state)
+                    .expect("present under the lock");
+                drop(state);
+                inner.finish(taken, Completion::Ready, watched);
+                return Ok(Watched::Completed);
+            }
+            Ok(false) => {}
+            Err(()) => inner.counters.add(Count::Panicked, 1),
+        }
         match inner.timer.add(timeout, Expiry(Arc::clone(&cell))) {
             Ok(handle) => state.timer = Some(handle),
             Err(_) => {

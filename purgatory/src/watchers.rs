@@ -45,7 +45,7 @@ impl<K: Hash + Eq + Clone, O> Watchers<K, O> {
             shards: (0..shards)
                 .map(|_| Shard {
                     state: Mutex::new(ShardState {
-                        lists: Map::with_hasher(hasher.clone()),
+                        lists: Map::with_hasher(hasher),
                         entries: 0,
                     }),
                 })

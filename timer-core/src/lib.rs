@@ -35,6 +35,8 @@
 //! assert_eq!(rx.recv_timeout(Duration::from_secs(5)).unwrap(), "fired");
 //! ```
 
+#![warn(missing_docs)]
+
 mod bucket;
 mod bucket_queue;
 mod builder;
