@@ -10,9 +10,9 @@ use crate::operation::DelayedOperation;
 use crate::purgatory::{Inner, Purgatory};
 use crate::watchers::Watchers;
 
-/// Builds a [`Purgatory`]. Defaults follow Kafka's: tick 1 ms, wheel size 20, purge when
-/// 1,000 completed entries are still listed, 512 watcher shards; plus one timer shard per
-/// core, expirations run inline on the reaper thread, the system clock.
+/// Builds a [`Purgatory`]. Defaults follow Kafka's: tick 1 ms, wheel size 20, purge
+/// interval 1,000 completed entries still listed, 512 watcher shards; plus one timer shard
+/// per core, expirations run inline on the reaper thread, the system clock.
 #[derive(Debug)]
 pub struct PurgatoryBuilder {
     name: String,
@@ -60,7 +60,8 @@ impl PurgatoryBuilder {
         self
     }
 
-    /// Purge when this many completed operations' entries are still listed (>= 1).
+    /// Purge once at least this many entries of completed operations are still listed
+    /// (and at least as many as the live entries; see `docs/purgatory.md`). At least 1.
     pub fn purge_interval(mut self, entries: usize) -> Self {
         self.purge_interval = entries;
         self

@@ -8,6 +8,8 @@
 //!   check on their key or a purge). It is incremented by an operation's key count when
 //!   the operation completes and decremented by one for each such entry removed, so it
 //!   can dip below zero for a moment between the two.
+//! - `listed` counts all watcher entries (incremented on watch, decremented on every
+//!   removal); with `stale` it tells the reaper whether a purge pays for itself.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
@@ -29,6 +31,7 @@ struct Stripe {
     purged: AtomicU64,
     panicked: AtomicU64,
     stale: AtomicI64,
+    listed: AtomicI64,
 }
 
 /// Which total to bump.
@@ -84,6 +87,19 @@ impl Counters {
         if delta != 0 {
             self.stripe().stale.fetch_add(delta, Relaxed);
         }
+    }
+
+    /// Records `delta` watcher entries added (positive) or removed (negative).
+    #[inline]
+    pub(crate) fn add_listed(&self, delta: i64) {
+        if delta != 0 {
+            self.stripe().listed.fetch_add(delta, Relaxed);
+        }
+    }
+
+    /// Watcher entries, all of them (a recent estimate).
+    pub(crate) fn listed(&self) -> i64 {
+        self.stripes.iter().map(|s| s.listed.load(Relaxed)).sum()
     }
 
     pub(crate) fn stale(&self) -> i64 {

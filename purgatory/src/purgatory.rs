@@ -237,6 +237,7 @@ where
             watched += 1;
         }
         cell.set_keys(watched);
+        inner.counters.add_listed(i64::from(watched));
         // Try once more now that it is listed: an event that made it ready after the
         // first try but before the listing did not find it, so nobody else will try it.
         let op = state.op.as_mut().expect("present under the lock");
@@ -289,8 +290,9 @@ where
             }
         }
         if completed > 0 || saw_completed {
-            let removed = inner.watchers.drop_completed(key);
-            inner.counters.add_stale(-(removed as i64));
+            let removed = inner.watchers.drop_completed(key) as i64;
+            inner.counters.add_stale(-removed);
+            inner.counters.add_listed(-removed);
         }
         completed
     }
@@ -314,7 +316,9 @@ where
     pub fn cancel_for_key(&self, key: &K) -> Vec<O> {
         let inner = &*self.inner;
         let mut ops = Vec::new();
-        for cell in inner.watchers.take(key) {
+        let list = inner.watchers.take(key);
+        inner.counters.add_listed(-(list.len() as i64));
+        for cell in list {
             match cell.take() {
                 Some(taken) => {
                     if let Some(handle) = taken.timer {
@@ -402,8 +406,8 @@ where
         let expired = pending.len();
         inner.expire_all(pending);
         inner.watchers.clear();
-        let stale = inner.counters.stale();
-        inner.counters.add_stale(-stale);
+        inner.counters.add_stale(-inner.counters.stale());
+        inner.counters.add_listed(-inner.counters.listed());
         tracing::debug!(target: "purgatory", purgatory = %inner.name, expired, "shutdown");
     }
 }
@@ -502,24 +506,36 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
         let removed = self.watchers.purge_shard(index);
         if removed > 0 {
             self.counters.add_stale(-(removed as i64));
+            self.counters.add_listed(-(removed as i64));
             self.counters.add(Count::Purged, removed as u64);
         }
         removed
     }
 
-    /// Purges shard after shard while too many completed entries are listed, yielding as
-    /// soon as the timer has a bucket due.
+    /// Whether enough completed entries are listed for a purge to pay for itself: at
+    /// least the purge interval, and at least as many as the live entries. A purge visits
+    /// every entry of the shards it passes, so the second condition makes it remove at
+    /// least one entry for every two it visits (amortised O(1) per completed entry), and
+    /// keeps the lists within twice their live size plus the purge interval.
+    fn purge_due(&self) -> bool {
+        let stale = self.counters.stale();
+        stale >= self.purge_interval as i64 && stale * 2 >= self.counters.listed()
+    }
+
+    /// Purges shard after shard while a purge is due, yielding as soon as the timer has a
+    /// bucket due.
     fn purge_some(&self) {
-        let shards = self.watchers.shard_count();
-        let threshold = self.purge_interval as i64;
-        if self.counters.stale() < threshold {
+        if !self.purge_due() {
             return;
         }
+        let shards = self.watchers.shard_count();
         let mut removed = 0;
+        let mut visited = 0;
         for _ in 0..shards {
             let index = self.purge_cursor.fetch_add(1, Ordering::Relaxed) % shards;
             removed += self.purge_shard(index);
-            if self.counters.stale() < threshold / 2 {
+            visited += 1;
+            if self.counters.stale() < (self.purge_interval as i64) / 2 {
                 break;
             }
             if self
@@ -530,7 +546,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
                 break;
             }
         }
-        tracing::debug!(target: "purgatory", purgatory = %self.name, removed, "purge");
+        tracing::debug!(target: "purgatory", purgatory = %self.name, removed, shards = visited, "purge");
     }
 
     /// One round of the reaper: expire what is due (waiting up to `max_wait` if nothing
@@ -583,7 +599,7 @@ where
 {
     let mut expired = Vec::new();
     while !inner.closed.load(Ordering::Acquire) {
-        let max_wait = if inner.counters.stale() >= inner.purge_interval as i64 {
+        let max_wait = if inner.purge_due() {
             Duration::ZERO
         } else if inner.timer.next_expiration().is_some() {
             REAPER_WAIT
