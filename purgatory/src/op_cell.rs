@@ -92,20 +92,25 @@ impl<O: DelayedOperation> OpCell<O> {
         })
     }
 
-    /// Runs `try_complete` under the cell's lock and takes the operation if it is ready.
-    pub(crate) fn attempt(&self) -> Attempt<O> {
-        let mut state = self.state.lock();
+    /// Runs `try_complete` on the operation still in a locked cell and takes it out if it
+    /// is ready.
+    pub(crate) fn take_if_ready_locked(&self, state: &mut OpState<O>) -> Attempt<O> {
         let Some(op) = state.op.as_mut() else {
             return Attempt::Gone;
         };
         match try_complete_caught(op) {
             Ok(true) => Attempt::Ready(
-                self.take_locked(&mut state)
+                self.take_locked(state)
                     .expect("the operation was present under the same lock"),
             ),
             Ok(false) => Attempt::NotReady { panicked: false },
             Err(()) => Attempt::NotReady { panicked: true },
         }
+    }
+
+    /// Locks the cell, runs `try_complete` and takes the operation if it is ready.
+    pub(crate) fn attempt(&self) -> Attempt<O> {
+        self.take_if_ready_locked(&mut self.state.lock())
     }
 
     /// Takes the operation whatever its readiness (force, expiry, cancel, shutdown).

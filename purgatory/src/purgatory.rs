@@ -33,7 +33,7 @@ use timer_core::{Executor, Timer, TimerTask};
 
 use crate::counters::{Count, Counters};
 use crate::error::WatchError;
-use crate::op_cell::{panic_message, try_complete_caught, Attempt, OpCell, Taken};
+use crate::op_cell::{panic_message, Attempt, OpCell, OpState, Taken};
 use crate::operation::{Completion, DelayedOperation};
 use crate::watchers::Watchers;
 
@@ -81,12 +81,20 @@ impl<O> std::fmt::Debug for OperationHandle<O> {
 }
 
 /// What [`Purgatory::watch`] did with an operation.
-#[derive(Debug)]
 pub enum Watched<O> {
     /// `try_complete` succeeded at once; `on_complete` has run.
     Completed,
     /// The operation waits on its keys and its timeout.
     Pending(OperationHandle<O>),
+}
+
+impl<O> std::fmt::Debug for Watched<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Watched::Completed => f.write_str("Completed"),
+            Watched::Pending(_) => f.write_str("Pending(..)"),
+        }
+    }
 }
 
 /// Counters of one purgatory, for metrics.
@@ -154,7 +162,8 @@ where
             .expect("the default configuration is valid; spawning the reaper failed")
     }
 
-    /// A builder for a configured purgatory.
+    /// A builder for a configured purgatory: `Purgatory::<K, O>::builder()`, the same as
+    /// [`PurgatoryBuilder::new()`](crate::PurgatoryBuilder::new).
     pub fn builder() -> crate::PurgatoryBuilder {
         crate::PurgatoryBuilder::new()
     }
@@ -218,18 +227,10 @@ where
         let timeout = op.timeout();
         let cell = Arc::new(OpCell::new(op));
         let mut state = cell.lock();
-        let op = state.op.as_mut().expect("a new cell holds its operation");
-        match try_complete_caught(op) {
-            Ok(true) => {
-                let taken = cell
-                    .take_locked(&mut state)
-                    .expect("present under the lock");
-                drop(state);
-                inner.finish(taken, Completion::Ready, 0);
-                return Ok(Watched::Completed);
-            }
-            Ok(false) => {}
-            Err(()) => inner.counters.add(Count::Panicked, 1),
+        if let Some(taken) = inner.ready(&cell, &mut state) {
+            drop(state);
+            inner.finish(taken, Completion::Ready, 0);
+            return Ok(Watched::Completed);
         }
         let mut watched = 0u32;
         for key in keys {
@@ -240,18 +241,10 @@ where
         inner.counters.add_listed(i64::from(watched));
         // Try once more now that it is listed: an event that made it ready after the
         // first try but before the listing did not find it, so nobody else will try it.
-        let op = state.op.as_mut().expect("present under the lock");
-        match try_complete_caught(op) {
-            Ok(true) => {
-                let taken = cell
-                    .take_locked(&mut state)
-                    .expect("present under the lock");
-                drop(state);
-                inner.finish(taken, Completion::Ready, watched);
-                return Ok(Watched::Completed);
-            }
-            Ok(false) => {}
-            Err(()) => inner.counters.add(Count::Panicked, 1),
+        if let Some(taken) = inner.ready(&cell, &mut state) {
+            drop(state);
+            inner.finish(taken, Completion::Ready, watched);
+            return Ok(Watched::Completed);
         }
         match inner.timer.add(timeout, Expiry(Arc::clone(&cell))) {
             Ok(handle) => state.timer = Some(handle),
@@ -340,7 +333,8 @@ where
 
     /// Drives the timer once: completes every expired operation, then waits up to
     /// `max_wait` for the next timeout if none was due, and purges if enough completed
-    /// entries are listed. Returns how many operations expired. For purgatories built with
+    /// entries are listed. Returns how many timeouts fired (an operation an event
+    /// completed while its timeout fired is counted here, but not in `stats().expired`). For purgatories built with
     /// `reaper(false)` (for example on a manual clock); harmless otherwise.
     pub fn advance_clock(&self, max_wait: Duration) -> usize {
         Inner::reap_once(&self.inner, max_wait, &mut Vec::new())
@@ -456,6 +450,19 @@ impl<K, O: DelayedOperation> Inner<K, O> {
             executor,
             closed: AtomicBool::new(false),
             purge_cursor: AtomicUsize::new(0),
+        }
+    }
+
+    /// `try_complete` on a locked cell: the taken operation if it is ready (a panic is
+    /// counted and means "not ready").
+    fn ready(&self, cell: &OpCell<O>, state: &mut OpState<O>) -> Option<Taken<O>> {
+        match cell.take_if_ready_locked(state) {
+            Attempt::Ready(taken) => Some(taken),
+            Attempt::NotReady { panicked: true } => {
+                self.counters.add(Count::Panicked, 1);
+                None
+            }
+            Attempt::NotReady { panicked: false } | Attempt::Gone => None,
         }
     }
 

@@ -61,13 +61,14 @@ mod imp {
 }
 
 #[cfg(loom)]
+#[allow(missing_docs)]
 mod imp {
     pub use loom::sync::atomic::{AtomicBool, AtomicU64};
     use std::time::Instant;
 
     pub type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
 
-    #[derive(Debug)]
+    #[derive(Debug, Default)]
     pub struct Mutex<T>(loom::sync::Mutex<T>);
 
     impl<T> Mutex<T> {

@@ -1,0 +1,97 @@
+//! Purging: entries of operations completed through another key (or forced, or expired)
+//! stay listed until a check of their key drops them, or a purge does. `purge()` drops
+//! them all at once; the reaper drops them by itself once `purge_interval` of them have
+//! accumulated (shard by shard, until fewer than `purge_interval` remain), without
+//! touching the operations still waiting.
+
+mod probe;
+
+use std::time::Duration;
+
+use probe::{never, wait_until, Ledger, Probe};
+use purgatory::{Purgatory, PurgatoryBuilder, Watched};
+
+const LONG: Duration = Duration::from_secs(200);
+
+#[test]
+fn purge_drops_completed_entries_of_every_key() {
+    let purgatory: Purgatory<&str, Probe> = PurgatoryBuilder::new()
+        .purge_interval(1_000_000)
+        .build()
+        .unwrap();
+    let ledger = Ledger::new(3);
+    let no = never();
+    let mut handles = Vec::new();
+    for (id, keys) in [vec!["k1"], vec!["k1", "k2"], vec!["k1", "k2", "k3"]]
+        .into_iter()
+        .enumerate()
+    {
+        match purgatory
+            .watch(Probe::new(id, LONG, &ledger, &no), keys)
+            .unwrap()
+        {
+            Watched::Pending(handle) => handles.push(handle),
+            Watched::Completed => panic!("never ready"),
+        }
+    }
+    assert!(purgatory.force_complete(&handles[1]));
+    assert!(purgatory.force_complete(&handles[2]));
+    assert_eq!(purgatory.purge(), 5);
+    let stats = purgatory.stats();
+    assert_eq!((stats.watched, stats.keys, stats.pending), (1, 1, 1));
+    assert_eq!(stats.purged, 5);
+    assert_eq!(purgatory.purge(), 0, "nothing left to purge");
+    assert!(!ledger.is_completed(0));
+}
+
+#[test]
+fn the_reaper_purges_once_enough_completed_entries_accumulate() {
+    const OPS: usize = 300;
+    const FORCED: usize = 200;
+    const INTERVAL: usize = 100;
+    let purgatory: Purgatory<usize, Probe> = PurgatoryBuilder::new()
+        .name("background-purge")
+        .purge_interval(INTERVAL)
+        .build()
+        .unwrap();
+    let ledger = Ledger::new(OPS);
+    let no = never();
+    let mut handles = Vec::new();
+    for id in 0..OPS {
+        match purgatory
+            .watch(Probe::new(id, LONG, &ledger, &no), [id, OPS + id])
+            .unwrap()
+        {
+            Watched::Pending(handle) => handles.push(handle),
+            Watched::Completed => panic!("never ready"),
+        }
+    }
+    for handle in &handles[..FORCED] {
+        assert!(purgatory.force_complete(handle));
+    }
+    // Nobody checks any key: only the reaper can drop the 400 completed entries, and it
+    // must bring them below the purge interval.
+    let live = 2 * (OPS - FORCED);
+    assert!(
+        wait_until(Duration::from_secs(10), || purgatory.stats().watched
+            < live + INTERVAL),
+        "the reaper did not purge: {:?}",
+        purgatory.stats()
+    );
+    let stats = purgatory.stats();
+    assert_eq!(
+        stats.purged as usize + (stats.watched - live),
+        2 * FORCED,
+        "{stats:?}"
+    );
+    assert_eq!(stats.pending, OPS - FORCED);
+    // The rest goes with an explicit purge.
+    purgatory.purge();
+    let stats = purgatory.stats();
+    assert_eq!((stats.watched, stats.keys), (live, live));
+    assert_eq!(stats.purged, 2 * FORCED as u64);
+    for id in FORCED..OPS {
+        assert!(!ledger.is_completed(id), "a purge completes nothing");
+    }
+    assert_eq!(ledger.violations(), 0);
+}

@@ -1,0 +1,242 @@
+//! Shutdown and refusal: `shutdown` (and drop) expire every pending operation so each
+//! request gets an answer, are prompt whatever the pending timeouts, and afterwards the
+//! purgatory refuses operations by giving them back; an empty key list is refused the
+//! same way.
+//!
+//! Shutting down joins the reaper: a test that hangs there fails through a bounded wait
+//! on another thread instead of hanging the suite.
+
+mod probe;
+
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use probe::{never, wait_until, Ledger, Probe, Rng};
+use purgatory::{Clock, Completion, Purgatory, PurgatoryBuilder, SystemClock, WatchError};
+
+const LONG: Duration = Duration::from_secs(200);
+
+/// Runs `f` on its own thread; fails the test if it does not return within `limit`.
+fn within<T: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(value) => value,
+        Err(_) => panic!("{what} did not return within {limit:?}"),
+    }
+}
+
+#[test]
+fn shutdown_expires_every_pending_operation_promptly() {
+    let purgatory: Arc<Purgatory<&str, Probe>> = Arc::new(Purgatory::new("shutdown"));
+    let ledger = Ledger::new(3);
+    let no = never();
+    for (id, keys) in [vec!["a"], vec!["a", "b"], vec!["c"]]
+        .into_iter()
+        .enumerate()
+    {
+        assert!(!purgatory
+            .try_complete_else_watch(Probe::new(id, LONG, &ledger, &no), keys)
+            .unwrap());
+    }
+    // Let the reaper fall asleep on the 200 s timeouts.
+    std::thread::sleep(Duration::from_millis(20));
+
+    let start = Instant::now();
+    let shut = Arc::clone(&purgatory);
+    within(Duration::from_secs(10), "shutdown", move || shut.shutdown());
+    let took = start.elapsed();
+    assert!(took < Duration::from_millis(500), "shutdown took {took:?}");
+
+    assert!(purgatory.is_shutdown());
+    for id in 0..3 {
+        assert_eq!(ledger.how(id), Some(Completion::Expired));
+        assert_eq!(ledger.completions(id), 1);
+        assert_eq!(ledger.expirations(id), 1);
+        assert_eq!(ledger.drops(id), 1);
+    }
+    let stats = purgatory.stats();
+    assert_eq!((stats.pending, stats.watched, stats.keys), (0, 0, 0));
+    assert_eq!(stats.expired, 3);
+
+    purgatory.shutdown();
+    assert_eq!(
+        ledger.total_completions(),
+        3,
+        "a second shutdown does nothing"
+    );
+    assert_eq!(ledger.violations(), 0);
+}
+
+#[test]
+fn after_shutdown_operations_are_given_back() {
+    let purgatory: Purgatory<&str, Probe> = Purgatory::new("closed");
+    purgatory.shutdown();
+    let ledger = Ledger::new(2);
+    let no = never();
+
+    match purgatory.try_complete_else_watch(Probe::new(0, LONG, &ledger, &no), ["k"]) {
+        Err(WatchError::Shutdown(op)) => assert_eq!(op.id, 0),
+        other => panic!("expected Shutdown, got {other:?}"),
+    }
+    let refused = purgatory
+        .watch(Probe::new(1, LONG, &ledger, &no), ["k"])
+        .expect_err("refused after shutdown");
+    assert!(!refused.to_string().is_empty());
+    assert_eq!(refused.into_operation().id, 1);
+    assert_eq!(purgatory.check_and_complete(&"k"), 0);
+    assert!(purgatory.cancel_for_key(&"k").is_empty());
+    assert_eq!(
+        ledger.total_completions(),
+        0,
+        "refused operations are not completed"
+    );
+    assert_eq!(ledger.tries(0) + ledger.tries(1), 0);
+    assert_eq!(ledger.drops(0) + ledger.drops(1), 2, "we dropped them");
+}
+
+#[test]
+fn an_empty_key_list_is_refused_with_the_operation() {
+    let purgatory: Purgatory<&str, Probe> = Purgatory::new("no-keys");
+    let ledger = Ledger::new(1);
+    let no = never();
+    match purgatory.try_complete_else_watch(Probe::new(0, LONG, &ledger, &no), Vec::new()) {
+        Err(error @ WatchError::NoKeys(_)) => {
+            assert!(!error.to_string().is_empty());
+            assert_eq!(error.into_operation().id, 0);
+        }
+        other => panic!("expected NoKeys, got {other:?}"),
+    }
+    assert_eq!(ledger.total_completions(), 0);
+    let stats = purgatory.stats();
+    assert_eq!((stats.pending, stats.watched), (0, 0));
+}
+
+#[test]
+fn dropping_the_purgatory_expires_pending_operations() {
+    let ledger = Ledger::new(2);
+    let no = never();
+    let purgatory: Purgatory<&str, Probe> = Purgatory::new("dropped");
+    assert!(!purgatory
+        .try_complete_else_watch(Probe::new(0, LONG, &ledger, &no), ["a"])
+        .unwrap());
+    assert!(!purgatory
+        .try_complete_else_watch(Probe::new(1, LONG, &ledger, &no), ["a", "b"])
+        .unwrap());
+    within(Duration::from_secs(10), "drop", move || drop(purgatory));
+    for id in 0..2 {
+        assert_eq!(ledger.how(id), Some(Completion::Expired));
+        assert_eq!(ledger.expirations(id), 1);
+        assert_eq!(ledger.drops(id), 1);
+    }
+    assert_eq!(ledger.violations(), 0);
+}
+
+/// The reaper may be anywhere in its loop when shutdown comes: just started, between
+/// rounds, about to sleep with nothing pending (an unbounded sleep) or with something
+/// pending. Shutdown must wake it wherever it is.
+#[test]
+fn shutdown_never_waits_for_the_reaper_to_wake_by_itself() {
+    const ROUNDS: usize = 300;
+    let ledger = Ledger::new(ROUNDS);
+    let no = never();
+    let mut rng = Rng::new(7);
+    for round in 0..ROUNDS {
+        let purgatory: Purgatory<usize, Probe> = PurgatoryBuilder::new()
+            .name("shutdown-race")
+            .build()
+            .unwrap();
+        // Odd rounds: the reaper sleeps at most its 200 ms wait; even rounds: nothing is
+        // pending, it sleeps until woken.
+        if round % 2 == 1 {
+            assert!(!purgatory
+                .try_complete_else_watch(Probe::new(round, LONG, &ledger, &no), [round])
+                .unwrap());
+        }
+        let pause = rng.below(300);
+        if pause > 0 {
+            std::thread::sleep(Duration::from_micros(pause));
+        }
+        let start = Instant::now();
+        within(Duration::from_secs(10), "shutdown", move || {
+            purgatory.shutdown()
+        });
+        let took = start.elapsed();
+        assert!(
+            took < Duration::from_secs(1),
+            "round {round}: shutdown took {took:?}"
+        );
+        if round % 2 == 1 {
+            assert_eq!(ledger.how(round), Some(Completion::Expired));
+        }
+    }
+    assert_eq!(ledger.violations(), 0);
+}
+
+/// A real clock that can hold the reaper inside one of its rounds: armed, the next read
+/// of the clock on the reaper thread (named `gate-reaper`) waits until the gate opens.
+#[derive(Clone)]
+struct GateClock {
+    clock: SystemClock,
+    gate: Arc<Gate>,
+}
+
+#[derive(Default)]
+struct Gate {
+    armed: AtomicBool,
+    entered: AtomicBool,
+    open: AtomicBool,
+}
+
+impl Clock for GateClock {
+    fn now(&self) -> Duration {
+        let on_reaper = std::thread::current().name() == Some("gate-reaper");
+        if on_reaper && self.gate.armed.swap(false, SeqCst) {
+            self.gate.entered.store(true, SeqCst);
+            wait_until(Duration::from_secs(20), || self.gate.open.load(SeqCst));
+        }
+        self.clock.now()
+    }
+}
+
+/// Shutdown comes while the reaper is inside a round, past its last look at the shutdown
+/// flag and before it sleeps (with nothing pending: until woken). The shutdown's wake-up
+/// must not be lost in that window, or shutdown waits forever to join the reaper.
+#[test]
+fn shutdown_wakes_a_reaper_that_is_about_to_sleep() {
+    let gate = Arc::new(Gate::default());
+    gate.armed.store(true, SeqCst);
+    let clock = GateClock {
+        clock: SystemClock::new(),
+        gate: Arc::clone(&gate),
+    };
+    let purgatory: Purgatory<u32, Probe> = PurgatoryBuilder::new()
+        .name("gate")
+        .clock(clock)
+        .build()
+        .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || gate.entered.load(SeqCst)),
+        "the reaper never read the clock"
+    );
+
+    let (done_tx, done_rx) = crossbeam_channel::bounded(1);
+    std::thread::spawn(move || {
+        purgatory.shutdown();
+        let _ = done_tx.send(());
+    });
+    // Give shutdown time to raise its flag and send its wake-up while the reaper is held.
+    std::thread::sleep(Duration::from_millis(50));
+    gate.open.store(true, SeqCst);
+    assert!(
+        done_rx.recv_timeout(Duration::from_secs(5)).is_ok(),
+        "shutdown is stuck joining a reaper that slept through its wake-up"
+    );
+}
