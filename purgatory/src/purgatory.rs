@@ -337,7 +337,7 @@ where
     /// completed while its timeout fired is counted here, but not in `stats().expired`). For purgatories built with
     /// `reaper(false)` (for example on a manual clock); harmless otherwise.
     pub fn advance_clock(&self, max_wait: Duration) -> usize {
-        Inner::reap_once(&self.inner, max_wait, &mut Vec::new())
+        Inner::reap_once(&self.inner, max_wait, &mut Vec::new()).0
     }
 
     /// Drops every completed entry from every list now; returns how many were dropped.
@@ -530,15 +530,19 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
     }
 
     /// Purges shard after shard while a purge is due, yielding as soon as the timer has a
-    /// bucket due.
-    fn purge_some(&self) {
+    /// bucket due. Returns whether it stopped early to let the timer run (so the caller
+    /// should come straight back); after a full pass it returns false even if the
+    /// estimate still says a purge is due, so a drifted estimate cannot make the reaper
+    /// spin.
+    fn purge_some(&self) -> bool {
         if !self.purge_due() {
-            return;
+            return false;
         }
         let shards = self.watchers.shard_count();
         let mut removed = 0;
         let mut visited = 0;
-        for _ in 0..shards {
+        let mut yielded = false;
+        while visited < shards {
             let index = self.purge_cursor.fetch_add(1, Ordering::Relaxed) % shards;
             removed += self.purge_shard(index);
             visited += 1;
@@ -550,15 +554,22 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
                 .next_expiration()
                 .is_some_and(|due| due <= self.timer.now())
             {
+                yielded = visited < shards;
                 break;
             }
         }
         tracing::debug!(target: "purgatory", purgatory = %self.name, removed, shards = visited, "purge");
+        yielded
     }
 
     /// One round of the reaper: expire what is due (waiting up to `max_wait` if nothing
-    /// is) on the configured executor, then purge if needed. Returns how many expired.
-    fn reap_once(this: &Arc<Self>, max_wait: Duration, expired: &mut Vec<Expiry<O>>) -> usize
+    /// is) on the configured executor, then purge if needed. Returns how many timeouts
+    /// fired and whether a purge is unfinished.
+    fn reap_once(
+        this: &Arc<Self>,
+        max_wait: Duration,
+        expired: &mut Vec<Expiry<O>>,
+    ) -> (usize, bool)
     where
         K: Send + Sync + 'static,
     {
@@ -573,8 +584,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
                 }
             }
         }
-        this.purge_some();
-        n
+        (n, this.purge_some())
     }
 }
 
@@ -605,14 +615,15 @@ where
     O: DelayedOperation,
 {
     let mut expired = Vec::new();
+    let mut purge_unfinished = false;
     while !inner.closed.load(Ordering::Acquire) {
-        let max_wait = if inner.purge_due() {
+        let max_wait = if purge_unfinished {
             Duration::ZERO
-        } else if inner.timer.next_expiration().is_some() {
+        } else if inner.timer.next_expiration().is_some() || inner.purge_due() {
             REAPER_WAIT
         } else {
             Duration::MAX
         };
-        Inner::reap_once(inner, max_wait, &mut expired);
+        (_, purge_unfinished) = Inner::reap_once(inner, max_wait, &mut expired);
     }
 }
