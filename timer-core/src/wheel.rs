@@ -22,8 +22,13 @@
 //!   reached) or is placed again from level 0, landing in a finer bucket (the cascade).
 //!   So an entry is never handed out before its expiration tick, and never after the first
 //!   `advance` that reaches it.
-//! - Expirations beyond the highest level the tick type can represent are clamped to the
-//!   last tick of that level (about `2^62` ticks away, far beyond any real deadline).
+//! - Expirations beyond the top level's range are clamped to its last tick. The top level
+//!   is the highest whose interval `wheel_size^(level + 1)` is at most `2^62` ticks, so the
+//!   range depends on the wheel size: about `2^60.5` ticks with 20 buckets, at least `2^54`
+//!   for every size up to 256, and as little as `2^46.5` for sizes above 46,340.
+//! - Tick arithmetic never overflows, even at tick counts near `u64::MAX`. Time ends at
+//!   `LAST_TICK`: a later start, expiration or `advance` target counts as that tick (the value
+//!   `u64::MAX` marks a bucket that is not queued, so no bucket may start there).
 
 use crate::bucket::{Bucket, NOT_QUEUED};
 use crate::bucket_queue::BucketQueue;
@@ -31,6 +36,9 @@ use crate::slab::{Slab, SlotKey, NIL};
 
 /// Largest interval a level may have; keeps `current + interval` far from overflow.
 const MAX_INTERVAL: u64 = 1 << 62;
+
+/// The last tick the wheel represents; `u64::MAX` is [`NOT_QUEUED`].
+const LAST_TICK: u64 = NOT_QUEUED - 1;
 
 #[derive(Debug, Clone)]
 struct Level {
@@ -100,7 +108,7 @@ impl<T> Wheel<T> {
         Wheel {
             wheel_size,
             max_levels,
-            levels: vec![Level::new(1, wheel_size, start)],
+            levels: vec![Level::new(1, wheel_size, start.min(LAST_TICK))],
             buckets: vec![Bucket::EMPTY; wheel_size as usize],
             slab: Slab::new(),
             queue: BucketQueue::default(),
@@ -144,7 +152,7 @@ impl<T> Wheel<T> {
     /// bucket of the current tick and is handed out by the next `advance` (insert never
     /// hands a task back, so a caller never runs a task on its own thread by surprise).
     pub fn insert(&mut self, expiration: u64, task: T) -> SlotKey {
-        let expiration = expiration.max(self.levels[0].current);
+        let expiration = expiration.min(LAST_TICK).max(self.levels[0].current);
         let key = self.slab.insert(expiration, task);
         self.place(key.index, expiration);
         key
@@ -225,8 +233,10 @@ impl<T> Wheel<T> {
     }
 
     fn advance_levels(&mut self, time: u64) {
+        let time = time.min(LAST_TICK);
         for level in &mut self.levels {
-            if time >= level.current + level.tick {
+            // Not `current + tick`, which overflows near `u64::MAX`.
+            if time.saturating_sub(level.current) >= level.tick {
                 level.move_to(time, self.wheel_size);
             }
         }

@@ -1,0 +1,167 @@
+//! Loom models of the timer's two races that matter (run with
+//! `RUSTFLAGS="--cfg loom" cargo test -p timer-core --test loom --release`).
+//!
+//! Under `cfg(loom)` every lock, condition variable and atomic of the thread-safe timer is
+//! loom's (see `src/sync.rs`), so loom explores every interleaving of them:
+//! - **Cancel racing expiry** of the same task: exactly one wins; the task runs if and only
+//!   if `cancel` returned `None`, and runs once.
+//! - **An add racing the driver's flush and sleep**: a driver blocked in `advance_clock`
+//!   with a long `max_wait` must not lose a task that became due while it was going to
+//!   sleep: once everything has finished, the task has run exactly once or was handed back
+//!   by `shutdown`, never neither, never both.
+//!
+//! - **A wake after an add**: `wake` is never lost (even when it comes before the driver
+//!   sleeps), and the woken driver runs the task that became due.
+//!
+//! Loom has no clock: a timed wait there waits until notified. The add-versus-sleep model
+//! therefore ends with `shutdown` (which always notifies), as a real driver's deadline
+//! would end the wait; what it checks is that no interleaving loses or duplicates the task.
+//!
+//! Two limits of loom shape these models:
+//! - Its DPOR remembers only the last access to each atomic, so a thread that loads an
+//!   atomic and then stores to it hides its store's race with other threads' earlier
+//!   loads. `Timer::add` does exactly that with the shard's published expiration, so under
+//!   `cfg(loom)` it reads it with a read-modify-write instead (see `src/timer.rs`); without
+//!   that, loom never lets the adder's store fall between the driver's loads.
+//! - Because a timed wait never times out, a model cannot check that the adder's own
+//!   notification suffices: when the driver already saw the new bucket before sleeping, only
+//!   its (real-time) deadline would end the wait. The models end the wait with `shutdown` or
+//!   `wake` instead.
+//!
+//! The models are kept small (two or three threads, one shard) because loom explores
+//! interleavings exponentially; they finish in well under a minute unbounded, so no
+//! `LOOM_MAX_PREEMPTIONS` is needed.
+#![cfg(loom)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use loom::sync::Arc;
+use loom::thread;
+use timer_core::{Clock, ManualClock, Timer, TimerBuilder, TimerTask};
+
+/// Counts its runs in a plain (not loom) atomic: only read after every thread has joined.
+struct Counted(std::sync::Arc<AtomicUsize>);
+
+impl TimerTask for Counted {
+    fn run(self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn manual_timer(clock: &ManualClock) -> Timer<Counted> {
+    TimerBuilder::new()
+        .tick(Duration::from_millis(1))
+        .shards(1)
+        .clock(clock.clone())
+        .reaper(false)
+        .build()
+        .expect("valid configuration")
+}
+
+#[test]
+fn cancel_racing_expiry_has_exactly_one_winner() {
+    loom::model(|| {
+        let clock = ManualClock::new();
+        let timer = Arc::new(manual_timer(&clock));
+        let runs = std::sync::Arc::new(AtomicUsize::new(0));
+        let handle = timer
+            .add(Duration::from_millis(1), Counted(runs.clone()))
+            .expect("timer is open");
+        // The task is due: the driver's next advance expires it, unless cancel wins.
+        clock.advance(Duration::from_millis(1));
+
+        let driver = {
+            let timer = Arc::clone(&timer);
+            thread::spawn(move || timer.advance_clock(Duration::ZERO))
+        };
+        let cancelled = timer.cancel(handle);
+        let fired = driver.join().unwrap();
+
+        let ran = runs.load(Ordering::SeqCst);
+        assert_eq!(
+            ran,
+            usize::from(cancelled.is_none()),
+            "runs iff cancel lost"
+        );
+        assert_eq!(fired, ran, "advance_clock reports what it ran");
+        let stats = timer.stats();
+        assert_eq!(stats.expired + stats.cancelled, 1, "exactly one winner");
+        assert_eq!(stats.pending, 0);
+        // Whoever lost, the handle is stale now.
+        assert!(timer.cancel(handle).is_none());
+        assert!(timer.shutdown().is_empty());
+        drop(cancelled);
+    });
+}
+
+#[test]
+fn an_add_racing_the_drivers_sleep_is_never_lost() {
+    loom::model(|| {
+        let clock = ManualClock::new();
+        clock.advance(Duration::from_millis(5));
+        let timer = Arc::new(manual_timer(&clock));
+        let runs = std::sync::Arc::new(AtomicUsize::new(0));
+
+        // The driver finds nothing due and sleeps (up to an hour) unless woken.
+        let driver = {
+            let timer = Arc::clone(&timer);
+            thread::spawn(move || timer.advance_clock(Duration::from_secs(3_600)))
+        };
+        // The adder adds a task due now while the driver flushes and goes to sleep.
+        let adder = {
+            let timer = Arc::clone(&timer);
+            let runs = runs.clone();
+            thread::spawn(move || {
+                timer
+                    .add(Duration::ZERO, Counted(runs))
+                    .expect("timer is open");
+            })
+        };
+        adder.join().unwrap();
+        let handed_back = timer.shutdown().len();
+        let fired = driver.join().unwrap();
+
+        let ran = runs.load(Ordering::SeqCst);
+        assert_eq!(ran + handed_back, 1, "ran {ran}, handed back {handed_back}");
+        assert_eq!(fired, ran);
+        assert_eq!(timer.len(), 0);
+        assert_eq!(
+            clock.now(),
+            Duration::from_millis(5),
+            "the clock did not move"
+        );
+    });
+}
+
+#[test]
+fn a_wake_after_an_add_makes_the_driver_run_the_task() {
+    loom::model(|| {
+        let clock = ManualClock::new();
+        let timer = Arc::new(manual_timer(&clock));
+        let runs = std::sync::Arc::new(AtomicUsize::new(0));
+
+        let driver = {
+            let timer = Arc::clone(&timer);
+            thread::spawn(move || timer.advance_clock(Duration::from_secs(3_600)))
+        };
+        let adder = {
+            let timer = Arc::clone(&timer);
+            let runs = runs.clone();
+            thread::spawn(move || {
+                timer
+                    .add(Duration::ZERO, Counted(runs))
+                    .expect("timer is open");
+            })
+        };
+        adder.join().unwrap();
+        // A wake is never lost, even if it arrives before the driver sleeps; the driver
+        // then fires what is due, so the task runs on the driver, not at shutdown.
+        timer.wake();
+        let fired = driver.join().unwrap();
+
+        assert_eq!(fired, 1, "the driver ran the task");
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+        assert!(timer.shutdown().is_empty());
+    });
+}
