@@ -112,11 +112,13 @@ impl PurgatoryBuilder {
             return Err(BuildError::InvalidPurgeInterval);
         }
         let timer = self.timer.reaper(false).build()?;
+        // Counters are i64; an interval beyond that means "practically never".
+        let purge_interval = self.purge_interval.min(i64::MAX as usize);
         let inner = Inner::new(
             self.name,
             timer,
             Watchers::new(self.shards),
-            self.purge_interval,
+            purge_interval,
             self.executor,
         );
         Purgatory::from_parts(inner, self.reaper).map_err(BuildError::Spawn)

@@ -25,10 +25,11 @@
 
 use std::hash::Hash;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use smallvec::SmallVec;
 use timer_core::{Executor, Timer, TimerTask};
 
 use crate::counters::{Count, Counters};
@@ -54,15 +55,21 @@ impl<O: DelayedOperation> TimerTask for Expiry<O> {
     }
 }
 
-/// A watched operation, for [`Purgatory::force_complete`]. Cheap to clone.
+/// Source of purgatory identities, so a handle is only honoured by its own purgatory.
+static NEXT_PURGATORY_ID: AtomicU64 = AtomicU64::new(0);
+
+/// A watched operation, for [`Purgatory::force_complete`]. Cheap to clone. A handle given
+/// to another purgatory than the one that issued it completes nothing.
 pub struct OperationHandle<O> {
     cell: Arc<OpCell<O>>,
+    purgatory: u64,
 }
 
 impl<O> Clone for OperationHandle<O> {
     fn clone(&self) -> Self {
         OperationHandle {
             cell: Arc::clone(&self.cell),
+            purgatory: self.purgatory,
         }
     }
 }
@@ -122,6 +129,7 @@ pub struct PurgatoryStats {
 }
 
 pub(crate) struct Inner<K, O: DelayedOperation> {
+    id: u64,
     pub(crate) name: String,
     pub(crate) timer: Timer<Expiry<O>>,
     pub(crate) watchers: Watchers<K, O>,
@@ -220,8 +228,9 @@ where
         if inner.closed.load(Ordering::Acquire) {
             return Err(WatchError::Shutdown(op));
         }
-        let mut keys = keys.into_iter().peekable();
-        if keys.peek().is_none() {
+        // Collect the keys before taking any lock: the caller's iterator is user code.
+        let keys: SmallVec<[K; 4]> = keys.into_iter().collect();
+        if keys.is_empty() {
             return Err(WatchError::NoKeys(op));
         }
         let timeout = op.timeout();
@@ -232,13 +241,12 @@ where
             inner.finish(taken, Completion::Ready, 0);
             return Ok(Watched::Completed);
         }
-        let mut watched = 0u32;
-        for key in keys {
-            inner.watchers.watch(key, &cell);
-            watched += 1;
-        }
+        let watched = u32::try_from(keys.len()).unwrap_or(u32::MAX);
         cell.set_keys(watched);
         inner.counters.add_listed(i64::from(watched));
+        for key in keys {
+            inner.watchers.watch(key, &cell);
+        }
         // Try once more now that it is listed: an event that made it ready after the
         // first try but before the listing did not find it, so nobody else will try it.
         if let Some(taken) = inner.ready(&cell, &mut state) {
@@ -261,7 +269,10 @@ where
         }
         drop(state);
         tracing::debug!(target: "purgatory", purgatory = %inner.name, keys = watched, "watch");
-        Ok(Watched::Pending(OperationHandle { cell }))
+        Ok(Watched::Pending(OperationHandle {
+            cell,
+            purgatory: inner.id,
+        }))
     }
 
     /// Tries every operation watched on `key`, in arrival order, completing those that
@@ -269,7 +280,7 @@ where
     /// empties). Returns how many this call completed; an unknown key returns 0.
     pub fn check_and_complete(&self, key: &K) -> usize {
         let inner = &*self.inner;
-        let mut candidates = Vec::new();
+        let mut candidates = SmallVec::<[Arc<OpCell<O>>; 8]>::new();
         let saw_completed = inner.watchers.snapshot(key, &mut candidates);
         let mut completed = 0;
         for cell in &candidates {
@@ -293,6 +304,9 @@ where
     /// Completes the operation now, whatever `try_complete` would say, unless it is
     /// already completed. Returns whether this call completed it.
     pub fn force_complete(&self, handle: &OperationHandle<O>) -> bool {
+        if handle.purgatory != self.inner.id {
+            return false;
+        }
         match handle.cell.take() {
             Some(taken) => {
                 self.inner
@@ -387,18 +401,9 @@ where
     /// operation. Idempotent; also run on drop.
     pub fn shutdown(&self) {
         let inner = &*self.inner;
-        if inner.closed.swap(true, Ordering::AcqRel) {
+        let Some(expired) = self.stop() else {
             return;
-        }
-        inner.timer.wake();
-        if let Some(reaper) = self.reaper.lock().take() {
-            if reaper.thread().id() != std::thread::current().id() {
-                let _ = reaper.join();
-            }
-        }
-        let pending = inner.timer.shutdown();
-        let expired = pending.len();
-        inner.expire_all(pending);
+        };
         inner.watchers.clear();
         inner.counters.add_stale(-inner.counters.stale());
         inner.counters.add_listed(-inner.counters.listed());
@@ -406,21 +411,33 @@ where
     }
 }
 
-impl<K, O: DelayedOperation> Drop for Purgatory<K, O> {
-    fn drop(&mut self) {
-        // Same as `shutdown`, without the trait bounds on `K`.
+impl<K, O: DelayedOperation> Purgatory<K, O> {
+    /// Closes the purgatory, stops and joins the reaper and expires what is pending.
+    /// Returns how many operations it expired, or `None` if it was already closed.
+    fn stop(&self) -> Option<usize> {
         let inner = &*self.inner;
         if inner.closed.swap(true, Ordering::AcqRel) {
-            return;
+            return None;
         }
-        inner.timer.wake();
+        // Close the timer first: from then on the reaper cannot go back to sleep (its
+        // timer refuses to), so joining it cannot hang, however wake-ups interleave with
+        // other threads driving the clock.
+        let pending = inner.timer.shutdown();
         if let Some(reaper) = self.reaper.lock().take() {
             if reaper.thread().id() != std::thread::current().id() {
                 let _ = reaper.join();
             }
         }
-        let pending = inner.timer.shutdown();
+        let expired = pending.len();
         inner.expire_all(pending);
+        Some(expired)
+    }
+}
+
+impl<K, O: DelayedOperation> Drop for Purgatory<K, O> {
+    /// Shuts down: pending operations are expired, so every waiting request is answered.
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
@@ -442,6 +459,7 @@ impl<K, O: DelayedOperation> Inner<K, O> {
         executor: Executor,
     ) -> Self {
         Inner {
+            id: NEXT_PURGATORY_ID.fetch_add(1, Ordering::Relaxed),
             name,
             timer,
             watchers,
@@ -498,12 +516,14 @@ impl<K, O: DelayedOperation> Inner<K, O> {
         }
     }
 
-    fn expire_all(&self, batch: Vec<Expiry<O>>) {
-        if !batch.is_empty() {
-            tracing::debug!(target: "purgatory", purgatory = %self.name, count = batch.len(), "expire");
-        }
+    fn expire_all(&self, batch: impl IntoIterator<Item = Expiry<O>>) {
+        let mut count = 0usize;
         for expiry in batch {
             self.expire(expiry);
+            count += 1;
+        }
+        if count > 0 {
+            tracing::debug!(target: "purgatory", purgatory = %self.name, count, "expire");
         }
     }
 }
@@ -575,11 +595,11 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
     {
         let n = this.timer.advance_clock_into(max_wait, expired);
         if n > 0 {
-            let batch = std::mem::take(expired);
             match &this.executor {
-                Executor::Inline => this.expire_all(batch),
+                Executor::Inline => this.expire_all(expired.drain(..)),
                 Executor::Pool(pool) => {
                     let inner = Arc::clone(this);
+                    let batch = std::mem::take(expired);
                     pool.spawn(move || inner.expire_all(batch));
                 }
             }

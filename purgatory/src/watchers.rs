@@ -7,7 +7,8 @@
 //!
 //! # Invariants
 //! - A key is present only while its list is non-empty: whoever empties a list removes
-//!   the key, so memory follows the keys in use, not the keys ever seen.
+//!   the key, and a map under a quarter full gives half its capacity back, so memory
+//!   follows the keys in use, not the keys ever seen or the peak.
 //! - `entries` of a shard equals the total length of its lists.
 //! - An entry may name a completed operation (it was completed through another key, or
 //!   by force or expiry); such entries are dropped by the next check of their key or by a
@@ -26,6 +27,24 @@ type Map<K, O> = std::collections::HashMap<K, Vec<Arc<OpCell<O>>>, RandomState>;
 struct ShardState<K, O> {
     lists: Map<K, O>,
     entries: usize,
+}
+
+impl<K: Hash + Eq, O> ShardState<K, O> {
+    /// Removes a key's list, giving back map capacity once the map is mostly empty.
+    fn remove_key(&mut self, key: &K) -> Option<Vec<Arc<OpCell<O>>>> {
+        let list = self.lists.remove(key);
+        self.shrink_if_sparse();
+        list
+    }
+
+    /// Halves the map's capacity when it is under a quarter full, so a spike of keys does
+    /// not hold its memory forever; amortised O(1) per removal.
+    fn shrink_if_sparse(&mut self) {
+        let capacity = self.lists.capacity();
+        if capacity > 64 && self.lists.len() * 4 < capacity {
+            self.lists.shrink_to(capacity / 2);
+        }
+    }
 }
 
 #[repr(align(128))]
@@ -59,9 +78,15 @@ impl<K: Hash + Eq + Clone, O> Watchers<K, O> {
     }
 
     fn shard(&self, key: &K) -> &Shard<K, O> {
-        let hash = self.hasher.hash_one(key);
         // The high bits: the map itself uses the low ones.
-        &self.shards[((hash >> 32) as usize) % self.shards.len()]
+        let high = (self.hasher.hash_one(key) >> 32) as usize;
+        let n = self.shards.len();
+        let index = if n.is_power_of_two() {
+            high & (n - 1)
+        } else {
+            high % n
+        };
+        &self.shards[index]
     }
 
     /// Appends `cell` to the list of `key`.
@@ -73,7 +98,7 @@ impl<K: Hash + Eq + Clone, O> Watchers<K, O> {
 
     /// Copies the not-yet-completed entries of `key` into `out`, in arrival order.
     /// Returns whether the list also held completed entries.
-    pub(crate) fn snapshot(&self, key: &K, out: &mut Vec<Arc<OpCell<O>>>) -> bool
+    pub(crate) fn snapshot(&self, key: &K, out: &mut impl Extend<Arc<OpCell<O>>>) -> bool
     where
         O: crate::DelayedOperation,
     {
@@ -86,7 +111,7 @@ impl<K: Hash + Eq + Clone, O> Watchers<K, O> {
             if cell.is_completed() {
                 saw_completed = true;
             } else {
-                out.push(Arc::clone(cell));
+                out.extend(Some(Arc::clone(cell)));
             }
         }
         saw_completed
@@ -107,7 +132,7 @@ impl<K: Hash + Eq + Clone, O> Watchers<K, O> {
         list.retain(|cell| !cell.is_completed());
         let removed = before - list.len();
         if list.is_empty() {
-            shard.lists.remove(key);
+            shard.remove_key(key);
         }
         shard.entries -= removed;
         removed
@@ -116,7 +141,7 @@ impl<K: Hash + Eq + Clone, O> Watchers<K, O> {
     /// Removes the whole list of `key`.
     pub(crate) fn take(&self, key: &K) -> Vec<Arc<OpCell<O>>> {
         let mut shard = self.shard(key).state.lock();
-        let list = shard.lists.remove(key).unwrap_or_default();
+        let list = shard.remove_key(key).unwrap_or_default();
         shard.entries -= list.len();
         list
     }
@@ -136,9 +161,7 @@ impl<K: Hash + Eq + Clone, O> Watchers<K, O> {
             !list.is_empty()
         });
         shard.entries -= removed;
-        if shard.lists.is_empty() && shard.lists.capacity() > 64 {
-            shard.lists.shrink_to(64);
-        }
+        shard.shrink_if_sparse();
         removed
     }
 

@@ -20,6 +20,13 @@
 //! sleep that finds the flag set clears it and returns at once. So a wake that arrives
 //! while no driver sleeps (say, a shutdown request racing the driver's loop condition)
 //! is not lost; it costs at most one early return.
+//!
+//! Several threads may drive one timer (the reaper and a caller of `advance_clock`).
+//! `wake_at` is then the earliest planned wake of all sleepers; an add earlier than it
+//! wakes them all, and the earliest one wakes by itself before any later add is due. When
+//! a sleeper leaves while others still sleep, their earliest plan is unknown, so
+//! `wake_at` becomes `u64::MAX`: every add notifies until they have all left. That costs
+//! spurious notifications, never a missed one.
 
 use std::time::Instant;
 
@@ -29,10 +36,18 @@ use std::sync::atomic::Ordering::SeqCst;
 /// `wake_at` while no driver is asleep.
 const AWAKE: u64 = 0;
 
+/// What the sleeper's lock guards.
+#[derive(Debug, Default)]
+struct SleepState {
+    /// A wake-up arrived that no sleep consumed yet.
+    woken: bool,
+    /// Threads currently waiting.
+    sleepers: u32,
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct Sleeper {
-    /// Guards the wait; holds whether a wake-up arrived that no sleep consumed yet.
-    lock: Mutex<bool>,
+    lock: Mutex<SleepState>,
     cond: Condvar,
     wake_at: AtomicU64,
 }
@@ -40,7 +55,7 @@ pub(crate) struct Sleeper {
 impl Sleeper {
     pub(crate) fn new() -> Self {
         Sleeper {
-            lock: Mutex::new(false),
+            lock: Mutex::new(SleepState::default()),
             cond: Condvar::default(),
             wake_at: AtomicU64::new(AWAKE),
         }
@@ -56,17 +71,26 @@ impl Sleeper {
         deadline: Option<Instant>,
         recheck: impl FnOnce(u64) -> bool,
     ) {
-        let mut woken = self.lock.lock();
-        if std::mem::take(&mut *woken) {
+        let mut state = self.lock.lock();
+        if std::mem::take(&mut state.woken) {
             return;
         }
-        self.wake_at.store(wake_tick.max(1), SeqCst);
+        state.sleepers += 1;
+        let planned = wake_tick.max(1);
+        let published = if state.sleepers == 1 {
+            planned
+        } else {
+            self.wake_at.load(SeqCst).min(planned)
+        };
+        self.wake_at.store(published, SeqCst);
         if !recheck(wake_tick) {
-            woken = self.cond.wait_until(woken, deadline);
-            *woken = false;
+            state = self.cond.wait_until(state, deadline);
+            state.woken = false;
         }
-        self.wake_at.store(AWAKE, SeqCst);
-        drop(woken);
+        state.sleepers -= 1;
+        let after = if state.sleepers == 0 { AWAKE } else { u64::MAX };
+        self.wake_at.store(after, SeqCst);
+        drop(state);
     }
 
     /// Wakes the driver if it plans to sleep past `expiration`. Call after publishing
@@ -80,8 +104,8 @@ impl Sleeper {
     /// Wakes a sleeping driver unconditionally (shutdown, or a user's request); if none
     /// sleeps, the next sleep returns at once.
     pub(crate) fn wake(&self) {
-        let mut woken = self.lock.lock();
-        *woken = true;
+        let mut state = self.lock.lock();
+        state.woken = true;
         self.cond.notify_all();
     }
 }

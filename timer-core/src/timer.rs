@@ -23,7 +23,7 @@
 //! - Once `shutdown` has drained a shard it is closed: adds to it are refused, so no task
 //!   can slip in after the drain.
 
-use std::sync::atomic::{AtomicU64 as StdAtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64 as StdAtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,12 +38,17 @@ use crate::TimerTask;
 /// `Shard::next_expiration` of a shard with no queued bucket.
 const IDLE: u64 = u64::MAX;
 
-/// Names one added task. Cheap to copy; stale handles are harmless.
+/// Names one added task. Cheap to copy; stale handles, and handles of another timer, are
+/// harmless: they cancel nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TimerHandle {
+    timer: u32,
     shard: u32,
     key: SlotKey,
 }
+
+/// Source of timer identities, so a handle is only honoured by the timer that issued it.
+static NEXT_TIMER_ID: AtomicU32 = AtomicU32::new(0);
 
 /// Counters of one timer, summed over its shards.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -75,6 +80,7 @@ struct Shard<T> {
 }
 
 pub(crate) struct Inner<T> {
+    id: u32,
     shards: Box<[Shard<T>]>,
     clock: Arc<dyn Clock>,
     tick_nanos: u64,
@@ -126,6 +132,7 @@ impl<T: TimerTask> Inner<T> {
             })
             .collect();
         Inner {
+            id: NEXT_TIMER_ID.fetch_add(1, Ordering::Relaxed),
             shards,
             clock,
             tick_nanos,
@@ -159,7 +166,14 @@ impl<T: TimerTask> Inner<T> {
         let key = state.wheel.insert(expiration, task);
         state.added += 1;
         let next = state.wheel.next_expiration().unwrap_or(IDLE);
-        let earlier = next < shard.next_expiration.load(Ordering::Relaxed);
+        // Under loom, read with a read-modify-write: loom's DPOR remembers only the last
+        // access to an atomic, so a plain load here would hide this thread's store below
+        // from the driver's earlier loads, and the add-versus-sleep race would go unexplored.
+        #[cfg(loom)]
+        let published = shard.next_expiration.fetch_add(0, Ordering::Relaxed);
+        #[cfg(not(loom))]
+        let published = shard.next_expiration.load(Ordering::Relaxed);
+        let earlier = next < published;
         if earlier {
             shard.next_expiration.store(next, Ordering::SeqCst);
         }
@@ -168,6 +182,7 @@ impl<T: TimerTask> Inner<T> {
             self.sleeper.wake_if_later_than(next);
         }
         Ok(TimerHandle {
+            timer: self.id,
             shard: shard_index as u32,
             key,
         })
@@ -232,6 +247,11 @@ impl<T: TimerTask> Inner<T> {
         let limit = now.saturating_add(nanos(max_wait));
         let earliest = self.earliest();
         let wake_nanos = earliest.saturating_mul(self.tick_nanos).min(limit);
+        if wake_nanos <= now {
+            // A bucket came due since `fire_due` looked (an add raced it): fire it now
+            // rather than going through the condition variable.
+            return self.fire_due(sink);
+        }
         let wake_tick = wake_nanos / self.tick_nanos;
         let deadline = if wake_nanos == u64::MAX {
             None
@@ -253,8 +273,11 @@ pub use crate::error::AddError;
 
 impl<T: TimerTask> Timer<T> {
     /// Schedules `task` to run once `delay` has passed. A zero delay means due now (it
-    /// runs on the next clock advance, never on the calling thread). Delays beyond about
-    /// `2^62` ticks are clamped to that.
+    /// runs on the next clock advance, never on the calling thread). A deadline beyond the
+    /// wheel's range is clamped to its end: with wheel sizes up to 256 (the default is 20)
+    /// the range exceeds every deadline a `u64` of nanoseconds can hold, so nothing is
+    /// clamped; larger sizes cover less (at least `2^46.5` ticks: about 3 years at a 1 us
+    /// tick, 3,000 years at 1 ms), and a later deadline fires at the range's end.
     ///
     /// Returns a handle for [`cancel`](Self::cancel), or the task back if the timer has
     /// been shut down.
@@ -280,7 +303,7 @@ impl<T: TimerTask> Timer<T> {
     /// already expired (it has run or is running), was already cancelled, or the timer
     /// was shut down: exactly one of cancel and expiry wins. O(1).
     pub fn cancel(&self, handle: TimerHandle) -> Option<T> {
-        let shard = self.inner.shards.get(handle.shard as usize)?;
+        let shard = self.shard_of(handle)?;
         let mut state = shard.state.lock();
         let task = state.wheel.cancel(handle.key)?;
         state.cancelled += 1;
@@ -289,10 +312,16 @@ impl<T: TimerTask> Timer<T> {
 
     /// Whether `handle` still names a pending task.
     pub fn is_pending(&self, handle: TimerHandle) -> bool {
-        self.inner
-            .shards
-            .get(handle.shard as usize)
+        self.shard_of(handle)
             .is_some_and(|s| s.state.lock().wheel.contains(handle.key))
+    }
+
+    /// The shard a handle names, if this timer issued it.
+    fn shard_of(&self, handle: TimerHandle) -> Option<&Shard<T>> {
+        if handle.timer != self.inner.id {
+            return None;
+        }
+        self.inner.shards.get(handle.shard as usize)
     }
 
     /// Runs every task that is due, then, if none was, waits up to `max_wait` for the

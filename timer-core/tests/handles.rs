@@ -1,0 +1,46 @@
+//! Handles are honoured only by the timer that issued them, and two threads may drive
+//! one timer without losing a wake-up.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use timer_core::{ManualClock, TimerBuilder};
+
+type Task = Box<dyn FnOnce() + Send>;
+
+#[test]
+fn a_handle_of_another_timer_cancels_nothing() {
+    let build = || {
+        TimerBuilder::new()
+            .clock(ManualClock::new())
+            .reaper(false)
+            .shards(1)
+            .build::<Task>()
+            .unwrap()
+    };
+    let (a, b) = (build(), build());
+    let from_a = a.add(Duration::from_secs(1), Box::new(|| {})).unwrap();
+    let _from_b = b.add(Duration::from_secs(1), Box::new(|| {})).unwrap();
+    assert!(b.cancel(from_a).is_none(), "b must refuse a's handle");
+    assert!(!b.is_pending(from_a));
+    assert_eq!(b.len(), 1, "b's own task must stay");
+    assert!(a.cancel(from_a).is_some());
+}
+
+#[test]
+fn a_second_driver_does_not_blind_the_reaper() {
+    let timer = TimerBuilder::new().build::<Task>().unwrap();
+    // The reaper sleeps with nothing pending; this thread drives too, and leaves first.
+    timer.advance_clock(Duration::from_millis(20));
+    let (tx, rx) = mpsc::channel();
+    timer
+        .add(
+            Duration::from_millis(50),
+            Box::new(move || tx.send(()).unwrap()),
+        )
+        .unwrap();
+    assert!(
+        rx.recv_timeout(Duration::from_secs(10)).is_ok(),
+        "the reaper missed the add's wake-up"
+    );
+}
