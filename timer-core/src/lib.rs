@@ -43,6 +43,7 @@ mod builder;
 mod clock;
 mod error;
 mod executor;
+mod free_slots;
 mod slab;
 mod sleeper;
 pub mod sync;

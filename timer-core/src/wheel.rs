@@ -161,10 +161,32 @@ impl<T> Wheel<T> {
     /// Removes the task `key` names and returns it, or `None` when the key is stale (the
     /// task already expired or was cancelled). O(1): unlinks one entry.
     pub fn cancel(&mut self, key: SlotKey) -> Option<T> {
-        let bucket = self.slab.lookup(key)?.bucket;
-        debug_assert_ne!(bucket, NIL, "an occupied entry is always linked");
-        self.buckets[bucket as usize].unlink(key.index, &mut self.slab);
-        Some(self.slab.remove(key.index))
+        // One pass over the entry (check, unlink, free) and a write to each neighbour:
+        // cancel is bound by cache misses, so it is kept to as few instructions as
+        // possible to let the CPU overlap the misses of consecutive cancels.
+        let entries = &mut self.slab.entries;
+        let entry = entries.get_mut(key.index as usize)?;
+        if entry.generation != key.generation || entry.bucket == NIL {
+            return None;
+        }
+        let (prev, next, bucket) = (entry.prev, entry.next, entry.bucket);
+        let task = entry.task.take();
+        debug_assert!(task.is_some(), "a linked entry holds its task");
+        entry.generation = entry.generation.wrapping_add(1);
+        entry.prev = NIL;
+        entry.next = NIL;
+        entry.bucket = NIL;
+        if prev == NIL {
+            self.buckets[bucket as usize].head = next;
+        } else {
+            entries[prev as usize].next = next;
+        }
+        if next != NIL {
+            entries[next as usize].prev = prev;
+        }
+        self.slab.free.push(key.index);
+        self.slab.occupied -= 1;
+        task
     }
 
     /// Whether `key` still names a pending task.

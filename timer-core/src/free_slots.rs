@@ -1,0 +1,121 @@
+//! The set of free slab slots, handing out the lowest free slot first.
+//!
+//! # Why lowest-first
+//! After cancels in random order the free slots are scattered over the slab. A stack of
+//! them hands them out in the order they were freed, so every re-add writes a random cold
+//! cache line; handing out the lowest first re-fills the slab in address order, so
+//! consecutive adds write neighbouring slots (two per cache line, prefetcher-friendly).
+//! Measured on W1's second wave (1M adds after 900k random cancels): 140-170 ns per add on
+//! a bare wheel with a stack, about 70 ns lowest-first.
+//!
+//! # Layout and invariants
+//! - `words`: bit `i % 64` of word `i / 64` is set exactly when slot `i` is free.
+//! - `summary`: bit `w % 64` of word `w / 64` is set exactly when `words[w] != 0`.
+//! - `low`: no summary word below it has a bit set, so the search for the lowest free slot
+//!   starts there. `push` lowers it, `pop` raises it past empty words: amortised O(1).
+//! - `len` is the number of set bits in `words`.
+//!
+//! One bit per slot (plus one per 64 slots) instead of four bytes per free slot.
+
+#[derive(Debug, Default)]
+pub(crate) struct FreeSlots {
+    words: Vec<u64>,
+    summary: Vec<u64>,
+    low: usize,
+    len: usize,
+}
+
+impl FreeSlots {
+    /// Number of free slots.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Marks `slot` free; it must not be free already.
+    pub(crate) fn push(&mut self, slot: u32) {
+        let word = slot as usize >> 6;
+        let group = word >> 6;
+        if word >= self.words.len() {
+            self.words.resize(word + 1, 0);
+        }
+        if group >= self.summary.len() {
+            self.summary.resize(group + 1, 0);
+        }
+        let bit = 1u64 << (slot & 63);
+        debug_assert_eq!(self.words[word] & bit, 0, "slot {slot} freed twice");
+        self.words[word] |= bit;
+        self.summary[group] |= 1u64 << (word & 63);
+        self.low = self.low.min(group);
+        self.len += 1;
+    }
+
+    /// Takes the lowest free slot.
+    pub(crate) fn pop(&mut self) -> Option<u32> {
+        if self.len == 0 {
+            return None;
+        }
+        while self.summary[self.low] == 0 {
+            self.low += 1;
+        }
+        let group = self.low;
+        let word = (group << 6) | self.summary[group].trailing_zeros() as usize;
+        let bits = self.words[word];
+        let slot = (word << 6) | bits.trailing_zeros() as usize;
+        let rest = bits & (bits - 1);
+        self.words[word] = rest;
+        if rest == 0 {
+            self.summary[group] &= !(1u64 << (word & 63));
+        }
+        self.len -= 1;
+        Some(slot as u32)
+    }
+
+    /// Forgets every free slot.
+    pub(crate) fn clear(&mut self) {
+        self.words.clear();
+        self.summary.clear();
+        self.low = 0;
+        self.len = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn hands_out_the_lowest_first() {
+        let mut free = FreeSlots::default();
+        for slot in [700_000, 3, 64, 4095, 4096, 63] {
+            free.push(slot);
+        }
+        let order: Vec<_> = std::iter::from_fn(|| free.pop()).collect();
+        assert_eq!(order, [3, 63, 64, 4095, 4096, 700_000]);
+        assert_eq!(free.len(), 0);
+    }
+
+    proptest! {
+        /// Against a sorted set: same members, same lowest element, same length.
+        #[test]
+        fn behaves_like_a_sorted_set(ops in proptest::collection::vec((any::<bool>(), 0u32..20_000), 0..400)) {
+            let mut free = FreeSlots::default();
+            let mut model = BTreeSet::new();
+            for (is_push, slot) in ops {
+                if is_push {
+                    if model.insert(slot) {
+                        free.push(slot);
+                    }
+                } else {
+                    prop_assert_eq!(free.pop(), model.pop_first());
+                }
+                prop_assert_eq!(free.len(), model.len());
+            }
+            while let Some(slot) = model.pop_first() {
+                prop_assert_eq!(free.pop(), Some(slot));
+            }
+            prop_assert_eq!(free.pop(), None);
+        }
+    }
+}
