@@ -45,21 +45,18 @@ impl Bucket {
         self.head = index;
     }
 
-    /// Unlinks entry `index`, which must be linked into this bucket.
-    pub(crate) fn unlink<T>(&mut self, index: u32, slab: &mut Slab<T>) {
-        let entry = slab.get_mut(index);
-        let (prev, next) = (entry.prev, entry.next);
-        entry.prev = NIL;
-        entry.next = NIL;
-        entry.bucket = NIL;
+    /// Closes the gap an entry leaves in this bucket's list, given the entry's old links.
+    /// The caller has already cleared the entry's own fields (it reads them once, for the
+    /// generation check too, to keep cancel short).
+    #[inline]
+    pub(crate) fn unlink_between<T>(&mut self, prev: u32, next: u32, slab: &mut Slab<T>) {
         if prev == NIL {
-            debug_assert_eq!(self.head, index, "an entry without prev must be the head");
             self.head = next;
         } else {
-            slab.get_mut(prev).next = next;
+            slab.entries[prev as usize].next = next;
         }
         if next != NIL {
-            slab.get_mut(next).prev = prev;
+            slab.entries[next as usize].prev = prev;
         }
     }
 
@@ -77,12 +74,21 @@ impl Bucket {
 mod tests {
     use super::*;
 
+    fn unlink(bucket: &mut Bucket, index: u32, slab: &mut Slab<u32>) {
+        let entry = slab.get_mut(index);
+        let (prev, next) = (entry.prev, entry.next);
+        entry.prev = NIL;
+        entry.next = NIL;
+        entry.bucket = NIL;
+        bucket.unlink_between(prev, next, slab);
+    }
+
     fn walk(bucket: &Bucket, slab: &Slab<u32>) -> Vec<u32> {
         let mut out = Vec::new();
         let mut at = bucket.head;
         while at != NIL {
-            out.push(slab.get(at).task.unwrap());
-            at = slab.get(at).next;
+            out.push(slab.entries[at as usize].task.unwrap());
+            at = slab.entries[at as usize].next;
         }
         out
     }
@@ -96,13 +102,13 @@ mod tests {
             bucket.push(7, k.index, &mut slab);
         }
         assert_eq!(walk(&bucket, &slab), vec![3, 2, 1, 0]);
-        bucket.unlink(keys[2].index, &mut slab); // middle
+        unlink(&mut bucket, keys[2].index, &mut slab); // middle
         assert_eq!(walk(&bucket, &slab), vec![3, 1, 0]);
-        bucket.unlink(keys[3].index, &mut slab); // head
+        unlink(&mut bucket, keys[3].index, &mut slab); // head
         assert_eq!(walk(&bucket, &slab), vec![1, 0]);
-        bucket.unlink(keys[0].index, &mut slab); // tail
+        unlink(&mut bucket, keys[0].index, &mut slab); // tail
         assert_eq!(walk(&bucket, &slab), vec![1]);
-        bucket.unlink(keys[1].index, &mut slab);
+        unlink(&mut bucket, keys[1].index, &mut slab);
         assert_eq!(bucket.head, NIL);
     }
 }

@@ -70,6 +70,7 @@ impl<T> Slab<T> {
 
     /// Number of occupied slots.
     pub(crate) fn occupied(&self) -> usize {
+        debug_assert_eq!(self.occupied + self.free.len(), self.entries.len());
         self.occupied
     }
 
@@ -136,11 +137,6 @@ impl<T> Slab<T> {
         self.free.clear();
         self.occupied = 0;
         tasks
-    }
-
-    #[inline]
-    pub(crate) fn get(&self, index: u32) -> &Entry<T> {
-        &self.entries[index as usize]
     }
 
     #[inline]

@@ -164,8 +164,7 @@ impl<T> Wheel<T> {
         // One pass over the entry (check, unlink, free) and a write to each neighbour:
         // cancel is bound by cache misses, so it is kept to as few instructions as
         // possible to let the CPU overlap the misses of consecutive cancels.
-        let entries = &mut self.slab.entries;
-        let entry = entries.get_mut(key.index as usize)?;
+        let entry = self.slab.entries.get_mut(key.index as usize)?;
         if entry.generation != key.generation || entry.bucket == NIL {
             return None;
         }
@@ -176,14 +175,7 @@ impl<T> Wheel<T> {
         entry.prev = NIL;
         entry.next = NIL;
         entry.bucket = NIL;
-        if prev == NIL {
-            self.buckets[bucket as usize].head = next;
-        } else {
-            entries[prev as usize].next = next;
-        }
-        if next != NIL {
-            entries[next as usize].prev = prev;
-        }
+        self.buckets[bucket as usize].unlink_between(prev, next, &mut self.slab);
         self.slab.free.push(key.index);
         self.slab.occupied -= 1;
         task
