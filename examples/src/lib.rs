@@ -1,1 +1,31 @@
+//! Examples of the `purgatory` crate in a broker's request path.
+//!
+//! - [`demo_produce`] and [`demo_fetch`]: the two small examples (binaries
+//!   `delayed_produce` and `delayed_fetch`), an acks=all produce and a long-poll fetch.
+//! - [`broker`]: a small Kafka-protocol broker (binary `broker`) with in-memory partitions,
+//!   simulated followers and both purgatories in its request path.
+//! - [`load`]: the broker's load and measurement tool (binary `broker_load`), over
+//!   [`wire_client`], a raw Kafka-protocol client also used by the tests.
+//!
+//! The building blocks they share: [`record_batch`] (produced batches, checked and stamped),
+//! [`partition_log`], [`replication`], [`producer_sequences`] and [`partition`] (one
+//! partition's state), [`followers`] (simulated follower threads), [`delayed_produce`] and
+//! [`delayed_fetch`] (the delayed operations) and [`leader`] (all of it wired to the
+//! purgatories).
 
+pub mod broker;
+pub mod cli;
+pub mod delayed_fetch;
+pub mod delayed_produce;
+pub mod demo_fetch;
+pub mod demo_produce;
+pub mod followers;
+pub mod huge_allocations;
+pub mod leader;
+pub mod load;
+pub mod partition;
+pub mod partition_log;
+pub mod producer_sequences;
+pub mod record_batch;
+pub mod replication;
+pub mod wire_client;

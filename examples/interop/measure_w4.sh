@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Workload W4 against the example broker (release build), as reported in examples/README.md:
+#   1. acks=all produce latency with 2 followers 50 ms behind (latency minus the delay),
+#      with two noise floors measured right before it: how late a plain 50 ms sleep wakes
+#      on this machine (timer-jitter) and acks=1 latency on the same broker;
+#   2. fetch wake-up after the satisfying append (no followers: the append is the commit);
+#   3. 10,000 idle long polls: broker RSS and CPU while they wait, then one append.
+# Each measurement starts its own broker on a free loopback port and stops it afterwards.
+#
+# Environment: RUNS (default 3) repetitions of each; CONNECTIONS (default 10000);
+# CARGO_TARGET_DIR as for cargo.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+workspace="$(cd "$here/../.." && pwd)"
+target_dir="${CARGO_TARGET_DIR:-$workspace/target}"
+runs="${RUNS:-3}"
+connections="${CONNECTIONS:-10000}"
+work="$(mktemp -d)"
+broker_pid=""
+
+stop_broker() {
+    if [[ -n "$broker_pid" ]]; then
+        kill -INT "$broker_pid" 2>/dev/null || true
+        for _ in $(seq 1 50); do kill -0 "$broker_pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$broker_pid" 2>/dev/null || true
+        wait "$broker_pid" 2>/dev/null || true
+        broker_pid=""
+    fi
+}
+trap 'stop_broker; rm -rf "$work"' EXIT INT TERM
+
+start_broker() {
+    "$target_dir/release/broker" --listen 127.0.0.1:0 "$@" >"$work/broker.out" 2>"$work/broker.err" &
+    broker_pid=$!
+    address=""
+    for _ in $(seq 1 300); do
+        address="$(sed -n 's/^broker listening on \([0-9.]*:[0-9]*\).*/\1/p' "$work/broker.out")"
+        [[ -n "$address" ]] && return 0
+        sleep 0.1
+    done
+    echo "the broker did not start"; cat "$work/broker.err"; exit 1
+}
+
+(cd "$workspace" && timeout 1800 cargo build --release -p purgatory-examples --bin broker --bin broker_load)
+load="$target_dir/release/broker_load"
+if [[ "$(ulimit -n)" -lt $((connections + 100)) ]]; then
+    ulimit -n $((connections + 1000)) || { echo "raise the open-file limit above $connections"; exit 1; }
+fi
+
+for run in $(seq 1 "$runs"); do
+    echo "== run $run: produce latency, acks=all, 2 followers 50 ms behind"
+    timeout 600 "$load" timer-jitter --sleep-ms 50 --samples 200
+    start_broker --followers 2 --replication-delay-ms 50
+    timeout 600 "$load" produce-latency --broker "$address" --requests 2000 --acks 1
+    timeout 600 "$load" produce-latency --broker "$address" --requests 2000 --connections 4 \
+        --replication-delay-ms 50
+    stop_broker
+
+    echo "== run $run: fetch wake-up, no followers"
+    start_broker --followers 0
+    timeout 600 "$load" fetch-wakeup --broker "$address" --rounds 1000
+    stop_broker
+
+    echo "== run $run: $connections idle long polls, no followers"
+    start_broker --followers 0
+    timeout 900 "$load" idle-polls --broker "$address" --connections "$connections" \
+        --max-wait-ms 60000 --idle-s 10 --broker-pid "$broker_pid"
+    stop_broker
+done

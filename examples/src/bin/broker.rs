@@ -1,0 +1,88 @@
+//! `broker`: a small Kafka-protocol broker with the purgatory in its request path.
+//! See `purgatory_examples::broker` and `--help`.
+
+use std::process::ExitCode;
+
+use purgatory_examples::broker::config::USAGE;
+use purgatory_examples::broker::{Broker, BrokerConfig};
+use purgatory_examples::cli::FlagError;
+use purgatory_examples::huge_allocations::HugeAllocationsMappedLazily;
+
+/// Survives the impossible allocations a malformed request can make the codec ask for.
+#[global_allocator]
+static ALLOCATOR: HugeAllocationsMappedLazily = HugeAllocationsMappedLazily;
+
+fn main() -> ExitCode {
+    let config = match BrokerConfig::from_args(std::env::args().skip(1)) {
+        Ok(config) => config,
+        Err(FlagError::HelpRequested) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("broker: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("broker: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async move {
+        let broker = match Broker::start_with(config.clone(), true).await {
+            Ok(broker) => broker,
+            Err(e) => {
+                eprintln!("broker: cannot listen on {}: {e}", config.listen);
+                return ExitCode::FAILURE;
+            }
+        };
+        let followers = match (config.followers.count, config.followers.stalled) {
+            (0, _) => "no followers".to_string(),
+            (n, true) => format!("{n} stalled follower(s)"),
+            (n, false) => format!(
+                "{n} follower(s) {} ms behind",
+                config.followers.lag.as_millis()
+            ),
+        };
+        println!(
+            "broker listening on {} (topic {:?}, {} partition(s), {followers})",
+            broker.local_addr(),
+            config.topic,
+            config.partitions,
+        );
+        wait_for_signal().await;
+        let stats = broker.stats();
+        broker.shutdown().await;
+        println!(
+            "broker stopped: produce purgatory {} completed / {} expired, \
+             fetch purgatory {} completed / {} expired",
+            stats.leader.produce.completed,
+            stats.leader.produce.expired,
+            stats.leader.fetch.completed,
+            stats.leader.fetch.expired
+        );
+        ExitCode::SUCCESS
+    })
+}
+
+/// Waits for Ctrl-C or SIGTERM.
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut terminate) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = terminate.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -1,0 +1,154 @@
+//! One client connection: frames in, requests decoded and handled one at a time, answers
+//! out in the same order.
+//!
+//! Invariants:
+//! - Requests of one connection are handled strictly in order; a long poll holds back the
+//!   requests behind it on its connection (as in Kafka), never other connections.
+//! - A waiting request costs a parked task, not a thread.
+//! - Bad input ends only its own connection: a frame size outside the limit, a header that
+//!   does not decode, an unknown API, an unsupported version (except ApiVersions, answered
+//!   with UNSUPPORTED_VERSION as KIP-511 asks) or a body that does not decode closes it.
+//!   Nothing a client sends can make the broker panic.
+
+use std::sync::Arc;
+
+use bytes::{Buf, Bytes};
+use kafka_protocol::messages::{
+    ApiKey, ApiVersionsRequest, FetchRequest, InitProducerIdRequest, ListOffsetsRequest,
+    MetadataRequest, ProduceRequest, RequestHeader,
+};
+use kafka_protocol::protocol::Decodable;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+use super::api_versions;
+use super::frame::read_frame;
+use super::reply::{respond, Reply};
+use super::{fetch, init_producer_id, list_offsets, metadata, produce, BrokerState};
+
+/// Serves one connection until the client leaves, it misbehaves, or the broker stops.
+pub async fn serve(state: Arc<BrokerState>, stream: TcpStream, mut stop: watch::Receiver<bool>) {
+    let peer = stream
+        .peer_addr()
+        .map_or_else(|_| "?".to_string(), |a| a.to_string());
+    let _ = stream.set_nodelay(true);
+    let (mut reader, mut writer) = stream.into_split();
+    let limit = state.config.max_frame_bytes;
+    loop {
+        let frame = tokio::select! {
+            frame = read_frame(&mut reader, limit) => frame,
+            _ = stop.changed() => return,
+        };
+        let frame = match frame {
+            Ok(Some(frame)) => frame,
+            Ok(None) => return,
+            Err(e) => {
+                state.log(&format!("closing {peer}: {e}"));
+                return;
+            }
+        };
+        let reply = tokio::select! {
+            reply = handle(&state, frame) => reply,
+            _ = stop.changed() => return,
+        };
+        match reply {
+            Reply::Send(bytes) => {
+                if writer.write_all(&bytes).await.is_err() {
+                    return;
+                }
+            }
+            Reply::Nothing => {}
+            Reply::Close(reason) => {
+                state.log(&format!("closing {peer}: {reason}"));
+                return;
+            }
+        }
+    }
+}
+
+/// Decodes and answers one request frame.
+pub async fn handle(state: &BrokerState, mut frame: Bytes) -> Reply {
+    if frame.len() < 4 {
+        return Reply::Close(format!("request of {} bytes has no header", frame.len()));
+    }
+    let raw_key = i16::from_be_bytes([frame[0], frame[1]]);
+    let version = i16::from_be_bytes([frame[2], frame[3]]);
+    let Ok(api) = ApiKey::try_from(raw_key) else {
+        return Reply::Close(format!("unknown API key {raw_key}"));
+    };
+    if api == ApiKey::ApiVersions && !api_versions::is_supported(api, version) {
+        // KIP-511: a too-new ApiVersions is answered in v0 with the supported list, whatever
+        // its header looks like; its correlation id always follows the key and version.
+        let Some(id) = frame.get(4..8) else {
+            return Reply::Close("ApiVersions request without a correlation id".into());
+        };
+        let id = i32::from_be_bytes([id[0], id[1], id[2], id[3]]);
+        return respond(api, 0, id, &api_versions::response(true));
+    }
+    let header = match RequestHeader::decode(&mut frame, api.request_header_version(version)) {
+        Ok(header) => header,
+        Err(e) => return Reply::Close(format!("bad {api:?} request header: {e}")),
+    };
+    let id = header.correlation_id;
+    if !api_versions::is_supported(api, version) {
+        return Reply::Close(format!("unsupported {api:?} version {version}"));
+    }
+    dispatch(state, api, version, id, frame).await
+}
+
+async fn dispatch(state: &BrokerState, api: ApiKey, version: i16, id: i32, body: Bytes) -> Reply {
+    match api {
+        ApiKey::ApiVersions => match decode::<ApiVersionsRequest>(body, version) {
+            Ok(_) => respond(api, version, id, &api_versions::response(false)),
+            Err(reason) => Reply::Close(reason),
+        },
+        ApiKey::Metadata => match decode::<MetadataRequest>(body, version) {
+            Ok(request) => respond(
+                api,
+                version,
+                id,
+                &metadata::handle(state, &request, version),
+            ),
+            Err(reason) => Reply::Close(reason),
+        },
+        ApiKey::InitProducerId => match decode::<InitProducerIdRequest>(body, version) {
+            Ok(request) => respond(api, version, id, &init_producer_id::handle(state, &request)),
+            Err(reason) => Reply::Close(reason),
+        },
+        ApiKey::ListOffsets => match decode::<ListOffsetsRequest>(body, version) {
+            Ok(request) => {
+                let response = list_offsets::handle(state, &request, version);
+                respond(api, version, id, &response)
+            }
+            Err(reason) => Reply::Close(reason),
+        },
+        ApiKey::Produce => match decode::<ProduceRequest>(body, version) {
+            Ok(request) => match produce::handle(state, request, version).await {
+                Some(response) => respond(api, version, id, &response),
+                None => Reply::Nothing,
+            },
+            Err(reason) => Reply::Close(reason),
+        },
+        ApiKey::Fetch => match decode::<FetchRequest>(body, version) {
+            Ok(request) => {
+                let response = fetch::handle(state, &request, version).await;
+                respond(api, version, id, &response)
+            }
+            Err(reason) => Reply::Close(reason),
+        },
+        other => Reply::Close(format!("{other:?} is not implemented")),
+    }
+}
+
+fn decode<R: Decodable>(mut body: Bytes, version: i16) -> Result<R, String> {
+    let request = R::decode(&mut body, version)
+        .map_err(|e| format!("malformed request body (v{version}): {e}"))?;
+    if body.has_remaining() {
+        return Err(format!(
+            "{} unread bytes after the request",
+            body.remaining()
+        ));
+    }
+    Ok(request)
+}

@@ -1,0 +1,186 @@
+//! A small Kafka-protocol broker with the purgatory in its request path.
+//!
+//! One topic of in-memory partitions, led by this broker (node 0); simulated followers
+//! inside the process copy every append after a configurable delay; the high watermark is
+//! the smallest log end offset over the in-sync replicas. acks=all produces and long-poll
+//! fetches wait in the purgatories of [`Leader`]. The wire protocol
+//! is the `kafka-protocol` crate's codec, over tokio.
+//!
+//! Invariants:
+//! - Each connection is one tokio task; requests on it are answered in order
+//!   (`connection.rs`); waiting requests hold no thread.
+//! - [`Broker::shutdown`] stops accepting, ends every connection task, stops the followers
+//!   and shuts the purgatories down (which answers whatever still waits).
+
+pub mod api_versions;
+pub mod config;
+mod connection;
+mod fetch;
+pub(crate) mod frame;
+mod init_producer_id;
+mod list_offsets;
+mod metadata;
+mod produce;
+mod reply;
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use config::BrokerConfig;
+
+use crate::leader::{Leader, LeaderStats};
+use crate::partition::{Partition, PartitionKey};
+
+/// First producer id handed out.
+const FIRST_PRODUCER_ID: i64 = 1000;
+
+/// What every connection shares.
+pub(crate) struct BrokerState {
+    /// The configuration.
+    pub config: BrokerConfig,
+    /// Partitions, followers, purgatories.
+    pub leader: Leader,
+    /// The address clients are told to connect to (the bound address).
+    pub advertised: SocketAddr,
+    /// Next id for InitProducerId.
+    pub next_producer_id: AtomicI64,
+    /// Open connections.
+    pub connections: AtomicUsize,
+    /// Whether to print connection problems to stderr.
+    pub verbose: bool,
+}
+
+impl BrokerState {
+    /// The partition `index` of topic `topic`, if this broker has it.
+    pub fn partition(&self, topic: &str, index: i32) -> Option<(PartitionKey, &Arc<Partition>)> {
+        if topic != self.config.topic {
+            return None;
+        }
+        let key = PartitionKey(u32::try_from(index).ok()?);
+        Some((key, self.leader.partition(key)?))
+    }
+
+    /// Reports a connection-level event.
+    pub fn log(&self, message: &str) {
+        if self.verbose {
+            eprintln!("broker: {message}");
+        }
+    }
+}
+
+/// Counters of a running broker.
+#[derive(Debug, Clone, Copy)]
+pub struct BrokerStats {
+    /// Open connections.
+    pub connections: usize,
+    /// The purgatories' counters.
+    pub leader: LeaderStats,
+}
+
+/// A running broker.
+pub struct Broker {
+    state: Arc<BrokerState>,
+    local_addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    acceptor: JoinHandle<()>,
+}
+
+impl Broker {
+    /// Binds `config.listen` and starts serving on the current tokio runtime.
+    pub async fn start(config: BrokerConfig) -> io::Result<Broker> {
+        Self::start_with(config, false).await
+    }
+
+    /// Like [`Broker::start`]; `verbose` prints closed-connection reasons to stderr.
+    pub async fn start_with(config: BrokerConfig, verbose: bool) -> io::Result<Broker> {
+        let listener = TcpListener::bind(config.listen).await?;
+        let local_addr = listener.local_addr()?;
+        let leader = Leader::start(config.partitions, config.followers);
+        let state = Arc::new(BrokerState {
+            config,
+            leader,
+            advertised: local_addr,
+            next_producer_id: AtomicI64::new(FIRST_PRODUCER_ID),
+            connections: AtomicUsize::new(0),
+            verbose,
+        });
+        let (stop, stopped) = watch::channel(false);
+        let acceptor = tokio::spawn(accept(listener, Arc::clone(&state), stopped));
+        Ok(Broker {
+            state,
+            local_addr,
+            stop,
+            acceptor,
+        })
+    }
+
+    /// The address the broker listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Current counters.
+    pub fn stats(&self) -> BrokerStats {
+        BrokerStats {
+            connections: self.state.connections.load(Ordering::Relaxed),
+            leader: self.state.leader.stats(),
+        }
+    }
+
+    /// Stops the broker: no new connections, every connection closed, followers stopped,
+    /// purgatories shut down.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        let _ = self.acceptor.await;
+        let state = Arc::clone(&self.state);
+        // Joining the follower threads blocks: keep it off the async workers.
+        let _ = tokio::task::spawn_blocking(move || state.leader.shutdown()).await;
+    }
+}
+
+/// Counts a connection as open for as long as it lives (even if its task panics).
+struct OpenConnection(Arc<BrokerState>);
+
+impl OpenConnection {
+    fn new(state: Arc<BrokerState>) -> Self {
+        state.connections.fetch_add(1, Ordering::Relaxed);
+        OpenConnection(state)
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+async fn accept(listener: TcpListener, state: Arc<BrokerState>, mut stop: watch::Receiver<bool>) {
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = stop.changed() => return,
+        };
+        match accepted {
+            Ok((stream, _)) => {
+                let state = Arc::clone(&state);
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    let _open = OpenConnection::new(Arc::clone(&state));
+                    connection::serve(state, stream, stop).await;
+                });
+            }
+            Err(e) => {
+                // Out of file descriptors, typically: wait a little instead of spinning.
+                state.log(&format!("accept failed: {e}"));
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}

@@ -1,0 +1,153 @@
+//! Produce: appends each partition's batches, then answers according to `acks`.
+//!
+//! - acks=0: no answer at all.
+//! - acks=1: answered once the leader appended.
+//! - acks=-1 (all): a [`DelayedProduce`](crate::delayed_produce::DelayedProduce) waits in
+//!   the purgatory until every in-sync follower has the request's last offset in each
+//!   partition, or answers REQUEST_TIMED_OUT at the request's `timeout_ms` (capped by
+//!   `--max-produce-wait-ms` when given).
+//!
+//! Partitions with an error (unknown partition, corrupt or old-format batches) get it in
+//! their answer and are not waited on; the others are appended.
+
+use std::time::Duration;
+
+use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
+use kafka_protocol::ResponseError;
+
+use super::BrokerState;
+use crate::delayed_produce::ReplicaWait;
+use crate::record_batch::{BatchError, ProducedBatch};
+
+const ACKS_NONE: i16 = 0;
+const ACKS_LEADER: i16 = 1;
+const ACKS_ALL: i16 = -1;
+
+/// What became of one partition of the request.
+struct PartitionResult {
+    topic: usize,
+    partition_index: i32,
+    error: Option<ResponseError>,
+    base_offset: i64,
+}
+
+/// Handles a produce request; `None` means no answer (acks=0).
+pub async fn handle(
+    state: &BrokerState,
+    request: ProduceRequest,
+    version: i16,
+) -> Option<ProduceResponse> {
+    let acks = request.acks;
+    let refuse_all = if request.transactional_id.is_some() {
+        Some(ResponseError::TransactionalIdAuthorizationFailed)
+    } else if ![ACKS_NONE, ACKS_LEADER, ACKS_ALL].contains(&acks) {
+        Some(ResponseError::InvalidRequiredAcks)
+    } else {
+        None
+    };
+
+    let mut results = Vec::new();
+    let mut waits = Vec::new();
+    for (topic_index, topic) in request.topic_data.iter().enumerate() {
+        for data in &topic.partition_data {
+            let mut result = PartitionResult {
+                topic: topic_index,
+                partition_index: data.index,
+                error: refuse_all,
+                base_offset: -1,
+            };
+            if result.error.is_none() {
+                match append(state, &topic.name.0, data.index, data.records.as_ref()) {
+                    Ok((wait, base_offset)) => {
+                        result.base_offset = base_offset;
+                        waits.push((results.len(), wait));
+                    }
+                    Err(error) => result.error = Some(error),
+                }
+            }
+            results.push(result);
+        }
+    }
+
+    match acks {
+        ACKS_NONE if refuse_all.is_none() => return None,
+        ACKS_ALL if refuse_all.is_none() && !waits.is_empty() => {
+            let mut timeout = Duration::from_millis(request.timeout_ms.max(0) as u64);
+            if let Some(cap) = state.config.max_produce_wait {
+                timeout = timeout.min(cap);
+            }
+            let (indexes, waits): (Vec<usize>, Vec<ReplicaWait>) = waits.into_iter().unzip();
+            let answer = state.leader.wait_for_replicas(timeout, waits).await;
+            let acknowledged = match answer {
+                Ok(done) => done.acknowledged,
+                Err(_) => vec![false; indexes.len()],
+            };
+            for (index, acked) in indexes.into_iter().zip(acknowledged) {
+                if !acked {
+                    results[index].error = Some(ResponseError::RequestTimedOut);
+                }
+            }
+        }
+        _ => {}
+    }
+    Some(response(&request, results, version))
+}
+
+/// Appends one partition's records; returns what acks=all must wait for and the base offset.
+fn append(
+    state: &BrokerState,
+    topic: &str,
+    partition_index: i32,
+    records: Option<&bytes::Bytes>,
+) -> Result<(ReplicaWait, i64), ResponseError> {
+    let (key, partition) = state
+        .partition(topic, partition_index)
+        .ok_or(ResponseError::UnknownTopicOrPartition)?;
+    let records = records.ok_or(ResponseError::CorruptMessage)?;
+    let batches = ProducedBatch::parse_all(records).map_err(|e| match e {
+        BatchError::UnsupportedFormat => ResponseError::UnsupportedForMessageFormat,
+        BatchError::Transactional => ResponseError::InvalidRecord,
+        BatchError::Empty | BatchError::Corrupt(_) => ResponseError::CorruptMessage,
+    })?;
+    let appended = state
+        .leader
+        .append(key, batches)
+        .ok_or(ResponseError::UnknownTopicOrPartition)?;
+    let wait = ReplicaWait {
+        key,
+        partition: partition.clone(),
+        required_offset: appended.end_offset,
+    };
+    Ok((wait, appended.base_offset))
+}
+
+fn response(
+    request: &ProduceRequest,
+    results: Vec<PartitionResult>,
+    version: i16,
+) -> ProduceResponse {
+    let mut topics: Vec<TopicProduceResponse> = request
+        .topic_data
+        .iter()
+        .map(|topic| {
+            let mut answer = TopicProduceResponse::default();
+            answer.name = topic.name.clone();
+            answer
+        })
+        .collect();
+    for result in results {
+        let mut answer = PartitionProduceResponse::default();
+        answer.index = result.partition_index;
+        answer.error_code = result.error.map_or(0, |e| e.code());
+        answer.base_offset = result.base_offset;
+        answer.log_append_time_ms = -1;
+        if version >= 5 {
+            answer.log_start_offset = 0;
+        }
+        topics[result.topic].partition_responses.push(answer);
+    }
+    let mut response = ProduceResponse::default();
+    response.responses = topics;
+    response
+}

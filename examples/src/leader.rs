@@ -1,0 +1,260 @@
+//! The leader side of replication with the purgatory in the request path: partitions,
+//! simulated followers, and the two purgatories (acks=all produces, long-poll fetches).
+//!
+//! This is what the broker and both small examples share; it knows nothing of the wire
+//! protocol.
+//!
+//! Event flow (and the one locking rule it follows: `check_and_complete` is only called
+//! after the partition's lock has been released, since the operations' `try_complete`
+//! read the partitions):
+//! - append: the partition appends under its lock; then the followers are told; then, if the
+//!   high watermark moved (no followers), both purgatories are checked for that partition.
+//! - follower advance (on the follower's thread): the partition records it under its lock;
+//!   then the produce purgatory is checked for that partition, and, if the high watermark
+//!   moved, the fetch purgatory too.
+//! - a produce or fetch that cannot be answered yet is handed to its purgatory with
+//!   `try_complete_else_watch`; its answer arrives on a one-shot channel, from whichever
+//!   thread completed it (an event, the reaper on timeout, or this call).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use purgatory::{Completion, Purgatory, PurgatoryStats};
+use tokio::sync::oneshot;
+
+use crate::delayed_fetch::{BytesWait, DelayedFetch, FetchCompletion};
+use crate::delayed_produce::{DelayedProduce, ProduceCompletion, ReplicaWait};
+use crate::followers::{FollowerConfig, FollowerListener, FollowerSet};
+use crate::partition::{Appended, Partition, PartitionKey};
+use crate::record_batch::ProducedBatch;
+
+type ProducePurgatory = Purgatory<PartitionKey, DelayedProduce>;
+type FetchPurgatory = Purgatory<PartitionKey, DelayedFetch>;
+
+/// Fires the purgatories when replicas make progress.
+struct CommitEvents {
+    partitions: Arc<[Arc<Partition>]>,
+    produce: Arc<ProducePurgatory>,
+    fetch: Arc<FetchPurgatory>,
+}
+
+impl CommitEvents {
+    fn high_watermark_moved(&self, key: PartitionKey) {
+        self.produce.check_and_complete(&key);
+        self.fetch.check_and_complete(&key);
+    }
+}
+
+impl FollowerListener for CommitEvents {
+    fn follower_reached(&self, key: PartitionKey, follower: usize, offset: i64) {
+        let Some(partition) = self.partitions.get(key.0 as usize) else {
+            return;
+        };
+        let moved = partition.follower_reached(follower, offset);
+        // Every follower advance may complete an acks=all produce (the spec's event);
+        // fetches only care about the high watermark.
+        self.produce.check_and_complete(&key);
+        if moved {
+            self.fetch.check_and_complete(&key);
+        }
+    }
+}
+
+/// Purgatory counters of a leader.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaderStats {
+    /// The acks=all produce purgatory.
+    pub produce: PurgatoryStats,
+    /// The long-poll fetch purgatory.
+    pub fetch: PurgatoryStats,
+}
+
+/// Partitions led here, their simulated followers, and the purgatories.
+pub struct Leader {
+    events: Arc<CommitEvents>,
+    followers: Mutex<FollowerSet>,
+}
+
+impl Leader {
+    /// Starts a leader of `partitions` empty partitions with `followers` simulated followers.
+    pub fn start(partitions: usize, followers: FollowerConfig) -> Leader {
+        let in_sync = followers.count;
+        let partitions: Arc<[Arc<Partition>]> = (0..partitions)
+            .map(|_| Arc::new(Partition::new(in_sync)))
+            .collect();
+        let events = Arc::new(CommitEvents {
+            partitions,
+            produce: Arc::new(Purgatory::new("produce")),
+            fetch: Arc::new(Purgatory::new("fetch")),
+        });
+        let listener: Arc<dyn FollowerListener> = events.clone();
+        let followers = Mutex::new(FollowerSet::start(followers, listener));
+        Leader { events, followers }
+    }
+
+    /// Number of partitions.
+    pub fn partition_count(&self) -> usize {
+        self.events.partitions.len()
+    }
+
+    /// The partition with key `key`.
+    pub fn partition(&self, key: PartitionKey) -> Option<&Arc<Partition>> {
+        self.events.partitions.get(key.0 as usize)
+    }
+
+    /// Appends a produce request's batches to partition `key` and tells the followers.
+    /// `None` for an unknown partition.
+    pub fn append(&self, key: PartitionKey, batches: Vec<ProducedBatch>) -> Option<Appended> {
+        let appended = self.partition(key)?.append(batches);
+        self.followers
+            .lock()
+            .leader_appended(key, appended.log_end_offset);
+        if appended.high_watermark_advanced {
+            self.events.high_watermark_moved(key);
+        }
+        Some(appended)
+    }
+
+    /// Waits (up to `timeout`) until every partition of `waits` has its required offset on
+    /// every in-sync replica. The answer comes on the returned channel.
+    pub fn wait_for_replicas(
+        &self,
+        timeout: Duration,
+        waits: Vec<ReplicaWait>,
+    ) -> oneshot::Receiver<ProduceCompletion> {
+        let (op, answer) = DelayedProduce::new(timeout, waits);
+        let keys = op.keys();
+        if let Err(refused) = self.events.produce.try_complete_else_watch(op, keys) {
+            // Shut down (or nothing to wait on): answer with the state as it is.
+            refused.into_operation().answer_now(Completion::Expired);
+        }
+        answer
+    }
+
+    /// Waits (up to `max_wait`) until `min_bytes` of committed data lie past the fetch
+    /// positions of `waits`. The answer comes on the returned channel.
+    pub fn wait_for_bytes(
+        &self,
+        max_wait: Duration,
+        min_bytes: u64,
+        waits: Vec<BytesWait>,
+    ) -> oneshot::Receiver<FetchCompletion> {
+        let (op, answer) = DelayedFetch::new(max_wait, min_bytes, waits);
+        let keys = op.keys();
+        if let Err(refused) = self.events.fetch.try_complete_else_watch(op, keys) {
+            refused.into_operation().answer_now(Completion::Expired);
+        }
+        answer
+    }
+
+    /// Counters of both purgatories.
+    pub fn stats(&self) -> LeaderStats {
+        LeaderStats {
+            produce: self.events.produce.stats(),
+            fetch: self.events.fetch.stats(),
+        }
+    }
+
+    /// Stops the followers, then shuts both purgatories down (every waiting request is
+    /// answered as expired). Idempotent.
+    pub fn shutdown(&self) {
+        self.followers.lock().shutdown();
+        self.events.produce.shutdown();
+        self.events.fetch.shutdown();
+    }
+}
+
+impl Drop for Leader {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record_batch::encode_batch;
+    use bytes::Bytes;
+    use std::time::Instant;
+
+    fn one_batch(records: usize) -> Vec<ProducedBatch> {
+        let values: Vec<Bytes> = (0..records).map(|_| Bytes::from_static(b"v")).collect();
+        ProducedBatch::parse_all(&encode_batch(&values, 1)).unwrap()
+    }
+
+    fn followers(count: usize, lag_ms: u64, stalled: bool) -> FollowerConfig {
+        FollowerConfig {
+            count,
+            lag: Duration::from_millis(lag_ms),
+            stalled,
+        }
+    }
+
+    #[test]
+    fn acks_all_completes_once_the_followers_caught_up() {
+        let leader = Leader::start(1, followers(2, 20, false));
+        let key = PartitionKey(0);
+        let appended = leader.append(key, one_batch(3)).unwrap();
+        let started = Instant::now();
+        let answer = leader.wait_for_replicas(
+            Duration::from_secs(30),
+            vec![ReplicaWait {
+                key,
+                partition: leader.partition(key).unwrap().clone(),
+                required_offset: appended.end_offset,
+            }],
+        );
+        let done = answer.blocking_recv().unwrap();
+        assert_eq!(done.how, Completion::Ready);
+        assert_eq!(done.acknowledged, vec![true]);
+        assert!(started.elapsed() < Duration::from_secs(30));
+        assert_eq!(leader.partition(key).unwrap().high_watermark(), 3);
+    }
+
+    #[test]
+    fn acks_all_expires_when_followers_are_stalled() {
+        let leader = Leader::start(1, followers(1, 0, true));
+        let key = PartitionKey(0);
+        let appended = leader.append(key, one_batch(1)).unwrap();
+        let answer = leader.wait_for_replicas(
+            Duration::from_millis(30),
+            vec![ReplicaWait {
+                key,
+                partition: leader.partition(key).unwrap().clone(),
+                required_offset: appended.end_offset,
+            }],
+        );
+        let done = answer.blocking_recv().unwrap();
+        assert_eq!(done.how, Completion::Expired);
+        assert_eq!(done.acknowledged, vec![false]);
+    }
+
+    #[test]
+    fn a_fetch_waits_for_an_append_and_shutdown_answers_the_rest() {
+        let leader = Leader::start(1, followers(0, 0, false));
+        let key = PartitionKey(0);
+        let partition = leader.partition(key).unwrap().clone();
+        let wait = BytesWait {
+            key,
+            partition: partition.clone(),
+            start_position: 0,
+            max_bytes: u64::MAX,
+        };
+        let mut first = leader.wait_for_bytes(Duration::from_secs(60), 1, vec![wait.clone()]);
+        assert!(first.try_recv().is_err());
+        leader.append(key, one_batch(1)).unwrap();
+        let done = first.blocking_recv().unwrap();
+        assert_eq!(done.how, Completion::Ready);
+        assert_eq!(done.available, partition.committed_position());
+
+        let beyond = BytesWait {
+            start_position: partition.committed_position(),
+            ..wait
+        };
+        let second = leader.wait_for_bytes(Duration::from_secs(60), 1, vec![beyond]);
+        leader.shutdown();
+        assert_eq!(second.blocking_recv().unwrap().how, Completion::Expired);
+        assert_eq!(leader.stats().fetch.expired, 1);
+    }
+}

@@ -1,0 +1,255 @@
+//! One partition as the leader sees it: its log, its replicas' progress, its producers.
+//!
+//! Invariants:
+//! - All mutable state sits behind one mutex; `high_watermark` and `committed_position`
+//!   mirror it in atomics, written only while the mutex is held and only upwards, so delayed
+//!   operations can check their condition without taking the lock.
+//! - The high watermark is always a batch boundary (followers copy whole batches), so
+//!   `committed_position` is exactly the number of bytes below the high watermark.
+//! - No method calls out (no purgatory, no callback) while holding the lock: callers fire
+//!   `check_and_complete` after these methods return, never from inside them.
+
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+
+use crate::partition_log::PartitionLog;
+use crate::producer_sequences::{BatchSequence, ProducerSequences};
+use crate::record_batch::ProducedBatch;
+use crate::replication::ReplicaProgress;
+
+/// The purgatory key of a partition: its index in the broker's partition table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PartitionKey(pub u32);
+
+/// The leader epoch this broker stamps into batches (it is always the leader).
+pub const LEADER_EPOCH: i32 = 0;
+
+#[derive(Debug)]
+struct PartitionState {
+    log: PartitionLog,
+    replicas: ReplicaProgress,
+    producers: ProducerSequences,
+}
+
+/// What an append did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    /// Offset of the first record of the request's records.
+    pub base_offset: i64,
+    /// Offset after the request's last record: acks=all waits for the high watermark to
+    /// reach it.
+    pub end_offset: i64,
+    /// The new log end offset (what followers will copy up to).
+    pub log_end_offset: i64,
+    /// Whether the high watermark moved (only without followers).
+    pub high_watermark_advanced: bool,
+}
+
+/// Committed data read for a consumer.
+#[derive(Debug, Clone)]
+pub struct CommittedRead {
+    /// Whole batches below the high watermark.
+    pub records: Bytes,
+    /// The high watermark when the data was read.
+    pub high_watermark: i64,
+}
+
+/// A partition led by this broker.
+#[derive(Debug)]
+pub struct Partition {
+    state: Mutex<PartitionState>,
+    high_watermark: AtomicI64,
+    committed_position: AtomicU64,
+}
+
+impl Partition {
+    /// An empty partition with `followers` in-sync followers.
+    pub fn new(followers: usize) -> Self {
+        Self {
+            state: Mutex::new(PartitionState {
+                log: PartitionLog::new(),
+                replicas: ReplicaProgress::new(followers),
+                producers: ProducerSequences::default(),
+            }),
+            high_watermark: AtomicI64::new(0),
+            committed_position: AtomicU64::new(0),
+        }
+    }
+
+    /// Appends the batches of one produce request, skipping retried batches of idempotent
+    /// producers (their original offsets are answered).
+    pub fn append(&self, batches: Vec<ProducedBatch>) -> Appended {
+        let mut state = self.state.lock();
+        let mut base_offset = None;
+        let mut end_offset = state.log.end_offset();
+        for batch in batches {
+            let sequence = BatchSequence {
+                producer_id: batch.producer_id,
+                epoch: batch.producer_epoch,
+                first_sequence: batch.base_sequence,
+                count: batch.offset_count,
+            };
+            let (base, end) = match state.producers.duplicate_of(&sequence) {
+                Some(original) => original,
+                None => {
+                    let appended = state.log.append(batch, LEADER_EPOCH);
+                    state
+                        .producers
+                        .appended(&sequence, appended.base_offset, appended.end_offset);
+                    (appended.base_offset, appended.end_offset)
+                }
+            };
+            base_offset.get_or_insert(base);
+            end_offset = end;
+        }
+        let log_end_offset = state.log.end_offset();
+        state.replicas.leader_appended(log_end_offset);
+        let high_watermark_advanced = self.publish_high_watermark(&state);
+        Appended {
+            base_offset: base_offset.unwrap_or(end_offset),
+            end_offset,
+            log_end_offset,
+            high_watermark_advanced,
+        }
+    }
+
+    /// Follower `follower` has copied everything below `offset`. Returns whether the high
+    /// watermark moved.
+    pub fn follower_reached(&self, follower: usize, offset: i64) -> bool {
+        let mut state = self.state.lock();
+        state.replicas.follower_reached(follower, offset);
+        self.publish_high_watermark(&state)
+    }
+
+    fn publish_high_watermark(&self, state: &PartitionState) -> bool {
+        let high_watermark = state.replicas.high_watermark();
+        if high_watermark <= self.high_watermark.load(Ordering::Relaxed) {
+            return false;
+        }
+        let position = state.log.boundary_position(high_watermark);
+        debug_assert!(position >= self.committed_position.load(Ordering::Relaxed));
+        // Position first: a reader that sees the new high watermark sees its bytes too.
+        self.committed_position.store(position, Ordering::Release);
+        self.high_watermark.store(high_watermark, Ordering::Release);
+        true
+    }
+
+    /// The high watermark: consumers see offsets below it; acks=all waits for it.
+    pub fn high_watermark(&self) -> i64 {
+        self.high_watermark.load(Ordering::Acquire)
+    }
+
+    /// Bytes of the log below the high watermark.
+    pub fn committed_position(&self) -> u64 {
+        self.committed_position.load(Ordering::Acquire)
+    }
+
+    /// The leader's log end offset.
+    pub fn log_end_offset(&self) -> i64 {
+        self.state.lock().log.end_offset()
+    }
+
+    /// Byte position of the batch holding `offset` (see [`PartitionLog::position_of`]).
+    pub fn position_of(&self, offset: i64) -> Option<u64> {
+        self.state.lock().log.position_of(offset)
+    }
+
+    /// Committed batches from the one holding `from`, at most `max_bytes` (see
+    /// [`PartitionLog::read`] for `at_least_one`).
+    pub fn read_committed(&self, from: i64, max_bytes: usize, at_least_one: bool) -> CommittedRead {
+        let state = self.state.lock();
+        let high_watermark = state.replicas.high_watermark();
+        CommittedRead {
+            records: state
+                .log
+                .read(from, high_watermark, max_bytes, at_least_one),
+            high_watermark,
+        }
+    }
+
+    /// First committed batch with a record at or after `timestamp_ms` (offset, timestamp).
+    pub fn offset_for_timestamp(&self, timestamp_ms: i64) -> Option<(i64, i64)> {
+        let state = self.state.lock();
+        let high_watermark = state.replicas.high_watermark();
+        state.log.offset_for_timestamp(timestamp_ms, high_watermark)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record_batch::encode_batch;
+
+    fn batch(records: usize) -> Vec<ProducedBatch> {
+        let values: Vec<Bytes> = (0..records).map(|_| Bytes::from_static(b"abc")).collect();
+        ProducedBatch::parse_all(&encode_batch(&values, 1)).unwrap()
+    }
+
+    #[test]
+    fn without_followers_an_append_is_committed_at_once() {
+        let partition = Partition::new(0);
+        let appended = partition.append(batch(3));
+        assert_eq!((appended.base_offset, appended.end_offset), (0, 3));
+        assert!(appended.high_watermark_advanced);
+        assert_eq!(partition.high_watermark(), 3);
+        assert_eq!(
+            partition.committed_position(),
+            partition.position_of(3).unwrap()
+        );
+    }
+
+    #[test]
+    fn followers_move_the_high_watermark_and_reads_stop_below_it() {
+        let partition = Partition::new(2);
+        let first = partition.append(batch(2));
+        partition.append(batch(2));
+        assert!(!first.high_watermark_advanced);
+        assert!(partition
+            .read_committed(0, usize::MAX, true)
+            .records
+            .is_empty());
+        assert!(!partition.follower_reached(0, 4));
+        assert!(partition.follower_reached(1, 2));
+        assert_eq!(partition.high_watermark(), 2);
+        let read = partition.read_committed(0, usize::MAX, true);
+        assert_eq!(read.high_watermark, 2);
+        assert_eq!(read.records.len() as u64, partition.committed_position());
+    }
+
+    #[test]
+    fn a_retried_idempotent_batch_is_not_appended_twice() {
+        use kafka_protocol::records::{
+            Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+        };
+        let record = Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: 0,
+            producer_id: 42,
+            producer_epoch: 0,
+            timestamp_type: TimestampType::Creation,
+            offset: 0,
+            sequence: 0,
+            timestamp: 1,
+            key: None,
+            value: Some(Bytes::from_static(b"x")),
+            headers: Default::default(),
+        };
+        let mut buf = bytes::BytesMut::new();
+        let options = RecordEncodeOptions {
+            version: 2,
+            compression: Compression::None,
+        };
+        RecordBatchEncoder::encode(&mut buf, [&record], &options).unwrap();
+        let raw = buf.freeze();
+        let partition = Partition::new(0);
+        let first = partition.append(ProducedBatch::parse_all(&raw).unwrap());
+        let retry = partition.append(ProducedBatch::parse_all(&raw).unwrap());
+        assert_eq!((first.base_offset, first.end_offset), (0, 1));
+        assert_eq!((retry.base_offset, retry.end_offset), (0, 1));
+        assert_eq!(partition.log_end_offset(), 1);
+    }
+}

@@ -1,0 +1,286 @@
+//! Record batches as a producer sends them, checked and stamped with log offsets.
+//!
+//! The broker keeps batches exactly as produced (Kafka's v2 record-batch format, any
+//! compression) and never decodes the records inside them. The header is checked with
+//! `kafka-protocol`'s [`RecordBatchDecoder::decode_batch_info`] (magic byte, lengths, CRC),
+//! and the two header fields the broker rewrites or needs beyond that are read here at their
+//! fixed places in the v2 header.
+//!
+//! Invariants of a [`ProducedBatch`]:
+//! - `bytes` holds exactly one v2 batch whose CRC was valid when it was parsed; stamping
+//!   changes only the base offset and the partition leader epoch, which the CRC does not cover
+//!   (it starts at the attributes field), so a stamped batch stays valid.
+//! - `offset_count >= 1`: a batch occupies `last_offset_delta + 1` offsets of the log.
+
+use std::fmt;
+
+use bytes::{Bytes, BytesMut};
+use kafka_protocol::records::RecordBatchDecoder;
+
+/// Where the v2 header fields the broker uses sit, in bytes from the start of a batch.
+mod header {
+    pub const BASE_OFFSET: usize = 0;
+    pub const BATCH_LENGTH: usize = 8;
+    /// Bytes before the part the batch-length field counts.
+    pub const LENGTH_PREFIX: usize = 12;
+    pub const PARTITION_LEADER_EPOCH: usize = 12;
+    pub const ATTRIBUTES: usize = 21;
+    pub const LAST_OFFSET_DELTA: usize = 23;
+    pub const MAX_TIMESTAMP: usize = 35;
+    /// The whole fixed header, up to and including the record count.
+    pub const SIZE: usize = 61;
+    /// Attribute bits of transactional and control batches.
+    pub const TRANSACTIONAL_OR_CONTROL: i16 = (1 << 4) | (1 << 5);
+}
+
+/// Why the records of a produce request were refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchError {
+    /// No records at all.
+    Empty,
+    /// The bytes do not hold whole v2 batches (truncated, bad length, bad CRC).
+    Corrupt(String),
+    /// A batch of an older message format (magic 0 or 1).
+    UnsupportedFormat,
+    /// A transactional or control batch: this broker has no transactions.
+    Transactional,
+}
+
+impl fmt::Display for BatchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BatchError::Empty => write!(f, "no record batch"),
+            BatchError::Corrupt(why) => write!(f, "corrupt record batch: {why}"),
+            BatchError::UnsupportedFormat => write!(f, "message format older than v2"),
+            BatchError::Transactional => write!(f, "transactional batches are not supported"),
+        }
+    }
+}
+
+impl std::error::Error for BatchError {}
+
+/// One checked v2 record batch, ready to be stamped with its base offset.
+#[derive(Debug, Clone)]
+pub struct ProducedBatch {
+    bytes: BytesMut,
+    /// How many offsets the batch occupies.
+    pub offset_count: i64,
+    /// Producer id, or -1 for a producer that is not idempotent.
+    pub producer_id: i64,
+    /// Producer epoch.
+    pub producer_epoch: i16,
+    /// Sequence number of the first record (idempotent producers), else -1.
+    pub base_sequence: i32,
+    /// Largest timestamp in the batch (milliseconds since the epoch).
+    pub max_timestamp: i64,
+}
+
+impl ProducedBatch {
+    /// Splits a produce request's records into checked batches.
+    pub fn parse_all(records: &Bytes) -> Result<Vec<ProducedBatch>, BatchError> {
+        if records.is_empty() {
+            return Err(BatchError::Empty);
+        }
+        let mut batches = Vec::new();
+        let mut rest = records.clone();
+        while !rest.is_empty() {
+            let length = read_i32(&rest, header::BATCH_LENGTH)
+                .ok_or_else(|| BatchError::Corrupt("truncated batch header".into()))?;
+            let total = usize::try_from(length)
+                .ok()
+                .and_then(|l| l.checked_add(header::LENGTH_PREFIX))
+                .filter(|&t| t >= header::SIZE && t <= rest.len())
+                .ok_or_else(|| BatchError::Corrupt(format!("bad batch length {length}")))?;
+            let one = rest.split_to(total);
+            batches.push(Self::parse_one(one)?);
+        }
+        Ok(batches)
+    }
+
+    fn parse_one(one: Bytes) -> Result<ProducedBatch, BatchError> {
+        let infos = RecordBatchDecoder::decode_batch_info(&mut one.clone())
+            .map_err(|e| BatchError::Corrupt(e.to_string()))?;
+        // decode_batch_info stops (with no entry) at a batch of another magic byte.
+        let info = match infos.as_slice() {
+            [info] => info,
+            [] => return Err(BatchError::UnsupportedFormat),
+            _ => {
+                return Err(BatchError::Corrupt(
+                    "batch length disagrees with content".into(),
+                ))
+            }
+        };
+        let attributes = read_i16(&one, header::ATTRIBUTES).unwrap_or(0);
+        if attributes & header::TRANSACTIONAL_OR_CONTROL != 0 {
+            return Err(BatchError::Transactional);
+        }
+        let last_offset_delta = read_i32(&one, header::LAST_OFFSET_DELTA).unwrap_or(-1);
+        if last_offset_delta < 0 || last_offset_delta < info.record_count - 1 {
+            return Err(BatchError::Corrupt(format!(
+                "last offset delta {last_offset_delta} for {} records",
+                info.record_count
+            )));
+        }
+        Ok(ProducedBatch {
+            bytes: BytesMut::from(&one[..]),
+            offset_count: i64::from(last_offset_delta) + 1,
+            producer_id: info.producer_id,
+            producer_epoch: info.producer_epoch,
+            base_sequence: info.base_sequence,
+            max_timestamp: read_i64(&one, header::MAX_TIMESTAMP).unwrap_or(-1),
+        })
+    }
+
+    /// Size of the batch in bytes.
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Never true: a checked batch has at least its header.
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// Writes the batch's place in the log and hands back its bytes as stored.
+    pub fn stamp(mut self, base_offset: i64, leader_epoch: i32) -> Bytes {
+        let at = header::BASE_OFFSET;
+        self.bytes[at..at + 8].copy_from_slice(&base_offset.to_be_bytes());
+        let at = header::PARTITION_LEADER_EPOCH;
+        self.bytes[at..at + 4].copy_from_slice(&leader_epoch.to_be_bytes());
+        self.bytes.freeze()
+    }
+}
+
+fn read_i16(bytes: &[u8], at: usize) -> Option<i16> {
+    Some(i16::from_be_bytes(bytes.get(at..at + 2)?.try_into().ok()?))
+}
+
+fn read_i32(bytes: &[u8], at: usize) -> Option<i32> {
+    Some(i32::from_be_bytes(bytes.get(at..at + 4)?.try_into().ok()?))
+}
+
+fn read_i64(bytes: &[u8], at: usize) -> Option<i64> {
+    Some(i64::from_be_bytes(bytes.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// Builds an uncompressed v2 batch of `values` (for the demos, the load tool and tests).
+pub fn encode_batch(values: &[Bytes], timestamp_ms: i64) -> Bytes {
+    use kafka_protocol::records::{
+        Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+    };
+    let records: Vec<Record> = values
+        .iter()
+        .enumerate()
+        .map(|(i, value)| Record {
+            transactional: false,
+            control: false,
+            delete_horizon: false,
+            partition_leader_epoch: 0,
+            producer_id: -1,
+            producer_epoch: -1,
+            timestamp_type: TimestampType::Creation,
+            offset: i as i64,
+            // The encoder starts a new batch wherever `offset - sequence` changes.
+            sequence: i as i32,
+            timestamp: timestamp_ms,
+            key: None,
+            value: Some(value.clone()),
+            headers: Default::default(),
+        })
+        .collect();
+    let mut buf = BytesMut::new();
+    let options = RecordEncodeOptions {
+        version: 2,
+        compression: Compression::None,
+    };
+    // Encoding uncompressed records into memory cannot fail.
+    RecordBatchEncoder::encode(&mut buf, &records, &options).expect("in-memory batch encoding");
+    buf.freeze()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize) -> Vec<Bytes> {
+        (0..n).map(|i| Bytes::from(format!("value-{i}"))).collect()
+    }
+
+    #[test]
+    fn parses_one_batch_and_counts_its_offsets() {
+        let raw = encode_batch(&values(3), 1_000);
+        let batches = ProducedBatch::parse_all(&raw).unwrap();
+        assert_eq!(batches.len(), 1);
+        assert_eq!(batches[0].offset_count, 3);
+        assert_eq!(batches[0].producer_id, -1);
+        assert_eq!(batches[0].max_timestamp, 1_000);
+        assert_eq!(batches[0].len(), raw.len());
+    }
+
+    #[test]
+    fn parses_concatenated_batches() {
+        let mut raw = BytesMut::new();
+        raw.extend_from_slice(&encode_batch(&values(2), 1));
+        raw.extend_from_slice(&encode_batch(&values(5), 2));
+        let batches = ProducedBatch::parse_all(&raw.freeze()).unwrap();
+        let counts: Vec<i64> = batches.iter().map(|b| b.offset_count).collect();
+        assert_eq!(counts, vec![2, 5]);
+    }
+
+    #[test]
+    fn stamping_keeps_the_batch_valid() {
+        let raw = encode_batch(&values(4), 7);
+        let batch = ProducedBatch::parse_all(&raw).unwrap().remove(0);
+        let stamped = batch.stamp(1_234, 0);
+        let infos = RecordBatchDecoder::decode_batch_info(&mut stamped.clone()).unwrap();
+        assert_eq!(infos[0].min_offset, 1_234);
+        let decoded = RecordBatchDecoder::decode(&mut stamped.clone()).unwrap();
+        let offsets: Vec<i64> = decoded.records.iter().map(|r| r.offset).collect();
+        assert_eq!(offsets, vec![1_234, 1_235, 1_236, 1_237]);
+    }
+
+    #[test]
+    fn refuses_empty_truncated_and_corrupted_input() {
+        assert_eq!(
+            ProducedBatch::parse_all(&Bytes::new()).unwrap_err(),
+            BatchError::Empty
+        );
+        let raw = encode_batch(&values(2), 1);
+        let truncated = raw.slice(..raw.len() - 1);
+        assert!(matches!(
+            ProducedBatch::parse_all(&truncated),
+            Err(BatchError::Corrupt(_))
+        ));
+        let mut flipped = BytesMut::from(&raw[..]);
+        let last = flipped.len() - 1;
+        flipped[last] ^= 0xff;
+        assert!(matches!(
+            ProducedBatch::parse_all(&flipped.freeze()),
+            Err(BatchError::Corrupt(_))
+        ));
+        assert!(matches!(
+            ProducedBatch::parse_all(&Bytes::from_static(&[0u8; 7])),
+            Err(BatchError::Corrupt(_))
+        ));
+    }
+
+    #[test]
+    fn refuses_old_message_formats() {
+        let mut old = BytesMut::from(&encode_batch(&values(1), 1)[..]);
+        old[16] = 1;
+        assert_eq!(
+            ProducedBatch::parse_all(&old.freeze()).unwrap_err(),
+            BatchError::UnsupportedFormat
+        );
+    }
+
+    #[test]
+    fn refuses_a_length_field_longer_than_the_input() {
+        let mut raw = BytesMut::from(&encode_batch(&values(1), 1)[..]);
+        raw[8..12].copy_from_slice(&i32::MAX.to_be_bytes());
+        assert!(matches!(
+            ProducedBatch::parse_all(&raw.freeze()),
+            Err(BatchError::Corrupt(_))
+        ));
+    }
+}

@@ -1,0 +1,96 @@
+//! The load tool's three measurements, at toy sizes, against an in-process broker: they
+//! must complete and count what they claim to count.
+
+use std::time::Duration;
+
+use purgatory_examples::broker::{Broker, BrokerConfig};
+use purgatory_examples::followers::FollowerConfig;
+use purgatory_examples::huge_allocations::HugeAllocationsMappedLazily;
+use purgatory_examples::load::{fetch_wakeup, idle_polls, produce_latency};
+
+#[global_allocator]
+static ALLOCATOR: HugeAllocationsMappedLazily = HugeAllocationsMappedLazily;
+
+async fn start(followers: usize, lag_ms: u64) -> Broker {
+    Broker::start(BrokerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        followers: FollowerConfig {
+            count: followers,
+            lag: Duration::from_millis(lag_ms),
+            stalled: false,
+        },
+        ..BrokerConfig::default()
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn produce_latency_counts_every_acknowledged_request() {
+    let lag = Duration::from_millis(20);
+    let broker = start(2, lag.as_millis() as u64).await;
+    let config = produce_latency::ProduceLatencyConfig {
+        broker: broker.local_addr(),
+        topic: "demo".into(),
+        partition: 0,
+        requests: 10,
+        connections: 2,
+        record_bytes: 10,
+        acks: -1,
+        timeout_ms: 30_000,
+    };
+    let report = produce_latency::run(&config).await.unwrap();
+    assert_eq!(report.errors, 0);
+    let latency = report.latency.unwrap();
+    assert_eq!(latency.count, 10);
+    assert!(
+        latency.p50 >= lag,
+        "acks=all answered before the replication delay"
+    );
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetch_wakeup_sees_every_round_answered_with_data() {
+    let broker = start(0, 0).await;
+    let config = fetch_wakeup::FetchWakeupConfig {
+        broker: broker.local_addr(),
+        topic: "demo".into(),
+        partition: 0,
+        rounds: 10,
+        max_wait_ms: 30_000,
+        park_time: Duration::from_millis(2),
+    };
+    let report = fetch_wakeup::run(&config).await.unwrap();
+    assert_eq!(report.empty_answers, 0);
+    assert_eq!(report.wakeup.unwrap().count, 10);
+    assert!(
+        report.wakeup.unwrap().max < Duration::from_secs(15),
+        "woken at max_wait"
+    );
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_polls_parks_them_all_and_one_append_answers_them() {
+    let broker = start(0, 0).await;
+    let config = idle_polls::IdlePollsConfig {
+        broker: broker.local_addr(),
+        // The broker lives in this process.
+        broker_pid: Some(std::process::id()),
+        topic: "demo".into(),
+        partition: 0,
+        connections: 50,
+        max_wait_ms: 30_000,
+        idle: Duration::from_millis(300),
+    };
+    let report = idle_polls::run(&config).await.unwrap();
+    assert_eq!(report.parked, 50);
+    assert_eq!(report.unanswered, 0);
+    assert_eq!(report.wakeup.unwrap().count, 50);
+    let usage = report.usage.unwrap();
+    assert!(usage.parked.rss_kib > 0);
+    assert!(usage.rss_range_kib.0 <= usage.rss_range_kib.1);
+    assert!(broker.stats().leader.fetch.completed >= 1);
+    broker.shutdown().await;
+}
