@@ -1,0 +1,39 @@
+//! `purgatory::Purgatory` as a W3 load target.
+//!
+//! # Invariants
+//! - Keys are `u64`; the adapter passes the request's key slice by value, nothing else.
+//! - A refused watch (only possible after shutdown) completes nothing and returns `None`;
+//!   the run then reports fewer completions than requests.
+
+use purgatory::{DelayedOperation, OperationHandle, Purgatory, Watched};
+
+use crate::w3::LoadPurgatory;
+
+/// Our purgatory with `u64` keys.
+pub type OurPurgatory<O> = Purgatory<u64, O>;
+
+impl<O: DelayedOperation> LoadPurgatory<O> for Purgatory<u64, O> {
+    type Handle = OperationHandle<O>;
+
+    #[inline]
+    fn watch(&self, op: O, keys: &[u64]) -> Option<OperationHandle<O>> {
+        match Purgatory::watch(self, op, keys.iter().copied()) {
+            Ok(Watched::Pending(handle)) => Some(handle),
+            Ok(Watched::Completed) | Err(_) => None,
+        }
+    }
+
+    #[inline]
+    fn force_complete(&self, handle: &OperationHandle<O>) -> bool {
+        Purgatory::force_complete(self, handle)
+    }
+
+    #[inline]
+    fn check_and_complete(&self, key: u64) -> usize {
+        Purgatory::check_and_complete(self, &key)
+    }
+
+    fn shutdown(&self) {
+        Purgatory::shutdown(self)
+    }
+}

@@ -1,0 +1,129 @@
+//! `timer_core::Timer` as a W1 churn timer, and the clock W2 shares with its peers.
+//!
+//! # Invariants
+//! - [`ChurnTask`] is a `u32`, so each pending entry in our slab is 32 bytes, like the
+//!   `u32` payload every peer stores.
+//! - [`OurChurnTimer`] runs on a [`ManualClock`] that never moves and has no reaper, so
+//!   nothing expires while W1 measures adds and cancels.
+
+use std::time::{Duration, Instant};
+
+use timer_core::{Clock, ManualClock, SlotKey, Timer, TimerBuilder, TimerHandle, TimerTask, Wheel};
+
+use crate::w1::{ChurnTimer, SharedChurnTimer};
+
+/// The W1 payload: a task id; running it does nothing.
+#[derive(Debug)]
+pub struct ChurnTask(pub u32);
+
+impl TimerTask for ChurnTask {
+    fn run(self) {}
+}
+
+/// Our timer on a frozen manual clock, with the default configuration otherwise (tick
+/// 1 ms, wheel size 20, one shard per core).
+pub struct OurChurnTimer {
+    timer: Timer<ChurnTask>,
+}
+
+impl OurChurnTimer {
+    /// Builds the timer (manual clock at zero, no reaper).
+    pub fn new() -> Result<Self, timer_core::BuildError> {
+        let timer = TimerBuilder::new()
+            .clock(ManualClock::new())
+            .reaper(false)
+            .build()?;
+        Ok(OurChurnTimer { timer })
+    }
+
+    /// The timer inside.
+    pub fn timer(&self) -> &Timer<ChurnTask> {
+        &self.timer
+    }
+}
+
+impl SharedChurnTimer for OurChurnTimer {
+    type Handle = TimerHandle;
+
+    #[inline]
+    fn add(&self, delay_ms: u64, task: u32) -> TimerHandle {
+        match self
+            .timer
+            .add(Duration::from_millis(delay_ms), ChurnTask(task))
+        {
+            Ok(handle) => handle,
+            Err(_) => unreachable!("the timer is never shut down during W1"),
+        }
+    }
+
+    #[inline]
+    fn cancel(&self, handle: TimerHandle) -> bool {
+        self.timer.cancel(handle).is_some()
+    }
+
+    fn pending(&self) -> usize {
+        self.timer.len()
+    }
+}
+
+impl ChurnTimer for OurChurnTimer {
+    type Handle = TimerHandle;
+
+    #[inline]
+    fn add(&mut self, delay_ms: u64, task: u32) -> TimerHandle {
+        SharedChurnTimer::add(self, delay_ms, task)
+    }
+
+    #[inline]
+    fn cancel(&mut self, handle: TimerHandle) -> bool {
+        SharedChurnTimer::cancel(self, handle)
+    }
+
+    fn pending(&self) -> usize {
+        SharedChurnTimer::pending(self)
+    }
+}
+
+/// Our bare single-threaded [`Wheel`] (tick = 1 ms, size 20), without the `Timer`'s
+/// lock, clock and shards: a diagnostic W1 implementation (`wheel`) that separates the
+/// data structure's cost from the thread-safe wrapper's.
+pub struct OurBareWheel {
+    wheel: Wheel<u32>,
+}
+
+impl Default for OurBareWheel {
+    fn default() -> Self {
+        OurBareWheel {
+            wheel: Wheel::new(20, 0),
+        }
+    }
+}
+
+impl ChurnTimer for OurBareWheel {
+    type Handle = SlotKey;
+
+    #[inline]
+    fn add(&mut self, delay_ms: u64, task: u32) -> SlotKey {
+        self.wheel.insert(delay_ms, task)
+    }
+
+    #[inline]
+    fn cancel(&mut self, handle: SlotKey) -> bool {
+        self.wheel.cancel(handle).is_some()
+    }
+
+    fn pending(&self) -> usize {
+        self.wheel.len()
+    }
+}
+
+/// A monotonic clock whose origin is an `Instant` the caller chose, so deadlines given
+/// to our timer and instants given to the peers mean exactly the same moment.
+#[derive(Clone, Copy, Debug)]
+pub struct OriginClock(pub Instant);
+
+impl Clock for OriginClock {
+    fn now(&self) -> Duration {
+        self.0.elapsed()
+    }
+}

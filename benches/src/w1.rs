@@ -1,0 +1,322 @@
+//! W1, timer churn: 1,000,000 adds with delays uniform in [1, 30,000] ms on a clock that
+//! does not move, 90 % of them cancelled by handle in random order, then a second wave
+//! of 1,000,000 adds into the timer that still holds the survivors. Variant W1-mt: the
+//! same work split over threads that add and cancel concurrently.
+//!
+//! # Invariants
+//! - Inputs (delays, cancel order) are sampled before the clock starts, and every handle
+//!   vector is allocated and written before the memory baseline, so the timed loops and
+//!   the memory figures contain only the timer's own work and memory.
+//! - Memory figures are relative to the resident size just before the first add; the
+//!   peak mark is reset there (`/proc/self/clear_refs`), so earlier allocations do not
+//!   count.
+//! - Multi-threaded phases start and end on barriers; a phase's time is the wall time
+//!   from the start barrier until the last thread is done, so "ns per add" is the
+//!   throughput of all threads together.
+
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::process::{peak_resident_bytes, reset_peak_resident, resident_bytes};
+use crate::sampling::{shuffled_prefix, uniform};
+
+/// What W1 needs of a single-threaded timer: add by delay, cancel by handle.
+pub trait ChurnTimer {
+    /// Names one added task.
+    type Handle: Copy + Send;
+    /// Adds task `task` due `delay_ms` from now (the clock does not move).
+    fn add(&mut self, delay_ms: u64, task: u32) -> Self::Handle;
+    /// Cancels by handle; true if the task was pending.
+    fn cancel(&mut self, handle: Self::Handle) -> bool;
+    /// Tasks pending (for checking the run, not timed).
+    fn pending(&self) -> usize;
+}
+
+/// What W1-mt needs: the same operations through a shared reference.
+pub trait SharedChurnTimer: Sync {
+    /// Names one added task.
+    type Handle: Copy + Send;
+    /// Adds task `task` due `delay_ms` from now.
+    fn add(&self, delay_ms: u64, task: u32) -> Self::Handle;
+    /// Cancels by handle; true if the task was pending.
+    fn cancel(&self, handle: Self::Handle) -> bool;
+    /// Tasks pending.
+    fn pending(&self) -> usize;
+}
+
+/// A single-threaded peer shared the only way its design allows: behind one lock.
+impl<C: ChurnTimer + Send> SharedChurnTimer for parking_lot::Mutex<C> {
+    type Handle = C::Handle;
+
+    #[inline]
+    fn add(&self, delay_ms: u64, task: u32) -> Self::Handle {
+        self.lock().add(delay_ms, task)
+    }
+
+    #[inline]
+    fn cancel(&self, handle: Self::Handle) -> bool {
+        self.lock().cancel(handle)
+    }
+
+    fn pending(&self) -> usize {
+        self.lock().pending()
+    }
+}
+
+/// W1 parameters.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct W1Params {
+    /// Tasks per wave, over all threads (1,000,000).
+    pub tasks: usize,
+    /// Percentage of the first wave cancelled (90).
+    pub cancel_pct: u32,
+    /// Threads adding and cancelling concurrently (1; W1-mt uses 2).
+    pub threads: usize,
+    /// Shortest delay in ms (1).
+    pub min_delay_ms: u64,
+    /// Longest delay in ms (30,000).
+    pub max_delay_ms: u64,
+    /// Seed of the first wave; the cancel order uses `seed + 1`, the second wave `seed + 2`,
+    /// and thread `t` adds `100 * t` to each.
+    pub seed: u64,
+}
+
+impl Default for W1Params {
+    fn default() -> Self {
+        W1Params {
+            tasks: 1_000_000,
+            cancel_pct: 90,
+            threads: 1,
+            min_delay_ms: 1,
+            max_delay_ms: 30_000,
+            seed: 1,
+        }
+    }
+}
+
+/// W1 figures of one implementation in one process.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct W1Result {
+    /// Which implementation.
+    pub implementation: String,
+    /// Tasks per wave.
+    pub tasks: usize,
+    /// Threads.
+    pub threads: usize,
+    /// Wall ns per first-wave add (all threads together).
+    pub add_ns: f64,
+    /// Wall ns per cancel.
+    pub cancel_ns: f64,
+    /// Wall ns per second-wave add.
+    pub second_add_ns: f64,
+    /// Peak resident memory during the first wave minus the resident memory before it.
+    pub peak_delta_bytes: u64,
+    /// `peak_delta_bytes / tasks`.
+    pub peak_bytes_per_task: f64,
+    /// Resident memory after the cancels minus the memory before the first add.
+    pub after_cancel_delta_bytes: u64,
+    /// Peak resident memory after the second wave minus the memory before the first add.
+    pub second_peak_delta_bytes: u64,
+    /// How much the peak grew during the second wave.
+    pub second_wave_growth_bytes: u64,
+    /// Cancels that found their task pending (should be all of them).
+    pub cancelled: usize,
+    /// Tasks pending at the end (survivors plus the second wave).
+    pub pending_end: usize,
+}
+
+struct Inputs {
+    delays: Vec<u64>,
+    cancels: Vec<u32>,
+    second: Vec<u64>,
+}
+
+impl Inputs {
+    fn sample(p: &W1Params, tasks: usize, thread: usize) -> Self {
+        let seed = p.seed + 100 * thread as u64;
+        let cancel_count = tasks * p.cancel_pct.min(100) as usize / 100;
+        Inputs {
+            delays: uniform(tasks, p.min_delay_ms, p.max_delay_ms, seed),
+            cancels: shuffled_prefix(tasks, cancel_count, seed + 1),
+            second: uniform(tasks, p.min_delay_ms, p.max_delay_ms, seed + 2),
+        }
+    }
+}
+
+fn per_op_ns(elapsed: Duration, ops: usize) -> f64 {
+    elapsed.as_nanos() as f64 / ops.max(1) as f64
+}
+
+fn handle_vec<H>(n: usize) -> Vec<Option<H>> {
+    let mut v = Vec::with_capacity(n);
+    v.resize_with(n, || None);
+    v
+}
+
+/// Memory readings taken between phases.
+struct Memory {
+    base: u64,
+    peak_first: u64,
+    after_cancel: u64,
+    peak_second: u64,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn result(
+    name: &str,
+    p: &W1Params,
+    times: [Duration; 3],
+    cancel_ops: usize,
+    mem: Memory,
+    cancelled: usize,
+    pending_end: usize,
+) -> W1Result {
+    let peak_delta = mem.peak_first.saturating_sub(mem.base);
+    W1Result {
+        implementation: name.to_owned(),
+        tasks: p.tasks,
+        threads: p.threads,
+        add_ns: per_op_ns(times[0], p.tasks),
+        cancel_ns: per_op_ns(times[1], cancel_ops),
+        second_add_ns: per_op_ns(times[2], p.tasks),
+        peak_delta_bytes: peak_delta,
+        peak_bytes_per_task: peak_delta as f64 / p.tasks.max(1) as f64,
+        after_cancel_delta_bytes: mem.after_cancel.saturating_sub(mem.base),
+        second_peak_delta_bytes: mem.peak_second.saturating_sub(mem.base),
+        second_wave_growth_bytes: mem.peak_second.saturating_sub(mem.peak_first),
+        cancelled,
+        pending_end,
+    }
+}
+
+/// Runs W1 on one thread against `timer`.
+pub fn run_single<C: ChurnTimer>(name: &str, mut timer: C, p: &W1Params) -> W1Result {
+    let inputs = Inputs::sample(p, p.tasks, 0);
+    let mut first = handle_vec::<C::Handle>(p.tasks);
+    let mut second = handle_vec::<C::Handle>(p.tasks);
+    let base = resident_bytes();
+    reset_peak_resident();
+
+    let start = Instant::now();
+    for (i, (&delay, slot)) in inputs.delays.iter().zip(first.iter_mut()).enumerate() {
+        *slot = Some(timer.add(delay, i as u32));
+    }
+    let add = start.elapsed();
+
+    let start = Instant::now();
+    let mut cancelled = 0;
+    for &i in &inputs.cancels {
+        if let Some(handle) = first[i as usize] {
+            cancelled += usize::from(timer.cancel(handle));
+        }
+    }
+    let cancel = start.elapsed();
+    let after_cancel = resident_bytes();
+    let peak_first = peak_resident_bytes();
+
+    let start = Instant::now();
+    for (i, (&delay, slot)) in inputs.second.iter().zip(second.iter_mut()).enumerate() {
+        *slot = Some(timer.add(delay, (p.tasks + i) as u32));
+    }
+    let second_add = start.elapsed();
+    let peak_second = peak_resident_bytes();
+    let pending_end = timer.pending();
+    std::hint::black_box((&first, &second));
+    result(
+        name,
+        p,
+        [add, cancel, second_add],
+        inputs.cancels.len(),
+        Memory {
+            base,
+            peak_first,
+            after_cancel,
+            peak_second,
+        },
+        cancelled,
+        pending_end,
+    )
+}
+
+/// Runs W1-mt: `p.threads` threads, each with `p.tasks / p.threads` tasks, adding and
+/// cancelling concurrently into `timer`. `runtime` is entered on every thread (for peers
+/// that need a tokio context).
+pub fn run_multi<S: SharedChurnTimer>(
+    name: &str,
+    timer: &S,
+    p: &W1Params,
+    runtime: Option<&tokio::runtime::Handle>,
+) -> W1Result {
+    let threads = p.threads.max(1);
+    let per_thread = p.tasks / threads;
+    let barrier = Barrier::new(threads + 1);
+    let mut times = [Duration::ZERO; 3];
+    let mut mem = Memory {
+        base: 0,
+        peak_first: 0,
+        after_cancel: 0,
+        peak_second: 0,
+    };
+    let (cancel_ops, cancelled) = std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads)
+            .map(|t| {
+                let barrier = &barrier;
+                scope.spawn(move || {
+                    let _context = runtime.map(|h| h.enter());
+                    let inputs = Inputs::sample(p, per_thread, t);
+                    let mut first = handle_vec::<S::Handle>(per_thread);
+                    let mut second = handle_vec::<S::Handle>(per_thread);
+                    let base = (t * per_thread) as u32;
+                    barrier.wait(); // inputs ready
+                    barrier.wait(); // go: first wave
+                    for (i, (&d, slot)) in inputs.delays.iter().zip(first.iter_mut()).enumerate() {
+                        *slot = Some(timer.add(d, base + i as u32));
+                    }
+                    barrier.wait(); // done
+                    barrier.wait(); // go: cancels
+                    let mut cancelled = 0;
+                    for &i in &inputs.cancels {
+                        if let Some(h) = first[i as usize] {
+                            cancelled += usize::from(timer.cancel(h));
+                        }
+                    }
+                    barrier.wait(); // done
+                    barrier.wait(); // go: second wave
+                    for (i, (&d, slot)) in inputs.second.iter().zip(second.iter_mut()).enumerate() {
+                        *slot = Some(timer.add(d, base + i as u32));
+                    }
+                    barrier.wait(); // done
+                    std::hint::black_box((&first, &second));
+                    (inputs.cancels.len(), cancelled)
+                })
+            })
+            .collect();
+        barrier.wait();
+        mem.base = resident_bytes();
+        reset_peak_resident();
+        for (phase, time) in times.iter_mut().enumerate() {
+            let start = Instant::now();
+            barrier.wait();
+            barrier.wait();
+            *time = start.elapsed();
+            match phase {
+                0 => {}
+                1 => {
+                    mem.after_cancel = resident_bytes();
+                    mem.peak_first = peak_resident_bytes();
+                }
+                _ => mem.peak_second = peak_resident_bytes(),
+            }
+        }
+        workers
+            .into_iter()
+            .map(|w| w.join().unwrap_or((0, 0)))
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    });
+    let mut p = p.clone();
+    p.tasks = per_thread * threads;
+    let pending_end = timer.pending();
+    result(name, &p, times, cancel_ops, mem, cancelled, pending_end)
+}

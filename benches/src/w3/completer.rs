@@ -1,0 +1,121 @@
+//! The completer thread: completes each request at its arrival plus its sampled
+//! latency, as the event that satisfies a real request would.
+//!
+//! # Design
+//! The generator hands over completions in batches (one lock per batch, never one
+//! channel send per request) through the [`Inbox`]. The completer files them into a ring
+//! of 1 ms slots and, once per millisecond while work is pending, completes every slot
+//! that has come due. It reads the clock once per cycle.
+//!
+//! # Invariants
+//! - A job is completed no earlier than its due instant rounded down to the
+//!   millisecond, and normally within the millisecond after it.
+//! - A job whose due slot is more than a ring's length ahead waits in `later` and is
+//!   filed once it fits, so the ring never mixes two rounds.
+//! - The thread exits only when the inbox is closed and every job has been completed.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::sampling::KeyTable;
+use crate::w3::op::{LoadContext, LoadOp};
+use crate::w3::LoadPurgatory;
+
+const NANOS_PER_MS: u64 = 1_000_000;
+
+/// What the completer does to one request.
+pub enum Job<H> {
+    /// Plain W3: force-complete it by handle (Kafka's tool).
+    Force(H),
+    /// W3-events: mark request `id` ready and check its first key.
+    Event(u32),
+}
+
+/// Completions handed from the generator to the completer, in batches.
+pub struct Inbox<H> {
+    jobs: Mutex<Vec<(u64, Job<H>)>>,
+    closed: AtomicBool,
+}
+
+impl<H> Default for Inbox<H> {
+    fn default() -> Self {
+        Inbox {
+            jobs: Mutex::new(Vec::new()),
+            closed: AtomicBool::new(false),
+        }
+    }
+}
+
+impl<H> Inbox<H> {
+    /// Moves every job of `batch` (due instant in ns since the origin, job) into the inbox.
+    pub fn deliver(&self, batch: &mut Vec<(u64, Job<H>)>) {
+        if !batch.is_empty() {
+            self.jobs.lock().append(batch);
+        }
+    }
+
+    /// No more jobs will come.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+    }
+}
+
+/// Runs the completer until the inbox is closed and drained.
+pub fn run<P: LoadPurgatory<LoadOp>>(
+    purgatory: &P,
+    inbox: &Inbox<P::Handle>,
+    ctx: &LoadContext,
+    keys: &KeyTable,
+    horizon: Duration,
+) {
+    let ring_len = (horizon.as_millis() as usize + 64).next_power_of_two();
+    let mask = ring_len as u64 - 1;
+    let mut ring: Vec<Vec<Job<P::Handle>>> = (0..ring_len).map(|_| Vec::new()).collect();
+    let mut filed = 0usize;
+    let mut later: Vec<(u64, Job<P::Handle>)> = Vec::new();
+    let mut incoming = Vec::new();
+    let mut next_ms = ctx.now_nanos() / NANOS_PER_MS;
+    loop {
+        let closed = inbox.closed.load(Ordering::Acquire);
+        std::mem::swap(&mut *inbox.jobs.lock(), &mut incoming);
+        let now_ms = ctx.now_nanos() / NANOS_PER_MS;
+        incoming.append(&mut later);
+        for (due, job) in incoming.drain(..) {
+            let slot = (due / NANOS_PER_MS).max(next_ms);
+            if slot - next_ms >= ring_len as u64 {
+                later.push((due, job));
+            } else {
+                ring[(slot & mask) as usize].push(job);
+                filed += 1;
+            }
+        }
+        while next_ms <= now_ms {
+            let slot = &mut ring[(next_ms & mask) as usize];
+            filed -= slot.len();
+            for job in slot.drain(..) {
+                match job {
+                    Job::Force(handle) => {
+                        purgatory.force_complete(&handle);
+                    }
+                    Job::Event(id) => {
+                        ctx.mark_ready(id);
+                        if let Some(&key) = keys.keys(id as usize).first() {
+                            purgatory.check_and_complete(key);
+                        }
+                    }
+                }
+            }
+            next_ms += 1;
+        }
+        if closed && filed == 0 && later.is_empty() {
+            return;
+        }
+        let wake_at = next_ms * NANOS_PER_MS;
+        let now = ctx.now_nanos();
+        if wake_at > now {
+            std::thread::sleep(Duration::from_nanos(wake_at - now));
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! Runs the built `purgatory-perf` binary with tiny parameters: every subcommand's
+//! `--json` line parses and its counts add up, and bad arguments fail with a message.
+//! No timing is asserted (speed is what the tool measures, not what it tests).
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_purgatory-perf"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
+}
+
+/// Runs a successful command and returns its last stdout line as JSON.
+fn json(args: &[&str]) -> Value {
+    let out = run(args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{args:?} failed: {stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let last = stdout.lines().last().expect("some output");
+    serde_json::from_str(last).unwrap_or_else(|e| panic!("last line is not JSON ({e}): {last}"))
+}
+
+fn results(v: &Value) -> &Vec<Value> {
+    v["results"].as_array().expect("results array")
+}
+
+fn num(v: &Value, key: &str) -> f64 {
+    v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} missing in {v}"))
+}
+
+#[test]
+fn w1_counts_add_up_for_every_implementation() {
+    let v = json(&["w1", "--tasks", "2000", "--json"]);
+    let impls: Vec<_> = results(&v)
+        .iter()
+        .map(|r| r["impl"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(impls, ["ours", "binaryheap", "btreemap", "delayqueue"]);
+    for r in results(&v) {
+        assert_eq!(num(r, "cancelled"), 1800.0, "{r}");
+        assert_eq!(num(r, "pending_end"), 2000.0 - 1800.0 + 2000.0, "{r}");
+        assert!(num(r, "add_ns") > 0.0);
+    }
+    assert!(v["ratio_to_ours"]["btreemap"]["add_ns"].is_number());
+}
+
+#[test]
+fn w1_mt_reports_speedup() {
+    let v = json(&[
+        "w1",
+        "--tasks",
+        "2000",
+        "--threads",
+        "2",
+        "--impl",
+        "ours,binaryheap",
+        "--json",
+    ]);
+    for r in results(&v) {
+        assert_eq!(num(r, "threads"), 2.0);
+        assert_eq!(num(r, "cancelled"), 1800.0);
+        assert_eq!(num(r, "pending_end"), 2200.0);
+        assert!(num(r, "speedup_add") > 0.0);
+    }
+}
+
+#[test]
+fn w2_fires_everything_and_ours_never_early() {
+    let v = json(&["w2", "--tasks", "2000", "--max-deadline-ms", "50", "--json"]);
+    assert_eq!(results(&v).len(), 3);
+    for r in results(&v) {
+        assert_eq!(num(r, "fired"), 2000.0, "{r}");
+        // Nested figures are flattened to dotted names in the summary.
+        assert_eq!(num(r, "lateness.count"), 2000.0, "{r}");
+    }
+    let ours = &results(&v)[0];
+    assert_eq!(ours["impl"], "ours");
+    assert!(
+        num(ours, "lateness.min_ms") >= 0.0,
+        "ours fired early: {ours}"
+    );
+}
+
+#[test]
+fn w3_and_w3_events_account_for_every_request() {
+    for extra in [
+        &[][..],
+        &["--events", "--keys", "1", "--key-space-size", "1000"][..],
+    ] {
+        let mut args = vec!["w3", "--num", "3000", "--rate", "100000", "--json"];
+        args.extend_from_slice(extra);
+        let v = json(&args);
+        assert_eq!(results(&v).len(), 2);
+        for r in results(&v) {
+            for key in [
+                "elapsed_ms",
+                "target_rate",
+                "actual_rate",
+                "cpu_ms",
+                "peak_rss_bytes",
+                "expiry_late_p50_ms",
+                "expiry_late_p99_ms",
+                "expiry_late_max_ms",
+            ] {
+                assert!(r[key].is_number(), "{key} missing in {r}");
+            }
+            assert_eq!(
+                num(r, "completed") + num(r, "expired"),
+                3000.0,
+                "{args:?}: {r}"
+            );
+            assert!(num(r, "expired") > 0.0, "some latencies exceed the timeout");
+            assert!(r["impl"].is_string());
+        }
+    }
+}
+
+#[test]
+fn w3_find_max_reports_a_rate() {
+    let v = json(&[
+        "w3",
+        "--num",
+        "1000",
+        "--rate",
+        "4000000",
+        "--timeout",
+        "20",
+        "--pct50",
+        "2",
+        "--pct75",
+        "6",
+        "--find-max",
+        "--impl",
+        "naive",
+        "--json",
+    ]);
+    assert_eq!(v["workload"], "w3-max");
+    let r = &results(&v)[0];
+    assert!(r["max_rate_held"].is_number());
+    assert!(!r["attempts"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn bad_arguments_fail_with_a_message() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["w3", "--rate", "-5"], "--rate"),
+        (&["w3", "--pct50", "50", "--pct75", "20"], "--pct75"),
+        (&["w3", "--timeout", "0"], "--timeout"),
+        (
+            &["w3", "--keys", "5", "--key-space-size", "3"],
+            "--key-space-size",
+        ),
+        (&["w1", "--impl", "ours,fast"], "unknown implementation"),
+        (&["w3", "--impl", "btreemap"], "unknown implementation"),
+        (&["w1", "--tasks", "many"], "--tasks"),
+        (&["w1", "--threads", "0"], "--threads"),
+        (&["w9"], "unrecognized subcommand"),
+        (&["--child", "{not json"], "bad child job"),
+    ];
+    for (args, expected) in cases {
+        let out = run(args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} should fail");
+        assert!(
+            stderr.contains(expected),
+            "{args:?}: stderr lacks `{expected}`: {stderr}"
+        );
+        assert!(!stderr.contains("panicked"), "{args:?} panicked: {stderr}");
+    }
+}
+
+#[test]
+fn help_succeeds() {
+    let out = run(&["--help"]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("w3"));
+}
