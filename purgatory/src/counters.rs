@@ -13,12 +13,18 @@
 
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering::Relaxed};
 
-const STRIPES: usize = 16;
+pub(crate) const STRIPES: usize = 16;
 
 static NEXT_THREAD: AtomicUsize = AtomicUsize::new(0);
 
 thread_local! {
     static STRIPE: usize = NEXT_THREAD.fetch_add(1, Relaxed) % STRIPES;
+}
+
+/// The stripe of the calling thread (below [`STRIPES`]), shared by every striped structure.
+#[inline]
+pub(crate) fn stripe_index() -> usize {
+    STRIPE.with(|s| *s)
 }
 
 #[derive(Default)]
@@ -65,7 +71,7 @@ pub(crate) struct Totals {
 impl Counters {
     #[inline]
     fn stripe(&self) -> &Stripe {
-        &self.stripes[STRIPE.with(|s| *s)]
+        &self.stripes[stripe_index()]
     }
 
     #[inline]

@@ -55,6 +55,7 @@
 #![warn(missing_docs)]
 
 mod builder;
+mod cancels;
 mod counters;
 mod error;
 mod op_cell;

@@ -9,7 +9,8 @@
 //! - `completed` becomes true, once, when the operation is taken, before the lock is
 //!   released. Readers without the lock (purge, list scans) may see it late, never early.
 //! - `state.timer` is the operation's armed timeout; it is taken together with the
-//!   operation, so the taker (and only it) disarms the timer. The watcher arms the timer
+//!   operation, so the taker (and only it) disarms the timer (at once, or through the
+//!   batched queue of `cancels.rs`). The watcher arms the timer
 //!   while holding the lock, so a completion can never miss a timer armed after it.
 //! - The cell itself carries no reference to the purgatory: the caller that takes the
 //!   operation does the accounting.

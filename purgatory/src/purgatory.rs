@@ -22,6 +22,9 @@
 //!   around user code is the operation's own, around its `try_complete`.
 //! - Purging happens on the reaper between timer rounds, one watcher shard at a time,
 //!   and yields to the timer whenever a bucket is due: a purge never stalls expiry.
+//! - A completion's timer cancel is queued (`cancels.rs`) and applied within one reaper
+//!   round, and before `stats`/`pending` read the timer, so `pending` counts armed,
+//!   not-yet-completed operations.
 
 use std::hash::Hash;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -32,6 +35,7 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use timer_core::{Executor, Timer, TimerTask};
 
+use crate::cancels::DeferredCancels;
 use crate::counters::{Count, Counters};
 use crate::error::WatchError;
 use crate::op_cell::{panic_message, Attempt, OpCell, OpState, Taken};
@@ -138,6 +142,8 @@ pub(crate) struct Inner<K, O: DelayedOperation> {
     pub(crate) executor: Executor,
     pub(crate) closed: AtomicBool,
     purge_cursor: AtomicUsize,
+    /// Timer cancels of completed operations, applied in batches (see `cancels.rs`).
+    cancels: DeferredCancels,
 }
 
 /// Holds operations that cannot complete yet, per key, until an event completes them or
@@ -365,6 +371,7 @@ where
     /// Counters for metrics.
     pub fn stats(&self) -> PurgatoryStats {
         let inner = &*self.inner;
+        inner.cancels.flush(&inner.timer);
         let totals = inner.counters.totals();
         PurgatoryStats {
             pending: inner.timer.len(),
@@ -381,6 +388,7 @@ where
 
     /// Operations waiting for their timeout.
     pub fn pending(&self) -> usize {
+        self.inner.cancels.flush(&self.inner.timer);
         self.inner.timer.len()
     }
 
@@ -428,8 +436,7 @@ impl<K, O: DelayedOperation> Purgatory<K, O> {
                 let _ = reaper.join();
             }
         }
-        let expired = pending.len();
-        inner.expire_all(pending);
+        let expired = inner.expire_all(pending);
         Some(expired)
     }
 }
@@ -468,6 +475,7 @@ impl<K, O: DelayedOperation> Inner<K, O> {
             executor,
             closed: AtomicBool::new(false),
             purge_cursor: AtomicUsize::new(0),
+            cancels: DeferredCancels::default(),
         }
     }
 
@@ -484,11 +492,12 @@ impl<K, O: DelayedOperation> Inner<K, O> {
         }
     }
 
-    /// Completes a taken operation: disarms its timer, counts, runs its callbacks, drops
-    /// it. `listed` is how many watcher entries it leaves behind (now stale).
+    /// Completes a taken operation: queues its timer's cancel (see `cancels.rs`), counts,
+    /// runs its callbacks, drops it. `listed` is how many watcher entries it leaves behind
+    /// (now stale).
     fn finish(&self, taken: Taken<O>, how: Completion, listed: u32) {
         if let Some(handle) = taken.timer {
-            self.timer.cancel(handle);
+            self.cancels.push(handle, &self.timer);
         }
         self.counters.add_stale(i64::from(listed));
         self.counters.add(
@@ -509,22 +518,29 @@ impl<K, O: DelayedOperation> Inner<K, O> {
     }
 
     /// Completes one expired operation (its timer has fired, so there is none to cancel).
-    fn expire(&self, expiry: Expiry<O>) {
-        if let Some(mut taken) = expiry.0.take() {
-            taken.timer = None;
-            self.finish(taken, Completion::Expired, expiry.0.keys());
+    /// Returns false when the operation was already taken (completed while its timer
+    /// fired, or before its queued cancel was applied).
+    fn expire(&self, expiry: Expiry<O>) -> bool {
+        match expiry.0.take() {
+            Some(mut taken) => {
+                taken.timer = None;
+                self.finish(taken, Completion::Expired, expiry.0.keys());
+                true
+            }
+            None => false,
         }
     }
 
-    fn expire_all(&self, batch: impl IntoIterator<Item = Expiry<O>>) {
+    /// Expires every operation of `batch` still in its cell; returns how many.
+    fn expire_all(&self, batch: impl IntoIterator<Item = Expiry<O>>) -> usize {
         let mut count = 0usize;
         for expiry in batch {
-            self.expire(expiry);
-            count += 1;
+            count += usize::from(self.expire(expiry));
         }
         if count > 0 {
             tracing::debug!(target: "purgatory", purgatory = %self.name, count, "expire");
         }
+        count
     }
 }
 
@@ -593,14 +609,19 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
     where
         K: Send + Sync + 'static,
     {
+        this.cancels.flush(&this.timer);
         let n = this.timer.advance_clock_into(max_wait, expired);
         if n > 0 {
             match &this.executor {
-                Executor::Inline => this.expire_all(expired.drain(..)),
+                Executor::Inline => {
+                    this.expire_all(expired.drain(..));
+                }
                 Executor::Pool(pool) => {
                     let inner = Arc::clone(this);
                     let batch = std::mem::take(expired);
-                    pool.spawn(move || inner.expire_all(batch));
+                    pool.spawn(move || {
+                        inner.expire_all(batch);
+                    });
                 }
             }
         }

@@ -38,6 +38,9 @@ use crate::TimerTask;
 /// `Shard::next_expiration` of a shard with no queued bucket.
 const IDLE: u64 = u64::MAX;
 
+/// Most cancels [`Timer::cancel_batch`] makes under one shard lock.
+const CANCEL_BATCH: usize = 64;
+
 /// Names one added task. Cheap to copy; stale handles, and handles of another timer, are
 /// harmless: they cancel nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -310,6 +313,54 @@ impl<T: TimerTask> Timer<T> {
         Some(task)
     }
 
+    /// Cancels every task `handles` names, like [`cancel`](Self::cancel) on each, and
+    /// appends the tasks whose cancel won to `cancelled`; returns how many that was.
+    /// Handles that are stale or from another timer cancel nothing.
+    ///
+    /// Cheaper per task than one `cancel` each: `handles` is sorted in place by shard and
+    /// slot, and each shard lock is taken once per run of at most 64 of its handles (so an
+    /// adder never waits behind a long batch), walking its slab in address order. The
+    /// tasks are appended after each lock is released.
+    pub fn cancel_batch(
+        &self,
+        handles: &mut [TimerHandle],
+        cancelled: &mut impl Extend<T>,
+    ) -> usize {
+        handles.sort_unstable_by_key(|h| (u64::from(h.shard) << 32) | u64::from(h.key.index));
+        let mut won = 0;
+        let mut run: Vec<T> = Vec::new();
+        let mut rest = &handles[..];
+        while let Some(first) = rest.first() {
+            let same = rest
+                .iter()
+                .take(CANCEL_BATCH)
+                .take_while(|h| h.shard == first.shard)
+                .count();
+            let (chunk, tail) = rest.split_at(same);
+            rest = tail;
+            // By index only: the timer id is checked per handle below, so a foreign
+            // handle heading the run does not make the run's other handles skip.
+            let Some(shard) = self.inner.shards.get(first.shard as usize) else {
+                continue;
+            };
+            {
+                let mut state = shard.state.lock();
+                for handle in chunk {
+                    if handle.timer != self.inner.id {
+                        continue;
+                    }
+                    if let Some(task) = state.wheel.cancel(handle.key) {
+                        run.push(task);
+                    }
+                }
+                state.cancelled += run.len() as u64;
+            }
+            won += run.len();
+            cancelled.extend(run.drain(..));
+        }
+        won
+    }
+
     /// Whether `handle` still names a pending task.
     pub fn is_pending(&self, handle: TimerHandle) -> bool {
         self.shard_of(handle)
@@ -441,5 +492,94 @@ impl<T: TimerTask> std::fmt::Debug for Timer<T> {
 pub(crate) fn reaper_loop<T: TimerTask>(inner: Arc<Inner<T>>) {
     while !inner.closed.load(Ordering::SeqCst) {
         inner.advance_clock(Duration::MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::{ManualClock, Timer, TimerBuilder, TimerHandle, TimerTask};
+
+    /// A task that is just its id.
+    #[derive(Debug, PartialEq, Eq, PartialOrd, Ord)]
+    struct Id(u32);
+
+    impl TimerTask for Id {
+        fn run(self) {}
+    }
+
+    fn manual_timer(clock: &ManualClock, shards: usize) -> Arc<Timer<Id>> {
+        Arc::new(
+            TimerBuilder::new()
+                .clock(clock.clone())
+                .shards(shards)
+                .reaper(false)
+                .build()
+                .unwrap(),
+        )
+    }
+
+    /// Adds `ids` from a fresh thread (so successive calls land in different shards).
+    fn add_from_new_thread(timer: &Arc<Timer<Id>>, ids: std::ops::Range<u32>) -> Vec<TimerHandle> {
+        let timer = Arc::clone(timer);
+        std::thread::spawn(move || {
+            ids.map(|id| timer.add(Duration::from_millis(10), Id(id)).unwrap())
+                .collect()
+        })
+        .join()
+        .unwrap()
+    }
+
+    #[test]
+    fn cancel_batch_cancels_exactly_the_live_handles_across_shards() {
+        let clock = ManualClock::new();
+        let timer = manual_timer(&clock, 3);
+        let mut handles = Vec::new();
+        for t in 0..3u32 {
+            handles.extend(add_from_new_thread(&timer, t * 100..t * 100 + 100));
+        }
+        let shards: std::collections::HashSet<_> = handles.iter().map(|h| h.shard).collect();
+        assert!(shards.len() > 1, "the batch must span shards");
+        // Cancel two thirds (more than 64 per shard in one batch), plus a stale handle, a
+        // duplicate and a handle of another timer.
+        let mut batch: Vec<TimerHandle> = handles
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % 3 != 0)
+            .map(|(_, h)| *h)
+            .collect();
+        let already = handles[1];
+        assert_eq!(timer.cancel(already), Some(Id(1)));
+        batch.push(batch[5]);
+        let other = manual_timer(&clock, 1);
+        batch.push(other.add(Duration::from_millis(10), Id(9999)).unwrap());
+        let mut cancelled = Vec::new();
+        let won = timer.cancel_batch(&mut batch, &mut cancelled);
+        let expected: Vec<Id> = (0..300).filter(|i| i % 3 != 0 && *i != 1).map(Id).collect();
+        assert_eq!(won, expected.len());
+        cancelled.sort_unstable();
+        assert_eq!(cancelled, expected);
+        assert_eq!(other.len(), 1, "another timer's handle cancels nothing");
+        assert_eq!(timer.stats().cancelled, expected.len() as u64 + 1);
+        // The rest still fire, the cancelled ones never do.
+        clock.advance(Duration::from_millis(10));
+        let mut fired = Vec::new();
+        timer.advance_clock_into(Duration::ZERO, &mut fired);
+        fired.sort_unstable();
+        assert_eq!(fired, (0..300).step_by(3).map(Id).collect::<Vec<_>>());
+        assert!(timer.is_empty());
+    }
+
+    #[test]
+    fn cancel_batch_of_nothing_cancels_nothing() {
+        let clock = ManualClock::new();
+        let timer = manual_timer(&clock, 2);
+        let h = timer.add(Duration::from_millis(1), Id(7)).unwrap();
+        let mut cancelled = Vec::new();
+        assert_eq!(timer.cancel_batch(&mut [], &mut cancelled), 0);
+        assert!(cancelled.is_empty());
+        assert!(timer.is_pending(h));
     }
 }
