@@ -80,10 +80,7 @@ impl DelayedFetch {
 
     /// The keys to watch it on (each partition once).
     pub fn keys(&self) -> Vec<PartitionKey> {
-        let mut keys: Vec<PartitionKey> = self.waits.iter().map(|w| w.key).collect();
-        keys.sort_unstable();
-        keys.dedup();
-        keys
+        PartitionKey::distinct(self.waits.iter().map(|w| w.key))
     }
 
     /// Committed bytes available to this fetch now.

@@ -71,10 +71,7 @@ impl DelayedProduce {
 
     /// The keys to watch it on (each partition once).
     pub fn keys(&self) -> Vec<PartitionKey> {
-        let mut keys: Vec<PartitionKey> = self.waits.iter().map(|w| w.key).collect();
-        keys.sort_unstable();
-        keys.dedup();
-        keys
+        PartitionKey::distinct(self.waits.iter().map(|w| w.key))
     }
 
     /// Answers without the purgatory (when it refused the operation): each partition as it

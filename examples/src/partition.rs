@@ -23,6 +23,17 @@ use crate::replication::ReplicaProgress;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PartitionKey(pub u32);
 
+impl PartitionKey {
+    /// Each key of `keys` once, in key order: what an operation waiting on several
+    /// partitions is watched on.
+    pub fn distinct(keys: impl IntoIterator<Item = PartitionKey>) -> Vec<PartitionKey> {
+        let mut keys: Vec<PartitionKey> = keys.into_iter().collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys
+    }
+}
+
 /// The leader epoch this broker stamps into batches (it is always the leader).
 pub const LEADER_EPOCH: i32 = 0;
 
