@@ -78,7 +78,20 @@ fn the_reaper_purges_once_enough_completed_entries_accumulate() {
         "the reaper did not purge: {:?}",
         purgatory.stats()
     );
-    let stats = purgatory.stats();
+    // The reaper may still be mid-purge, and `stats()` reads the purged total and the
+    // watcher entries one after the other: wait until two readings agree before asking
+    // them to add up.
+    let mut settled = purgatory.stats();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            std::thread::sleep(Duration::from_millis(20));
+            let now = purgatory.stats();
+            std::mem::replace(&mut settled, now) == now
+        }),
+        "the reaper never settled: {:?}",
+        purgatory.stats()
+    );
+    let stats = settled;
     assert_eq!(
         stats.purged as usize + (stats.watched - live),
         2 * FORCED,
