@@ -13,42 +13,19 @@
 //!   reused): 125 KB per million adds.
 //! - Heap order is (deadline, sequence): ties pop in insertion order.
 
-use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
 use crate::w1::ChurnTimer;
+
+use super::heap_entry::HeapEntry;
 
 /// Names one added task.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HeapHandle(u64);
 
-struct Entry<T> {
-    deadline: u64,
-    seq: u64,
-    task: T,
-}
-
-impl<T> PartialEq for Entry<T> {
-    fn eq(&self, other: &Self) -> bool {
-        (self.deadline, self.seq) == (other.deadline, other.seq)
-    }
-}
-impl<T> Eq for Entry<T> {}
-impl<T> PartialOrd for Entry<T> {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl<T> Ord for Entry<T> {
-    /// Reversed, so the max-heap pops the earliest deadline first.
-    fn cmp(&self, other: &Self) -> Ordering {
-        (other.deadline, other.seq).cmp(&(self.deadline, self.seq))
-    }
-}
-
 /// A min-heap timer with lazy cancellation; deadlines are plain `u64` (any unit).
 pub struct LazyHeapTimer<T> {
-    heap: BinaryHeap<Entry<T>>,
+    heap: BinaryHeap<HeapEntry<u64, T>>,
     pending: Vec<u64>,
     next_seq: u64,
     live: usize,
@@ -81,7 +58,7 @@ impl<T> LazyHeapTimer<T> {
             self.pending.push(0);
         }
         self.pending[word] |= 1 << (seq % 64);
-        self.heap.push(Entry {
+        self.heap.push(HeapEntry {
             deadline,
             seq,
             task,

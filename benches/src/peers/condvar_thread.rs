@@ -10,7 +10,6 @@
 //!   unless handed back by `shutdown`.
 //! - After `shutdown` the thread has exited and no task runs any more.
 
-use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -18,32 +17,10 @@ use std::time::Instant;
 
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
-struct Entry<T> {
-    deadline: Instant,
-    seq: u64,
-    task: T,
-}
-
-impl<T> PartialEq for Entry<T> {
-    fn eq(&self, other: &Self) -> bool {
-        (self.deadline, self.seq) == (other.deadline, other.seq)
-    }
-}
-impl<T> Eq for Entry<T> {}
-impl<T> PartialOrd for Entry<T> {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl<T> Ord for Entry<T> {
-    /// Reversed: the max-heap pops the earliest deadline first.
-    fn cmp(&self, other: &Self) -> Ordering {
-        (other.deadline, other.seq).cmp(&(self.deadline, self.seq))
-    }
-}
+use super::heap_entry::HeapEntry;
 
 struct State<T> {
-    heap: BinaryHeap<Entry<T>>,
+    heap: BinaryHeap<HeapEntry<Instant, T>>,
     next_seq: u64,
     closed: bool,
 }
@@ -85,7 +62,7 @@ impl<T: Send + 'static> CondvarTimer<T> {
         let mut state = self.shared.state.lock();
         let seq = state.next_seq;
         state.next_seq += 1;
-        state.heap.push(Entry {
+        state.heap.push(HeapEntry {
             deadline,
             seq,
             task,

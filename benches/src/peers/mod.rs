@@ -14,6 +14,7 @@ mod binary_heap;
 mod btree_map;
 mod condvar_thread;
 mod delay_queue;
+mod heap_entry;
 mod naive_purgatory;
 
 pub use binary_heap::{HeapHandle, LazyHeapTimer};

@@ -17,7 +17,6 @@
 //! - No lock of the purgatory is held while `try_complete`'s caller-visible effects
 //!   (`on_complete`, `on_expiration`) run; `try_complete` itself runs under the slot lock.
 
-use std::cmp::Ordering as CmpOrdering;
 use std::collections::{BinaryHeap, HashMap};
 use std::hash::Hash;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -27,6 +26,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use purgatory::{Completion, DelayedOperation};
+
+use super::heap_entry::HeapEntry;
 
 /// Longest the reaper sleeps while it has nothing due (Kafka's reaper wait).
 const REAPER_WAIT: Duration = Duration::from_millis(200);
@@ -42,32 +43,8 @@ struct Slot<O> {
 /// A watched operation, for [`NaivePurgatory::force_complete`].
 pub struct NaiveHandle<O>(Arc<Slot<O>>);
 
-struct Deadline<O> {
-    at_nanos: u64,
-    seq: u64,
-    slot: Arc<Slot<O>>,
-}
-
-impl<O> PartialEq for Deadline<O> {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at_nanos, self.seq) == (other.at_nanos, other.seq)
-    }
-}
-impl<O> Eq for Deadline<O> {}
-impl<O> PartialOrd for Deadline<O> {
-    fn partial_cmp(&self, other: &Self) -> Option<CmpOrdering> {
-        Some(self.cmp(other))
-    }
-}
-impl<O> Ord for Deadline<O> {
-    /// Reversed: the max-heap pops the earliest deadline first.
-    fn cmp(&self, other: &Self) -> CmpOrdering {
-        (other.at_nanos, other.seq).cmp(&(self.at_nanos, self.seq))
-    }
-}
-
 struct Timer<O> {
-    heap: BinaryHeap<Deadline<O>>,
+    heap: BinaryHeap<HeapEntry<u64, Arc<Slot<O>>>>,
     next_seq: u64,
     closed: bool,
 }
@@ -170,10 +147,10 @@ where
         }
         let seq = timer.next_seq;
         timer.next_seq += 1;
-        timer.heap.push(Deadline {
-            at_nanos,
+        timer.heap.push(HeapEntry {
+            deadline: at_nanos,
             seq,
-            slot: Arc::clone(&slot),
+            task: Arc::clone(&slot),
         });
         let earliest = timer.heap.peek().is_some_and(|d| d.seq == seq);
         drop(timer);
@@ -240,8 +217,8 @@ where
         if let Some(reaper) = self.reaper.lock().take() {
             let _ = reaper.join();
         }
-        for deadline in rest {
-            s.complete(&deadline.slot, Completion::Expired);
+        for entry in rest {
+            s.complete(&entry.task, Completion::Expired);
         }
         s.watchers.lock().clear();
     }
@@ -322,9 +299,9 @@ fn reaper_loop<K: Hash + Eq, O: DelayedOperation>(s: &Shared<K, O>) {
     let mut timer = s.timer.lock();
     while !timer.closed {
         let now = s.now_nanos();
-        while timer.heap.peek().is_some_and(|d| d.at_nanos <= now) {
+        while timer.heap.peek().is_some_and(|d| d.deadline <= now) {
             if let Some(d) = timer.heap.pop() {
-                due.push(d.slot);
+                due.push(d.task);
             }
         }
         if !due.is_empty() || s.stale.load(Ordering::Relaxed) >= s.purge_interval {
@@ -341,7 +318,7 @@ fn reaper_loop<K: Hash + Eq, O: DelayedOperation>(s: &Shared<K, O>) {
             continue;
         }
         let wait_until = match timer.heap.peek() {
-            Some(d) => s.origin + Duration::from_nanos(d.at_nanos),
+            Some(d) => s.origin + Duration::from_nanos(d.deadline),
             None => Instant::now() + REAPER_WAIT,
         };
         s.wake.wait_until(&mut timer, wait_until);
