@@ -41,6 +41,9 @@ const IDLE: u64 = u64::MAX;
 /// Most cancels [`Timer::cancel_batch`] makes under one shard lock.
 const CANCEL_BATCH: usize = 64;
 
+/// Most adds [`Timer::add_batch`] makes under one shard lock.
+const ADD_BATCH: usize = 64;
+
 /// Names one added task. Cheap to copy; stale handles, and handles of another timer, are
 /// harmless: they cancel nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -191,6 +194,60 @@ impl<T: TimerTask> Inner<T> {
         })
     }
 
+    /// Adds every `(deadline, task)` of `tasks` to the calling thread's shard, taking its
+    /// lock once per [`ADD_BATCH`] tasks; appends one result per task to `out`, in order.
+    fn add_many(
+        &self,
+        now: u64,
+        tasks: &mut Vec<(u64, T)>,
+        out: &mut Vec<Result<TimerHandle, AddError<T>>>,
+    ) {
+        let shard_index = self.local_shard();
+        let shard = &self.shards[shard_index];
+        let mut tasks = tasks.drain(..);
+        loop {
+            if tasks.len() == 0 {
+                return;
+            }
+            if self.closed.load(Ordering::Relaxed) {
+                break;
+            }
+            let mut state = shard.state.lock();
+            if state.closed {
+                break;
+            }
+            let next_tick_nanos = (state.wheel.current_tick() + 1).saturating_mul(self.tick_nanos);
+            if now >= next_tick_nanos {
+                state.wheel.catch_up(now / self.tick_nanos);
+            }
+            let mut added = 0u64;
+            for (deadline, task) in tasks.by_ref().take(ADD_BATCH) {
+                let key = state.wheel.insert(deadline.div_ceil(self.tick_nanos), task);
+                out.push(Ok(TimerHandle {
+                    timer: self.id,
+                    shard: shard_index as u32,
+                    key,
+                }));
+                added += 1;
+            }
+            state.added += added;
+            let next = state.wheel.next_expiration().unwrap_or(IDLE);
+            #[cfg(loom)]
+            let published = shard.next_expiration.fetch_add(0, Ordering::Relaxed);
+            #[cfg(not(loom))]
+            let published = shard.next_expiration.load(Ordering::Relaxed);
+            let earlier = next < published;
+            if earlier {
+                shard.next_expiration.store(next, Ordering::SeqCst);
+            }
+            drop(state);
+            if earlier {
+                self.sleeper.wake_if_later_than(next);
+            }
+        }
+        out.extend(tasks.map(|(_, task)| Err(AddError::Shutdown(task))));
+    }
+
     /// The shard the calling thread adds to.
     #[inline]
     fn local_shard(&self) -> usize {
@@ -295,6 +352,25 @@ impl<T: TimerTask> Timer<T> {
     pub fn add_at(&self, deadline: Duration, task: T) -> Result<TimerHandle, AddError<T>> {
         let now = self.inner.now_nanos();
         self.inner.add_at(now, nanos(deadline), task)
+    }
+
+    /// Adds every `(delay, task)` of `tasks`, like [`add`](Self::add) on each, and
+    /// appends one result per task to `out`, in the order of `tasks` (which is left
+    /// empty). Cheaper per task than one `add` each: the clock is read once for the whole
+    /// batch (every delay counts from that reading) and the shard lock is taken once per
+    /// run of at most 64 tasks.
+    pub fn add_batch(
+        &self,
+        tasks: &mut Vec<(Duration, T)>,
+        out: &mut Vec<Result<TimerHandle, AddError<T>>>,
+    ) {
+        let now = self.inner.now_nanos();
+        let mut at: Vec<(u64, T)> = tasks
+            .drain(..)
+            .map(|(delay, task)| (now.saturating_add(nanos(delay)), task))
+            .collect();
+        out.reserve(at.len());
+        self.inner.add_many(now, &mut at, out);
     }
 
     /// The current time of this timer's clock.
@@ -569,6 +645,58 @@ mod tests {
         timer.advance_clock_into(Duration::ZERO, &mut fired);
         fired.sort_unstable();
         assert_eq!(fired, (0..300).step_by(3).map(Id).collect::<Vec<_>>());
+        assert!(timer.is_empty());
+    }
+
+    #[test]
+    fn add_batch_adds_in_order_and_each_task_fires_at_its_own_delay() {
+        let clock = ManualClock::new();
+        let timer = manual_timer(&clock, 2);
+        // More than one lock's worth (64), delays 1..=150 ms in reverse order.
+        let mut tasks: Vec<(Duration, Id)> = (0..150u32)
+            .map(|i| (Duration::from_millis(u64::from(150 - i)), Id(i)))
+            .collect();
+        let mut handles = Vec::new();
+        timer.add_batch(&mut tasks, &mut handles);
+        assert!(tasks.is_empty());
+        assert_eq!(handles.len(), 150);
+        let handles: Vec<TimerHandle> = handles.into_iter().map(Result::unwrap).collect();
+        assert_eq!(timer.len(), 150);
+        assert_eq!(timer.stats().added, 150);
+        // Handles are in input order: the one of `Id(10)` cancels `Id(10)`.
+        assert_eq!(timer.cancel(handles[10]), Some(Id(10)));
+        // Nothing fires early; at 75 ms exactly the tasks with delay <= 75 ms have fired.
+        clock.advance(Duration::from_millis(75));
+        let mut fired = Vec::new();
+        timer.advance_clock_into(Duration::ZERO, &mut fired);
+        fired.sort_unstable();
+        assert_eq!(fired, (75..150).map(Id).collect::<Vec<_>>());
+        clock.advance(Duration::from_millis(75));
+        fired.clear();
+        timer.advance_clock_into(Duration::ZERO, &mut fired);
+        fired.sort_unstable();
+        let rest: Vec<Id> = (0..75).filter(|&i| i != 10).map(Id).collect();
+        assert_eq!(fired, rest);
+        assert!(timer.is_empty());
+    }
+
+    #[test]
+    fn add_batch_after_shutdown_hands_every_task_back_in_order() {
+        let clock = ManualClock::new();
+        let timer = manual_timer(&clock, 1);
+        timer.shutdown();
+        let mut tasks: Vec<(Duration, Id)> =
+            (0..70).map(|i| (Duration::from_millis(5), Id(i))).collect();
+        let mut out = Vec::new();
+        timer.add_batch(&mut tasks, &mut out);
+        let back: Vec<Id> = out
+            .into_iter()
+            .map(|r| match r {
+                Err(crate::AddError::Shutdown(task)) => task,
+                Ok(_) => panic!("added after shutdown"),
+            })
+            .collect();
+        assert_eq!(back, (0..70).map(Id).collect::<Vec<_>>());
         assert!(timer.is_empty());
     }
 
