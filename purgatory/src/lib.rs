@@ -54,6 +54,7 @@
 
 #![warn(missing_docs)]
 
+mod batch;
 mod builder;
 mod cancels;
 mod counters;

@@ -47,7 +47,7 @@ use crate::watchers::Watchers;
 const REAPER_WAIT: Duration = Duration::from_millis(200);
 
 /// The timer task of one watched operation: expire it.
-pub(crate) struct Expiry<O>(Arc<OpCell<O>>);
+pub(crate) struct Expiry<O>(pub(crate) Arc<OpCell<O>>);
 
 impl<O: DelayedOperation> TimerTask for Expiry<O> {
     /// Not used by the purgatory (its reaper collects expiries and completes them with
@@ -65,8 +65,8 @@ static NEXT_PURGATORY_ID: AtomicU64 = AtomicU64::new(0);
 /// A watched operation, for [`Purgatory::force_complete`]. Cheap to clone. A handle given
 /// to another purgatory than the one that issued it completes nothing.
 pub struct OperationHandle<O> {
-    cell: Arc<OpCell<O>>,
-    purgatory: u64,
+    pub(crate) cell: Arc<OpCell<O>>,
+    pub(crate) purgatory: u64,
 }
 
 impl<O> Clone for OperationHandle<O> {
@@ -133,7 +133,7 @@ pub struct PurgatoryStats {
 }
 
 pub(crate) struct Inner<K, O: DelayedOperation> {
-    id: u64,
+    pub(crate) id: u64,
     pub(crate) name: String,
     pub(crate) timer: Timer<Expiry<O>>,
     pub(crate) watchers: Watchers<K, O>,
@@ -154,7 +154,7 @@ pub(crate) struct Inner<K, O: DelayedOperation> {
 /// (or `try_complete_else_watch`, `force_complete`, `cancel_for_key`) while holding a lock
 /// that your `try_complete` also takes: the two would wait for each other.
 pub struct Purgatory<K, O: DelayedOperation> {
-    inner: Arc<Inner<K, O>>,
+    pub(crate) inner: Arc<Inner<K, O>>,
     reaper: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
@@ -481,7 +481,7 @@ impl<K, O: DelayedOperation> Inner<K, O> {
 
     /// `try_complete` on a locked cell: the taken operation if it is ready (a panic is
     /// counted and means "not ready").
-    fn ready(&self, cell: &OpCell<O>, state: &mut OpState<O>) -> Option<Taken<O>> {
+    pub(crate) fn ready(&self, cell: &OpCell<O>, state: &mut OpState<O>) -> Option<Taken<O>> {
         match cell.take_if_ready_locked(state) {
             Attempt::Ready(taken) => Some(taken),
             Attempt::NotReady { panicked: true } => {
@@ -495,7 +495,7 @@ impl<K, O: DelayedOperation> Inner<K, O> {
     /// Completes a taken operation: queues its timer's cancel (see `cancels.rs`), counts,
     /// runs its callbacks, drops it. `listed` is how many watcher entries it leaves behind
     /// (now stale).
-    fn finish(&self, taken: Taken<O>, how: Completion, listed: u32) {
+    pub(crate) fn finish(&self, taken: Taken<O>, how: Completion, listed: u32) {
         if let Some(handle) = taken.timer {
             self.cancels.push(handle, &self.timer);
         }
@@ -631,7 +631,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
 
 /// Runs `on_complete` (and `on_expiration` for an expiry), catching panics; returns how
 /// many panicked. Drops the operation afterwards.
-fn run_callbacks<O: DelayedOperation>(mut op: O, how: Completion) -> u64 {
+pub(crate) fn run_callbacks<O: DelayedOperation>(mut op: O, how: Completion) -> u64 {
     let mut panics = 0;
     if let Err(payload) = catch_unwind(AssertUnwindSafe(|| op.on_complete(how))) {
         panics += 1;

@@ -98,15 +98,19 @@ impl<K: Hash + Eq + Clone, O> Watchers<K, O> {
     }
 
     fn shard(&self, key: &K) -> &Shard<K, O> {
-        // The high bits: the map itself uses the low ones.
-        let high = (self.hasher.hash_one(key) >> 32) as usize;
+        &self.shards[self.shard_index(self.hasher.hash_one(key))]
+    }
+
+    /// The shard of a key with hash `hash`: from bits 32 and up, since each shard's map
+    /// uses the low bits (bucket) and the top seven (tag).
+    fn shard_index(&self, hash: u64) -> usize {
+        let high = (hash >> 32) as usize;
         let n = self.shards.len();
-        let index = if n.is_power_of_two() {
+        if n.is_power_of_two() {
             high & (n - 1)
         } else {
             high % n
-        };
-        &self.shards[index]
+        }
     }
 
     /// Appends `cell` to the list of `key`.
@@ -114,6 +118,66 @@ impl<K: Hash + Eq + Clone, O> Watchers<K, O> {
         let mut shard = self.shard(&key).state.lock();
         shard.lists.entry(key).or_default().push(Arc::clone(cell));
         shard.entries += 1;
+    }
+
+    /// Appends each `(key, cell)` of `entries` to the list of its key, keeping the order
+    /// of `entries` per key; `entries` is left empty. Takes each shard lock once per run
+    /// of entries that fall in it, and looks each key up once per run of equal keys: the
+    /// entries are visited in the order of a sort key packing (shard, low hash bits,
+    /// position), a plain `u64` sort.
+    pub(crate) fn watch_many(&self, entries: &mut Vec<(Option<K>, &Arc<OpCell<O>>)>) {
+        const POSITION_BITS: u32 = 24;
+        const HASH_BITS: u32 = 24;
+        let mut order: Vec<u64> = Vec::with_capacity(entries.len().min(1 << POSITION_BITS));
+        let mut start = 0;
+        while start < entries.len() {
+            let end = (start + (1 << POSITION_BITS)).min(entries.len());
+            let window = &mut entries[start..end];
+            start += window.len();
+            order.clear();
+            order.extend(window.iter().enumerate().map(|(i, (key, _))| {
+                let hash = self.hasher.hash_one(key.as_ref().expect("not yet listed"));
+                let shard = self.shard_index(hash) as u64;
+                (shard << (HASH_BITS + POSITION_BITS))
+                    | ((hash & ((1 << HASH_BITS) - 1)) << POSITION_BITS)
+                    | i as u64
+            }));
+            order.sort_unstable();
+            let position = |packed: u64| (packed & ((1 << POSITION_BITS) - 1)) as usize;
+            let group = |packed: u64| packed >> POSITION_BITS;
+            let mut rest = &order[..];
+            while let Some(&first) = rest.first() {
+                let shard_of = |packed: u64| packed >> (HASH_BITS + POSITION_BITS);
+                let in_shard = rest
+                    .iter()
+                    .take_while(|&&p| shard_of(p) == shard_of(first))
+                    .count();
+                let (run, tail) = rest.split_at(in_shard);
+                rest = tail;
+                let mut guard = self.shards[shard_of(first) as usize].state.lock();
+                let shard = &mut *guard;
+                shard.entries += run.len();
+                let mut i = 0;
+                while i < run.len() {
+                    let head = run[i];
+                    let key = window[position(head)].0.take().expect("listed once");
+                    let same = 1 + run[i + 1..]
+                        .iter()
+                        .take_while(|&&p| {
+                            group(p) == group(head) && window[position(p)].0.as_ref() == Some(&key)
+                        })
+                        .count();
+                    let list = shard.lists.entry(key).or_default();
+                    list.extend(
+                        run[i..i + same]
+                            .iter()
+                            .map(|&p| Arc::clone(window[position(p)].1)),
+                    );
+                    i += same;
+                }
+            }
+        }
+        entries.clear();
     }
 
     /// Copies the not-yet-completed entries of `key` into `out`, in arrival order.

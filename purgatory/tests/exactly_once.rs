@@ -9,7 +9,7 @@
 
 mod probe;
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -94,6 +94,8 @@ struct Chaos {
     short_timeout: Vec<AtomicBool>,
     returned: Vec<AtomicU32>,
     forced: Vec<AtomicU32>,
+    /// Forced completions won by `force_complete_batch` (which reports a count only).
+    forced_in_batches: AtomicU64,
 }
 
 impl Chaos {
@@ -107,7 +109,17 @@ impl Chaos {
     }
 }
 
-fn chaos(threads: usize, ops: usize, keys: u64, executor: Executor) {
+/// How the chaos workers submit and force operations.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Calls {
+    /// `watch` and `force_complete`, one operation per call.
+    Single,
+    /// Odd-numbered workers use `watch_batch` (batches of 1 to 100) and
+    /// `force_complete_batch` (1 to 4 handles); the others one at a time.
+    Mixed,
+}
+
+fn chaos(threads: usize, ops: usize, keys: u64, executor: Executor, calls: Calls) {
     let purgatory: Arc<Purgatory<u64, Probe>> = Arc::new(
         PurgatoryBuilder::new()
             .name("chaos")
@@ -125,6 +137,7 @@ fn chaos(threads: usize, ops: usize, keys: u64, executor: Executor) {
         short_timeout: (0..ops).map(|_| AtomicBool::new(false)).collect(),
         returned: (0..ops).map(|_| AtomicU32::new(0)).collect(),
         forced: (0..ops).map(|_| AtomicU32::new(0)).collect(),
+        forced_in_batches: AtomicU64::new(0),
     });
     let readiness: Readiness = {
         let chaos = Arc::clone(&chaos);
@@ -139,7 +152,11 @@ fn chaos(threads: usize, ops: usize, keys: u64, executor: Executor) {
             std::thread::spawn(move || {
                 let mut rng = Rng::new(1000 + t as u64);
                 let mut recent: Vec<(usize, OperationHandle<Probe>)> = Vec::new();
-                for id in (t..chaos.ops).step_by(threads) {
+                let batched = calls == Calls::Mixed && t % 2 == 1;
+                let mut batch: Vec<(Probe, Vec<u64>)> = Vec::new();
+                let mut batch_size = 1 + rng.below(100) as usize;
+                let ids: Vec<usize> = (t..chaos.ops).step_by(threads).collect();
+                for (n, &id) in ids.iter().enumerate() {
                     let timeout = if rng.percent(40) {
                         chaos.short_timeout[id].store(true, SeqCst);
                         Duration::from_micros(rng.below(5_001))
@@ -150,17 +167,33 @@ fn chaos(threads: usize, ops: usize, keys: u64, executor: Executor) {
                         chaos.ready[id].store(true, SeqCst);
                     }
                     let op = Probe::new(id, timeout, &chaos.ledger, &readiness);
-                    match purgatory.watch(op, chaos.keys_of(id)) {
-                        Ok(Watched::Pending(handle)) => {
-                            if recent.len() < 64 {
-                                recent.push((id, handle));
-                            } else {
-                                let slot = rng.below(64) as usize;
-                                recent[slot] = (id, handle);
-                            }
+                    let results = if batched {
+                        batch.push((op, chaos.keys_of(id)));
+                        if batch.len() < batch_size && n + 1 < ids.len() {
+                            Vec::new()
+                        } else {
+                            batch_size = 1 + rng.below(100) as usize;
+                            let ids: Vec<usize> = batch.iter().map(|(op, _)| op.id).collect();
+                            let results = purgatory.watch_batch(batch.drain(..));
+                            assert_eq!(results.len(), ids.len());
+                            ids.into_iter().zip(results).collect()
                         }
-                        Ok(Watched::Completed) => {}
-                        Err(e) => panic!("operation {id} refused: {e}"),
+                    } else {
+                        vec![(id, purgatory.watch(op, chaos.keys_of(id)))]
+                    };
+                    for (id, result) in results {
+                        match result {
+                            Ok(Watched::Pending(handle)) => {
+                                if recent.len() < 64 {
+                                    recent.push((id, handle));
+                                } else {
+                                    let slot = rng.below(64) as usize;
+                                    recent[slot] = (id, handle);
+                                }
+                            }
+                            Ok(Watched::Completed) => {}
+                            Err(e) => panic!("operation {id} refused: {e}"),
+                        }
                     }
                     // Events: make an earlier operation (maybe another thread's, maybe
                     // not watched yet) ready and fire on one of its keys.
@@ -175,9 +208,18 @@ fn chaos(threads: usize, ops: usize, keys: u64, executor: Executor) {
                         purgatory.check_and_complete(&rng.below(chaos.keys));
                     }
                     if rng.percent(5) && !recent.is_empty() {
-                        let (target, handle) = &recent[rng.below(recent.len() as u64) as usize];
-                        if purgatory.force_complete(handle) {
-                            chaos.forced[*target].fetch_add(1, SeqCst);
+                        if batched {
+                            let count = 1 + rng.below(4);
+                            let handles: Vec<_> = (0..count)
+                                .map(|_| &recent[rng.below(recent.len() as u64) as usize].1)
+                                .collect();
+                            let won = purgatory.force_complete_batch(handles);
+                            chaos.forced_in_batches.fetch_add(won as u64, SeqCst);
+                        } else {
+                            let (target, handle) = &recent[rng.below(recent.len() as u64) as usize];
+                            if purgatory.force_complete(handle) {
+                                chaos.forced[*target].fetch_add(1, SeqCst);
+                            }
                         }
                     }
                     if rng.below(1000) < 5 {
@@ -239,10 +281,12 @@ fn chaos(threads: usize, ops: usize, keys: u64, executor: Executor) {
         if expired && !chaos.short_timeout[id].load(SeqCst) {
             breaches.push(format!("op {id}: a 60 s timeout expired"));
         }
-        if chaos.forced[id].load(SeqCst) != u32::from(how == Some(Completion::Forced)) {
+        // Forces won by `force_complete_batch` are only counted in total, below.
+        let forced = chaos.forced[id].load(SeqCst);
+        let expected = u32::from(how == Some(Completion::Forced));
+        if forced > expected || (calls == Calls::Single && forced != expected) {
             breaches.push(format!(
-                "op {id}: force won {} times, completed {how:?}",
-                chaos.forced[id].load(SeqCst)
+                "op {id}: force won {forced} times, completed {how:?}"
             ));
         }
         if ledger.drops(id) != 1 {
@@ -256,6 +300,12 @@ fn chaos(threads: usize, ops: usize, keys: u64, executor: Executor) {
         &breaches[..breaches.len().min(10)]
     );
     assert_eq!(ledger.violations(), 0);
+    let forced_singly: u64 = chaos.forced.iter().map(|f| u64::from(f.load(SeqCst))).sum();
+    assert_eq!(
+        forced_singly + chaos.forced_in_batches.load(SeqCst),
+        ledger.count(Completion::Forced),
+        "every forced completion was won by exactly one force call"
+    );
 
     let stats = purgatory.stats();
     assert_eq!(
@@ -284,11 +334,17 @@ fn chaos(threads: usize, ops: usize, keys: u64, executor: Executor) {
 /// 8 threads, 200,000 operations over 1,000 keys, expiries on the reaper thread.
 #[test]
 fn every_operation_ends_exactly_once_under_chaos() {
-    chaos(8, 200_000, 1_000, Executor::Inline);
+    chaos(8, 200_000, 1_000, Executor::Inline, Calls::Single);
+}
+
+/// The same with half the workers watching and forcing in batches.
+#[test]
+fn every_operation_ends_exactly_once_under_chaos_with_batches() {
+    chaos(8, 200_000, 1_000, Executor::Inline, Calls::Mixed);
 }
 
 /// The same with expiries run on a pool while the reaper goes on.
 #[test]
 fn every_operation_ends_exactly_once_under_chaos_with_pooled_expiry() {
-    chaos(8, 50_000, 1_000, Executor::pool(2).unwrap());
+    chaos(8, 50_000, 1_000, Executor::pool(2).unwrap(), Calls::Single);
 }

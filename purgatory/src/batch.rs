@@ -1,0 +1,244 @@
+//! Batch entry points: watching many operations, or force-completing many, with one
+//! round of locks instead of one per operation.
+//!
+//! # Why
+//! A broker often has many requests in hand at once (a produce request for many
+//! partitions, a network poll that returned many requests, a replica fetch that satisfied
+//! many waiters). Watched one by one, each operation takes the lock of every key's shard
+//! and of a timer shard, and reads the clock. In a batch, the watcher shards are locked
+//! once per run of entries that fall in them (entries sorted by shard), each key is looked
+//! up once per run of equal keys, the clock is read once and the timer shard is locked
+//! once per 64 operations. Force-completions cancel their timers in one
+//! [`Timer::cancel_batch`](timer_core::Timer::cancel_batch) and count once per batch.
+//!
+//! # Invariants (the same as one at a time, see `purgatory.rs`)
+//! - The batch holds the lock of each of its operations from its first `try_complete`
+//!   until it is listed on every key and armed (or completed, or handed back), so an event
+//!   during the batch is never lost: it is seen by the second try, or it finds the
+//!   operation listed and tries it once the batch releases the lock.
+//! - The operations of a chunk are created by the batch, so nobody else can wait for
+//!   their locks before they are listed; once listed, a checker waits at most until the
+//!   chunk (at most [`CHUNK`] operations) is armed.
+//! - `on_complete` runs only after every lock of the chunk is released; `try_complete`
+//!   runs under its own operation's lock and the locks of the chunk's other operations,
+//!   which no other thread can be holding or waiting for in a way that waits on us.
+//! - Each operation gets exactly one result, at its position in the input.
+
+use std::hash::Hash;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use smallvec::SmallVec;
+use timer_core::TimerHandle;
+
+use crate::counters::Count;
+use crate::error::WatchError;
+use crate::op_cell::{OpCell, Taken};
+use crate::operation::{Completion, DelayedOperation};
+use crate::purgatory::{run_callbacks, Expiry, Inner, OperationHandle, Purgatory, Watched};
+
+/// Most operations a batch handles under one round of locks.
+pub(crate) const CHUNK: usize = 64;
+
+type Keys<K> = SmallVec<[K; 4]>;
+
+/// What `watch` would return for one operation.
+type WatchResult<O> = Result<Watched<O>, WatchError<O>>;
+
+impl<K, O> Purgatory<K, O>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    O: DelayedOperation,
+{
+    /// Watches every `(operation, keys)` of `batch`, with the same outcome for each as
+    /// [`watch`](Self::watch), and returns one result per operation, in input order.
+    /// Cheaper per operation than one `watch` each when there are many (fewer lock round
+    /// trips and clock reads; see `docs/purgatory.md`).
+    ///
+    /// Every timeout counts from one clock reading per 64 operations. The `try_complete`
+    /// of an operation may run while the batch holds the locks of other operations of
+    /// the batch: it must not call into this purgatory (the locking rule of
+    /// [`Purgatory`] already forbids it for the operation's own lock).
+    pub fn watch_batch<I, Ks>(&self, batch: I) -> Vec<WatchResult<O>>
+    where
+        I: IntoIterator<Item = (O, Ks)>,
+        Ks: IntoIterator<Item = K>,
+    {
+        // Run the caller's iterators before any lock is taken: they are user code.
+        let staged: Vec<(O, Keys<K>)> = batch
+            .into_iter()
+            .map(|(op, keys)| (op, keys.into_iter().collect()))
+            .collect();
+        let mut results = Vec::with_capacity(staged.len());
+        let mut staged = staged.into_iter();
+        loop {
+            let chunk: Vec<(O, Keys<K>)> = staged.by_ref().take(CHUNK).collect();
+            if chunk.is_empty() {
+                return results;
+            }
+            self.inner.watch_chunk(chunk, &mut results);
+        }
+    }
+
+    /// Force-completes every operation `handles` names, like
+    /// [`force_complete`](Self::force_complete) on each; returns how many this call
+    /// completed. Their timers are cancelled in batches and the counters updated once per
+    /// batch.
+    pub fn force_complete_batch<'a, I>(&self, handles: I) -> usize
+    where
+        I: IntoIterator<Item = &'a OperationHandle<O>>,
+        O: 'a,
+    {
+        let inner = &*self.inner;
+        let mut taken: SmallVec<[(O, u32); CHUNK]> = SmallVec::new();
+        let mut timers: SmallVec<[TimerHandle; CHUNK]> = SmallVec::new();
+        let mut completed = 0;
+        for handle in handles {
+            if handle.purgatory != inner.id {
+                continue;
+            }
+            let Some(Taken { op, timer }) = handle.cell.take() else {
+                continue;
+            };
+            timers.extend(timer);
+            taken.push((op, handle.cell.keys()));
+            if taken.len() == CHUNK {
+                completed += inner.finish_forced(&mut taken, &mut timers);
+            }
+        }
+        completed + inner.finish_forced(&mut taken, &mut timers)
+    }
+}
+
+impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
+    /// Watches at most [`CHUNK`] operations; appends their results to `results`.
+    fn watch_chunk(&self, chunk: Vec<(O, Keys<K>)>, results: &mut Vec<WatchResult<O>>) {
+        let closed = self.closed.load(Ordering::Acquire);
+        let mut slots: SmallVec<[Option<WatchResult<O>>; CHUNK]> =
+            (0..chunk.len()).map(|_| None).collect();
+        // The operations that go on: their cell, keys, timeout and input position.
+        let mut cells: SmallVec<[Arc<OpCell<O>>; CHUNK]> = SmallVec::new();
+        let mut keys: SmallVec<[Keys<K>; CHUNK]> = SmallVec::new();
+        let mut timeouts: SmallVec<[Duration; CHUNK]> = SmallVec::new();
+        let mut position: SmallVec<[usize; CHUNK]> = SmallVec::new();
+        for (i, (op, op_keys)) in chunk.into_iter().enumerate() {
+            if closed {
+                slots[i] = Some(Err(WatchError::Shutdown(op)));
+            } else if op_keys.is_empty() {
+                slots[i] = Some(Err(WatchError::NoKeys(op)));
+            } else {
+                timeouts.push(op.timeout());
+                cells.push(Arc::new(OpCell::new(op)));
+                keys.push(op_keys);
+                position.push(i);
+            }
+        }
+        // Completed here: (operation, entries it leaves listed, index in `cells`).
+        let mut done: SmallVec<[(Taken<O>, u32, usize); 8]> = SmallVec::new();
+        {
+            let mut guards: SmallVec<[_; CHUNK]> =
+                cells.iter().map(|cell| Some(cell.lock())).collect();
+            for (j, cell) in cells.iter().enumerate() {
+                let state = guards[j].as_mut().expect("locked above");
+                if let Some(taken) = self.ready(cell, state) {
+                    guards[j] = None;
+                    done.push((taken, 0, j));
+                }
+            }
+            let mut entries = Vec::new();
+            let mut listed = 0i64;
+            for (j, cell) in cells.iter().enumerate() {
+                if guards[j].is_none() {
+                    continue;
+                }
+                let count = u32::try_from(keys[j].len()).unwrap_or(u32::MAX);
+                cell.set_keys(count);
+                listed += i64::from(count);
+                entries.extend(keys[j].drain(..).map(|key| (Some(key), cell)));
+            }
+            self.counters.add_listed(listed);
+            self.watchers.watch_many(&mut entries);
+            // Try once more now that they are listed (see `watch`).
+            let mut tasks = Vec::with_capacity(cells.len());
+            let mut armed: SmallVec<[usize; CHUNK]> = SmallVec::new();
+            for (j, cell) in cells.iter().enumerate() {
+                let Some(state) = guards[j].as_mut() else {
+                    continue;
+                };
+                if let Some(taken) = self.ready(cell, state) {
+                    guards[j] = None;
+                    done.push((taken, cell.keys(), j));
+                } else {
+                    tasks.push((timeouts[j], Expiry(Arc::clone(cell))));
+                    armed.push(j);
+                }
+            }
+            let mut handles = Vec::with_capacity(tasks.len());
+            self.timer.add_batch(&mut tasks, &mut handles);
+            for (j, handle) in armed.into_iter().zip(handles) {
+                let state = guards[j].as_mut().expect("still locked");
+                match handle {
+                    Ok(handle) => state.timer = Some(handle),
+                    Err(_) => {
+                        // Shut down while we were watching: hand the operation back. Its
+                        // entries are now stale.
+                        let taken = cells[j].take_locked(state).expect("present under the lock");
+                        self.counters.add_stale(i64::from(cells[j].keys()));
+                        slots[position[j]] = Some(Err(WatchError::Shutdown(taken.op)));
+                    }
+                }
+            }
+        }
+        for (taken, listed, j) in done {
+            self.finish(taken, Completion::Ready, listed);
+            slots[position[j]] = Some(Ok(Watched::Completed));
+        }
+        for (j, cell) in cells.into_iter().enumerate() {
+            let slot = &mut slots[position[j]];
+            if slot.is_none() {
+                *slot = Some(Ok(Watched::Pending(OperationHandle {
+                    cell,
+                    purgatory: self.id,
+                })));
+            }
+        }
+        tracing::debug!(target: "purgatory", purgatory = %self.name, operations = slots.len(), "watch batch");
+        results.extend(
+            slots
+                .into_iter()
+                .map(|slot| slot.expect("every operation has a result")),
+        );
+    }
+}
+
+impl<K, O: DelayedOperation> Inner<K, O> {
+    /// Completes force-taken operations: cancels their timers in one batch, counts once,
+    /// runs their callbacks. Empties both buffers; returns how many it completed.
+    fn finish_forced(
+        &self,
+        taken: &mut SmallVec<[(O, u32); CHUNK]>,
+        timers: &mut SmallVec<[TimerHandle; CHUNK]>,
+    ) -> usize {
+        let n = taken.len();
+        if n == 0 {
+            return 0;
+        }
+        let mut cancelled: SmallVec<[Expiry<O>; CHUNK]> = SmallVec::new();
+        self.timer.cancel_batch(timers, &mut cancelled);
+        timers.clear();
+        drop(cancelled);
+        let stale: i64 = taken.iter().map(|(_, keys)| i64::from(*keys)).sum();
+        self.counters.add_stale(stale);
+        self.counters.add(Count::Forced, n as u64);
+        let mut panics = 0;
+        for (op, _) in taken.drain(..) {
+            panics += run_callbacks(op, Completion::Forced);
+        }
+        if panics > 0 {
+            self.counters.add(Count::Panicked, panics);
+        }
+        tracing::debug!(target: "purgatory", purgatory = %self.name, forced = n, "force batch");
+        n
+    }
+}

@@ -1,0 +1,212 @@
+//! The batch entry points, `watch_batch` and `force_complete_batch`: each operation of a
+//! batch ends exactly as it would have through `watch` / `force_complete`, results come
+//! back in input order, per-key arrival order is kept, and batches longer than one round
+//! of locks (64) behave the same. Their races with events and forces from other threads
+//! are exercised by the chaos test in `exactly_once.rs`.
+
+mod probe;
+
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use probe::{flags, never, Ledger, Probe, Readiness};
+use purgatory::{
+    Completion, DelayedOperation, ManualClock, OperationHandle, Purgatory, PurgatoryBuilder,
+    WatchError, Watched,
+};
+
+const LONG: Duration = Duration::from_secs(200);
+
+fn manual_purgatory<O: DelayedOperation>(clock: &ManualClock) -> Purgatory<u64, O> {
+    PurgatoryBuilder::new()
+        .name("batch")
+        .clock(clock.clone())
+        .reaper(false)
+        .purge_interval(1_000_000)
+        .build()
+        .unwrap()
+}
+
+fn pending<O>(result: Result<Watched<O>, WatchError<O>>) -> OperationHandle<O> {
+    match result {
+        Ok(Watched::Pending(handle)) => handle,
+        Ok(Watched::Completed) => panic!("completed on watch"),
+        Err(e) => panic!("refused: {e}"),
+    }
+}
+
+#[test]
+fn each_operation_gets_the_outcome_watch_would_give_in_input_order() {
+    let clock = ManualClock::new();
+    let purgatory = manual_purgatory(&clock);
+    let ledger = Ledger::new(4);
+    let (ready, readiness) = flags(4);
+    ready[1].store(true, SeqCst);
+    let probe = |id| Probe::new(id, LONG, &ledger, &readiness);
+    let results = purgatory.watch_batch(vec![
+        (probe(0), vec![1, 2]),
+        (probe(1), vec![1]),
+        (probe(2), vec![]),
+        (probe(3), vec![3]),
+    ]);
+    assert_eq!(results.len(), 4);
+    let mut results = results.into_iter();
+    let h0 = pending(results.next().unwrap());
+    assert!(matches!(results.next().unwrap(), Ok(Watched::Completed)));
+    match results.next().unwrap() {
+        Err(WatchError::NoKeys(op)) => assert_eq!(op.id, 2),
+        other => panic!("operation 2: {:?}", other.map(|_| ())),
+    }
+    let h3 = pending(results.next().unwrap());
+    assert_eq!(ledger.how(1), Some(Completion::Ready));
+    assert_eq!(ledger.tries(1), 1, "ready at its first try");
+    assert_eq!(ledger.tries(0), 2, "tried before and after listing");
+    let stats = purgatory.stats();
+    assert_eq!((stats.pending, stats.watched, stats.keys), (2, 3, 3));
+    assert_eq!(stats.completed, 1);
+
+    ready[0].store(true, SeqCst);
+    assert_eq!(purgatory.check_and_complete(&2), 1);
+    assert!(h0.is_completed() && !h3.is_completed());
+    assert_eq!(purgatory.force_complete_batch([&h3, &h3, &h0]), 1);
+    assert_eq!(ledger.how(3), Some(Completion::Forced));
+    let stats = purgatory.stats();
+    assert_eq!(
+        stats.pending, 0,
+        "the forced operation's timer is cancelled at once"
+    );
+    assert_eq!((stats.completed, stats.forced), (2, 1));
+    assert_eq!(ledger.violations(), 0);
+}
+
+/// Logs the order in which operations are tried.
+struct Ordered {
+    id: usize,
+    log: Arc<Mutex<Vec<usize>>>,
+}
+
+impl DelayedOperation for Ordered {
+    fn timeout(&self) -> Duration {
+        LONG
+    }
+    fn try_complete(&mut self) -> bool {
+        self.log.lock().unwrap().push(self.id);
+        false
+    }
+    fn on_complete(&mut self, _how: Completion) {}
+}
+
+#[test]
+fn operations_on_one_key_are_listed_in_input_order_across_chunks() {
+    let clock = ManualClock::new();
+    let purgatory = manual_purgatory(&clock);
+    let log = Arc::new(Mutex::new(Vec::new()));
+    // 150 operations (three rounds of locks), on key 7 and one of 40 others each.
+    let batch: Vec<(Ordered, [u64; 2])> = (0..150)
+        .map(|id| {
+            let op = Ordered {
+                id,
+                log: Arc::clone(&log),
+            };
+            (op, [100 + (id as u64 * 13) % 40, 7])
+        })
+        .collect();
+    let results = purgatory.watch_batch(batch);
+    assert!(results.iter().all(|r| matches!(r, Ok(Watched::Pending(_)))));
+    log.lock().unwrap().clear();
+    assert_eq!(purgatory.check_and_complete(&7), 0);
+    assert_eq!(*log.lock().unwrap(), (0..150).collect::<Vec<_>>());
+    log.lock().unwrap().clear();
+    purgatory.check_and_complete(&113);
+    // Key 113 = 100 + (id * 13) % 40 for id = 1, 41, 81, 121.
+    let expected: Vec<usize> = (0..150).filter(|id| (id * 13) % 40 == 13).collect();
+    assert_eq!(*log.lock().unwrap(), expected);
+    let stats = purgatory.stats();
+    assert_eq!((stats.pending, stats.watched, stats.keys), (150, 300, 41));
+}
+
+fn timeout_ms(id: usize) -> u64 {
+    1 + (id as u64 % 50)
+}
+
+#[test]
+fn a_long_batch_expires_each_operation_once_at_its_own_timeout() {
+    let clock = ManualClock::new();
+    let purgatory = manual_purgatory(&clock);
+    let ledger = Ledger::new(200);
+    let readiness = never();
+    let batch: Vec<(Probe, Vec<u64>)> = (0..200)
+        .map(|id| {
+            let timeout = Duration::from_millis(timeout_ms(id));
+            (
+                Probe::new(id, timeout, &ledger, &readiness),
+                vec![id as u64 % 9],
+            )
+        })
+        .collect();
+    let handles: Vec<_> = purgatory
+        .watch_batch(batch)
+        .into_iter()
+        .map(pending)
+        .collect();
+    assert_eq!(purgatory.pending(), 200);
+    clock.advance(Duration::from_millis(25));
+    purgatory.advance_clock(Duration::ZERO);
+    for id in 0..200 {
+        let due = timeout_ms(id) <= 25;
+        assert_eq!(ledger.is_completed(id), due, "operation {id} at 25 ms");
+    }
+    // Forcing a mix of expired and waiting operations wins only for the waiting ones.
+    let waiting = (0..200).filter(|&id| timeout_ms(id) > 25).count();
+    assert_eq!(purgatory.force_complete_batch(&handles), waiting);
+    clock.advance(Duration::from_millis(100));
+    purgatory.advance_clock(Duration::ZERO);
+    for id in 0..200 {
+        assert_eq!(ledger.completions(id), 1, "operation {id}");
+        let how = if timeout_ms(id) <= 25 {
+            Completion::Expired
+        } else {
+            Completion::Forced
+        };
+        assert_eq!(ledger.how(id), Some(how), "operation {id}");
+    }
+    assert_eq!(purgatory.pending(), 0);
+    assert_eq!(purgatory.purge(), 200);
+    assert_eq!(ledger.violations(), 0);
+}
+
+#[test]
+fn after_shutdown_every_operation_of_a_batch_is_handed_back_in_order() {
+    let clock = ManualClock::new();
+    let purgatory = manual_purgatory(&clock);
+    let ledger = Ledger::new(70);
+    let readiness: Readiness = never();
+    purgatory.shutdown();
+    let batch: Vec<(Probe, [u64; 1])> = (0..70)
+        .map(|id| (Probe::new(id, LONG, &ledger, &readiness), [1]))
+        .collect();
+    let back: Vec<usize> = purgatory
+        .watch_batch(batch)
+        .into_iter()
+        .map(|r| match r {
+            Err(WatchError::Shutdown(op)) => op.id,
+            _ => panic!("accepted after shutdown"),
+        })
+        .collect();
+    assert_eq!(back, (0..70).collect::<Vec<_>>());
+    assert_eq!(ledger.total_completions(), 0);
+}
+
+#[test]
+fn a_handle_of_another_purgatory_forces_nothing() {
+    let clock = ManualClock::new();
+    let a = manual_purgatory(&clock);
+    let b = manual_purgatory(&clock);
+    let ledger = Ledger::new(1);
+    let readiness = never();
+    let handle = pending(a.watch(Probe::new(0, LONG, &ledger, &readiness), [1]));
+    assert_eq!(b.force_complete_batch([&handle]), 0);
+    assert!(!handle.is_completed());
+    assert_eq!(a.force_complete_batch([&handle]), 1);
+}
