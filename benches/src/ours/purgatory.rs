@@ -23,9 +23,24 @@ impl<O: DelayedOperation> LoadPurgatory<O> for Purgatory<u64, O> {
         }
     }
 
+    fn watch_batch(&self, batch: &mut Vec<(O, &[u64])>, out: &mut Vec<Option<Self::Handle>>) {
+        let results = Purgatory::watch_batch(
+            self,
+            batch.drain(..).map(|(op, keys)| (op, keys.iter().copied())),
+        );
+        out.extend(results.into_iter().map(|r| match r {
+            Ok(Watched::Pending(handle)) => Some(handle),
+            Ok(Watched::Completed) | Err(_) => None,
+        }));
+    }
+
     #[inline]
     fn force_complete(&self, handle: &OperationHandle<O>) -> bool {
         Purgatory::force_complete(self, handle)
+    }
+
+    fn force_complete_batch(&self, handles: &[OperationHandle<O>]) -> usize {
+        Purgatory::force_complete_batch(self, handles)
     }
 
     #[inline]

@@ -160,6 +160,75 @@ where
         Some(NaiveHandle(slot))
     }
 
+    /// Watches a batch, like [`watch`](Self::watch) on each, with one map lock and one
+    /// timer lock for the whole batch (the best this design can do with many requests in
+    /// hand). Appends one result per operation to `out`, in order.
+    pub fn watch_batch<'k>(
+        &self,
+        batch: impl IntoIterator<Item = (O, &'k [K])>,
+        out: &mut Vec<Option<NaiveHandle<O>>>,
+    ) where
+        K: 'k,
+    {
+        let s = &*self.shared;
+        let first = out.len();
+        // (slot, timeout, position in `out`) of the operations that wait.
+        let mut waiting = Vec::new();
+        {
+            let mut map = None;
+            for (mut op, keys) in batch {
+                if op.try_complete() {
+                    s.completed.fetch_add(1, Ordering::Relaxed);
+                    op.on_complete(Completion::Ready);
+                    out.push(None);
+                    continue;
+                }
+                let timeout = op.timeout();
+                let slot = Arc::new(Slot {
+                    op: Mutex::new(Some(op)),
+                    done: AtomicBool::new(false),
+                    keys: keys.len() as u32,
+                });
+                let map = map.get_or_insert_with(|| s.watchers.lock());
+                for key in keys {
+                    map.entry(key.clone()).or_default().push(Arc::clone(&slot));
+                }
+                waiting.push((slot, timeout, out.len()));
+                out.push(None);
+            }
+        }
+        waiting.retain(|(slot, _, _)| !s.try_complete_slot(slot));
+        if waiting.is_empty() {
+            return;
+        }
+        let now = s.now_nanos();
+        let mut timer = s.timer.lock();
+        if timer.closed {
+            drop(timer);
+            for (slot, _, _) in waiting {
+                s.complete(&slot, Completion::Expired);
+            }
+            return;
+        }
+        let before = timer.heap.peek().map(|d| d.seq);
+        for (slot, timeout, at) in waiting {
+            let seq = timer.next_seq;
+            timer.next_seq += 1;
+            timer.heap.push(HeapEntry {
+                deadline: now.saturating_add(u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX)),
+                seq,
+                task: Arc::clone(&slot),
+            });
+            debug_assert!(at >= first);
+            out[at] = Some(NaiveHandle(slot));
+        }
+        let earliest_changed = timer.heap.peek().map(|d| d.seq) != before;
+        drop(timer);
+        if earliest_changed {
+            s.wake.notify_one();
+        }
+    }
+
     /// Completes the operation now unless it already completed; true if this call did.
     pub fn force_complete(&self, handle: &NaiveHandle<O>) -> bool {
         self.shared.complete(&handle.0, Completion::Forced)
@@ -331,6 +400,10 @@ impl<O: DelayedOperation> crate::w3::LoadPurgatory<O> for NaivePurgatory<u64, O>
     #[inline]
     fn watch(&self, op: O, keys: &[u64]) -> Option<NaiveHandle<O>> {
         NaivePurgatory::watch(self, op, keys.iter().copied())
+    }
+
+    fn watch_batch(&self, batch: &mut Vec<(O, &[u64])>, out: &mut Vec<Option<Self::Handle>>) {
+        NaivePurgatory::watch_batch(self, batch.drain(..), out);
     }
 
     #[inline]

@@ -5,7 +5,8 @@
 //! The generator hands over completions in batches (one lock per batch, never one
 //! channel send per request) through the [`Inbox`]. The completer files them into a ring
 //! of 1 ms slots and, once per millisecond while work is pending, completes every slot
-//! that has come due. It reads the clock once per cycle.
+//! that has come due, forcing completions in batches of up to `FORCE_BATCH` through
+//! `force_complete_batch`. It reads the clock once per cycle.
 //!
 //! # Invariants
 //! - A job is completed no earlier than its due instant rounded down to the
@@ -24,6 +25,9 @@ use crate::w3::op::{LoadContext, LoadOp};
 use crate::w3::LoadPurgatory;
 
 const NANOS_PER_MS: u64 = 1_000_000;
+
+/// Most forced completions handed to the purgatory in one call.
+const FORCE_BATCH: usize = 64;
 
 /// What the completer does to one request.
 pub enum Job<H> {
@@ -76,6 +80,7 @@ pub fn run<P: LoadPurgatory<LoadOp>>(
     let mut filed = 0usize;
     let mut later: Vec<(u64, Job<P::Handle>)> = Vec::new();
     let mut incoming = Vec::new();
+    let mut forced = Vec::with_capacity(FORCE_BATCH);
     let mut next_ms = ctx.now_nanos() / NANOS_PER_MS;
     loop {
         let closed = inbox.closed.load(Ordering::Acquire);
@@ -97,7 +102,11 @@ pub fn run<P: LoadPurgatory<LoadOp>>(
             for job in slot.drain(..) {
                 match job {
                     Job::Force(handle) => {
-                        purgatory.force_complete(&handle);
+                        forced.push(handle);
+                        if forced.len() == FORCE_BATCH {
+                            purgatory.force_complete_batch(&forced);
+                            forced.clear();
+                        }
                     }
                     Job::Event(id) => {
                         ctx.mark_ready(id);
@@ -107,6 +116,8 @@ pub fn run<P: LoadPurgatory<LoadOp>>(
                     }
                 }
             }
+            purgatory.force_complete_batch(&forced);
+            forced.clear();
             next_ms += 1;
         }
         if closed && filed == 0 && later.is_empty() {

@@ -2,9 +2,10 @@
 //!
 //! # Design (the tool must not be the bottleneck)
 //! - Arrival gaps, latencies and keys come from pre-sampled tables ([`crate::sampling`]).
-//! - Requests are issued in batches of up to [`BATCH`]: one clock read per batch (its
-//!   reading is every request's issue instant), one hand-over of completions to the
-//!   completer per batch.
+//! - Requests are issued in batches of up to [`BATCH`]: the requests that came due since
+//!   the last clock read (its reading is every request's issue instant) go to the
+//!   purgatory in one `watch_batch` call, and their completions to the completer in one
+//!   hand-over.
 //! - The generator sleeps only when it is ahead of the schedule, and then for at least
 //!   `pace` (default 1 ms), so at low rates it wakes about once per `pace` and issues what
 //!   came due meanwhile instead of waking for every request. The average rate is the
@@ -64,6 +65,8 @@ pub fn run<P: LoadPurgatory<LoadOp>>(
     let start = ctx.now_nanos();
     let mut arrival = start;
     let mut outbox: Vec<(u64, Job<P::Handle>)> = Vec::with_capacity(BATCH);
+    let mut batch = Vec::with_capacity(BATCH);
+    let mut handles = Vec::with_capacity(BATCH);
     let mut i = 0usize;
     while i < num {
         let now = ctx.now_nanos();
@@ -71,21 +74,24 @@ pub fn run<P: LoadPurgatory<LoadOp>>(
             std::thread::sleep(Duration::from_nanos((arrival - now).max(pace_nanos)));
             continue;
         }
+        let first = i;
         let end = (i + BATCH).min(num);
         while i < end && arrival <= now {
-            let id = i as u32;
-            let latency = schedule.latencies.get(i);
-            let completes = latency < timeout_nanos;
-            let handle = purgatory.watch(LoadOp::new(ctx, id, now), schedule.keys.keys(i));
-            if completes {
-                if events {
-                    outbox.push((now + latency, Job::Event(id)));
-                } else if let Some(handle) = handle {
-                    outbox.push((now + latency, Job::Force(handle)));
-                }
-            }
+            batch.push((LoadOp::new(ctx, i as u32, now), schedule.keys.keys(i)));
             arrival += schedule.gaps.get(i);
             i += 1;
+        }
+        purgatory.watch_batch(&mut batch, &mut handles);
+        for (id, handle) in (first..i).zip(handles.drain(..)) {
+            let latency = schedule.latencies.get(id);
+            if latency >= timeout_nanos {
+                continue;
+            }
+            if events {
+                outbox.push((now + latency, Job::Event(id as u32)));
+            } else if let Some(handle) = handle {
+                outbox.push((now + latency, Job::Force(handle)));
+            }
         }
         inbox.deliver(&mut outbox);
         issued.store(i as u64, Ordering::Relaxed);

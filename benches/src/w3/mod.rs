@@ -36,8 +36,18 @@ pub trait LoadPurgatory<O>: Send + Sync {
     type Handle: Send;
     /// Tries `op`, else watches it on `keys`; `None` if it completed here.
     fn watch(&self, op: O, keys: &[u64]) -> Option<Self::Handle>;
+    /// Watches a batch of requests that arrived together, like `watch` on each (the
+    /// default), appending one result per request to `out` in order; `batch` is left empty.
+    fn watch_batch(&self, batch: &mut Vec<(O, &[u64])>, out: &mut Vec<Option<Self::Handle>>) {
+        out.extend(batch.drain(..).map(|(op, keys)| self.watch(op, keys)));
+    }
     /// Completes the operation unless already completed.
     fn force_complete(&self, handle: &Self::Handle) -> bool;
+    /// Completes every operation of `handles` not yet completed, like `force_complete` on
+    /// each (the default); returns how many this call completed.
+    fn force_complete_batch(&self, handles: &[Self::Handle]) -> usize {
+        handles.iter().filter(|h| self.force_complete(h)).count()
+    }
     /// Tries the operations watched on `key`; returns how many completed.
     fn check_and_complete(&self, key: u64) -> usize;
     /// Stops the purgatory's threads, expiring what is still pending.
