@@ -26,7 +26,6 @@
 
 use std::hash::Hash;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::Duration;
 
 use smallvec::SmallVec;
@@ -34,7 +33,7 @@ use timer_core::TimerHandle;
 
 use crate::counters::Count;
 use crate::error::WatchError;
-use crate::op_cell::{OpCell, Taken};
+use crate::op_table::{Locked, OpRef, Taken};
 use crate::operation::{Completion, DelayedOperation};
 use crate::purgatory::{run_callbacks, Expiry, Inner, OperationHandle, Purgatory, Watched};
 
@@ -91,23 +90,17 @@ where
         O: 'a,
     {
         let inner = &*self.inner;
-        let mut taken: SmallVec<[(O, u32); CHUNK]> = SmallVec::new();
-        let mut timers: SmallVec<[TimerHandle; CHUNK]> = SmallVec::new();
+        let mut chunk: SmallVec<[OpRef; CHUNK]> = SmallVec::new();
         let mut completed = 0;
         for handle in handles {
-            if handle.purgatory != inner.id {
-                continue;
-            }
-            let Some(Taken { op, timer }) = handle.cell.take() else {
-                continue;
-            };
-            timers.extend(timer);
-            taken.push((op, handle.cell.keys()));
-            if taken.len() == CHUNK {
-                completed += inner.finish_forced(&mut taken, &mut timers);
+            if handle.purgatory == inner.id {
+                chunk.push(handle.at);
+                if chunk.len() == CHUNK {
+                    completed += inner.force_chunk(&mut chunk);
+                }
             }
         }
-        completed + inner.finish_forced(&mut taken, &mut timers)
+        completed + inner.force_chunk(&mut chunk)
     }
 }
 
@@ -117,8 +110,8 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
         let closed = self.closed.load(Ordering::Acquire);
         let mut slots: SmallVec<[Option<WatchResult<O>>; CHUNK]> =
             (0..chunk.len()).map(|_| None).collect();
-        // The operations that go on: their cell, keys, timeout and input position.
-        let mut cells: SmallVec<[Arc<OpCell<O>>; CHUNK]> = SmallVec::new();
+        // The operations that go on: their keys, timeout and input position.
+        let mut ops: SmallVec<[(O, u32); CHUNK]> = SmallVec::new();
         let mut keys: SmallVec<[Keys<K>; CHUNK]> = SmallVec::new();
         let mut timeouts: SmallVec<[Duration; CHUNK]> = SmallVec::new();
         let mut position: SmallVec<[usize; CHUNK]> = SmallVec::new();
@@ -129,62 +122,62 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
                 slots[i] = Some(Err(WatchError::NoKeys(op)));
             } else {
                 timeouts.push(op.timeout());
-                cells.push(Arc::new(OpCell::new(op)));
+                ops.push((op, u32::try_from(op_keys.len()).unwrap_or(u32::MAX)));
                 keys.push(op_keys);
                 position.push(i);
             }
         }
-        // Completed here: (operation, entries it leaves listed, index in `cells`).
+        // Completed here: (operation, entries it leaves listed, index in `at`).
         let mut done: SmallVec<[(Taken<O>, u32, usize); 8]> = SmallVec::new();
+        let mut at: SmallVec<[OpRef; CHUNK]> = SmallVec::new();
         {
-            let mut guards: SmallVec<[_; CHUNK]> =
-                cells.iter().map(|cell| Some(cell.lock())).collect();
-            for (j, cell) in cells.iter().enumerate() {
-                let state = guards[j].as_mut().expect("locked above");
-                if let Some(taken) = self.ready(cell, state) {
-                    guards[j] = None;
+            let mut inserted: SmallVec<[Locked<'_, O>; CHUNK]> = SmallVec::new();
+            self.table.insert_many(ops.into_iter(), &mut inserted);
+            at.extend(inserted.iter().map(Locked::at));
+            let mut locked: SmallVec<[Option<Locked<'_, O>>; CHUNK]> =
+                inserted.into_iter().map(Some).collect();
+            for (j, slot) in locked.iter_mut().enumerate() {
+                if self.is_ready(slot.as_mut().expect("locked above")) {
+                    let taken = slot.take().expect("locked above").take();
                     done.push((taken, 0, j));
                 }
             }
             let mut entries = Vec::new();
             let mut listed = 0i64;
-            for (j, cell) in cells.iter().enumerate() {
-                if guards[j].is_none() {
-                    continue;
+            for (j, slot) in locked.iter().enumerate() {
+                if let Some(op) = slot {
+                    listed += i64::from(op.keys());
+                    entries.extend(keys[j].drain(..).map(|key| (Some(key), at[j])));
                 }
-                let count = u32::try_from(keys[j].len()).unwrap_or(u32::MAX);
-                cell.set_keys(count);
-                listed += i64::from(count);
-                entries.extend(keys[j].drain(..).map(|key| (Some(key), cell)));
             }
             self.counters.add_listed(listed);
             self.watchers.watch_many(&mut entries);
             // Try once more now that they are listed (see `watch`).
-            let mut tasks = Vec::with_capacity(cells.len());
+            let mut tasks = Vec::with_capacity(locked.len());
             let mut armed: SmallVec<[usize; CHUNK]> = SmallVec::new();
-            for (j, cell) in cells.iter().enumerate() {
-                let Some(state) = guards[j].as_mut() else {
+            for (j, slot) in locked.iter_mut().enumerate() {
+                let Some(op) = slot.as_mut() else {
                     continue;
                 };
-                if let Some(taken) = self.ready(cell, state) {
-                    guards[j] = None;
-                    done.push((taken, cell.keys(), j));
+                if self.is_ready(op) {
+                    let taken = slot.take().expect("checked above").take();
+                    let keys = taken.keys;
+                    done.push((taken, keys, j));
                 } else {
-                    tasks.push((timeouts[j], Expiry(Arc::clone(cell))));
+                    tasks.push((timeouts[j], Expiry(at[j])));
                     armed.push(j);
                 }
             }
             let mut handles = Vec::with_capacity(tasks.len());
             self.timer.add_batch(&mut tasks, &mut handles);
             for (j, handle) in armed.into_iter().zip(handles) {
-                let state = guards[j].as_mut().expect("still locked");
                 match handle {
-                    Ok(handle) => state.timer = Some(handle),
+                    Ok(handle) => locked[j].as_mut().expect("still locked").arm(handle),
                     Err(_) => {
                         // Shut down while we were watching: hand the operation back. Its
                         // entries are now stale.
-                        let taken = cells[j].take_locked(state).expect("present under the lock");
-                        self.counters.add_stale(i64::from(cells[j].keys()));
+                        let taken = locked[j].take().expect("still locked").take();
+                        self.counters.add_stale(i64::from(taken.keys));
                         slots[position[j]] = Some(Err(WatchError::Shutdown(taken.op)));
                     }
                 }
@@ -194,13 +187,10 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
             self.finish(taken, Completion::Ready, listed);
             slots[position[j]] = Some(Ok(Watched::Completed));
         }
-        for (j, cell) in cells.into_iter().enumerate() {
+        for (j, at) in at.into_iter().enumerate() {
             let slot = &mut slots[position[j]];
             if slot.is_none() {
-                *slot = Some(Ok(Watched::Pending(OperationHandle {
-                    cell,
-                    purgatory: self.id,
-                })));
+                *slot = Some(Ok(Watched::Pending(OperationHandle::new(at, self.id))));
             }
         }
         tracing::debug!(target: "purgatory", purgatory = %self.name, operations = slots.len(), "watch batch");
@@ -213,6 +203,21 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
 }
 
 impl<K, O: DelayedOperation> Inner<K, O> {
+    /// Force-completes the operations of `chunk` still waiting; empties it and returns
+    /// how many it completed.
+    fn force_chunk(&self, chunk: &mut SmallVec<[OpRef; CHUNK]>) -> usize {
+        self.table.prepare(chunk.iter().copied());
+        let mut taken: SmallVec<[(O, u32); CHUNK]> = SmallVec::new();
+        let mut timers: SmallVec<[TimerHandle; CHUNK]> = SmallVec::new();
+        for at in chunk.drain(..) {
+            if let Some(Taken { op, timer, keys }) = self.table.take(at) {
+                timers.extend(timer);
+                taken.push((op, keys));
+            }
+        }
+        self.finish_forced(&mut taken, &mut timers)
+    }
+
     /// Completes force-taken operations: cancels their timers in one batch, counts once,
     /// runs their callbacks. Empties both buffers; returns how many it completed.
     fn finish_forced(
@@ -224,7 +229,7 @@ impl<K, O: DelayedOperation> Inner<K, O> {
         if n == 0 {
             return 0;
         }
-        let mut cancelled: SmallVec<[Expiry<O>; CHUNK]> = SmallVec::new();
+        let mut cancelled: SmallVec<[Expiry; CHUNK]> = SmallVec::new();
         self.timer.cancel_batch(timers, &mut cancelled);
         timers.clear();
         drop(cancelled);

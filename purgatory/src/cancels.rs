@@ -10,13 +10,13 @@
 //! batch, and the entries are unlinked in slab order.
 //!
 //! # Invariants
-//! - Exactly-once is not decided here: the operation was already taken out of its cell
-//!   (see `op_cell.rs`). A queued entry that fires before its cancel is applied reaches
-//!   the reaper, which finds its cell empty and does nothing.
+//! - Exactly-once is not decided here: the operation was already taken out of its slot
+//!   (see `op_table.rs`). A queued entry that fires before its cancel is applied reaches
+//!   the reaper, which finds the slot's generation changed and does nothing.
 //! - A queued cancel is applied within one reaper round (the reaper flushes every queue
 //!   each round, and the reaper wakes at least every `REAPER_WAIT` while anything is
 //!   armed), as soon as the completing thread has queued [`FLUSH_AT`], and before
-//!   `stats`/`pending` read the timer. So a completed operation's cell is freed at most
+//!   `stats`/`pending` read the timer. So a completed operation's timer entry is freed at most
 //!   one reaper round late, never at its timeout.
 //! - The queue locks are plain `parking_lot` locks held only to push or copy handles out,
 //!   never across a timer call or user code (so loom models need not see them).

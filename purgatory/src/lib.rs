@@ -59,7 +59,7 @@ mod builder;
 mod cancels;
 mod counters;
 mod error;
-mod op_cell;
+mod op_table;
 mod operation;
 mod purgatory;
 mod watchers;

@@ -10,9 +10,10 @@
 //!   nothing is pending or stale.
 //!
 //! # Invariants
-//! - An accepted operation is in its cell until exactly one of: a successful
-//!   `try_complete`, a forced completion, its expiry, a cancel, or shutdown takes it (see
-//!   `op_cell.rs`). Exactly one `on_complete` follows, except for a cancel (handed back).
+//! - An accepted operation is in its slot of the op table until exactly one of: a
+//!   successful `try_complete`, a forced completion, its expiry, a cancel, or shutdown
+//!   takes it (see `op_table.rs`). Exactly one `on_complete` follows, except for a cancel
+//!   (handed back).
 //! - The watcher holds the operation's own lock from its first `try_complete` until its
 //!   entries are listed and its timeout armed, and tries it a second time once it is
 //!   listed (Kafka's order). An event before the listing is seen by that second try; an
@@ -27,6 +28,7 @@
 //!   not-yet-completed operations.
 
 use std::hash::Hash;
+use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -38,7 +40,7 @@ use timer_core::{Executor, Timer, TimerTask};
 use crate::cancels::DeferredCancels;
 use crate::counters::{Count, Counters};
 use crate::error::WatchError;
-use crate::op_cell::{panic_message, Attempt, OpCell, OpState, Taken};
+use crate::op_table::{panic_message, Attempt, Locked, OpRef, OpTable, Taken};
 use crate::operation::{Completion, DelayedOperation};
 use crate::watchers::Watchers;
 
@@ -46,44 +48,53 @@ use crate::watchers::Watchers;
 /// entries are looked at even when the next timeout is far away.
 const REAPER_WAIT: Duration = Duration::from_millis(200);
 
-/// The timer task of one watched operation: expire it.
-pub(crate) struct Expiry<O>(pub(crate) Arc<OpCell<O>>);
+/// The timer task of one watched operation: the name of the operation to expire.
+pub(crate) struct Expiry(pub(crate) OpRef);
 
-impl<O: DelayedOperation> TimerTask for Expiry<O> {
-    /// Not used by the purgatory (its reaper collects expiries and completes them with
-    /// its own accounting); completes the operation as expired if anything runs it.
-    fn run(self) {
-        if let Some(taken) = self.0.take() {
-            run_callbacks(taken.op, Completion::Expired);
-        }
-    }
+impl TimerTask for Expiry {
+    /// Never called: the purgatory drives its timer with `advance_clock_into` and
+    /// `shutdown`, which hand expiries back to it, and expires them itself (it needs its
+    /// op table and counters, which a task does not carry).
+    fn run(self) {}
+}
+
+thread_local! {
+    /// A purging thread's copy of the entries of the shard it purges (see
+    /// `Watchers::purge_shard`), kept between purges.
+    static PURGE_SCRATCH: std::cell::RefCell<Vec<OpRef>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Source of purgatory identities, so a handle is only honoured by its own purgatory.
 static NEXT_PURGATORY_ID: AtomicU64 = AtomicU64::new(0);
 
-/// A watched operation, for [`Purgatory::force_complete`]. Cheap to clone. A handle given
-/// to another purgatory than the one that issued it completes nothing.
+/// A watched operation, for [`Purgatory::force_complete`] and
+/// [`Purgatory::is_completed`]. A plain 16-byte value: it holds no memory of the
+/// operation, and once the operation is completed it names nothing (a later operation
+/// is never mistaken for it). A handle given to another purgatory than the one that
+/// issued it completes nothing.
 pub struct OperationHandle<O> {
-    pub(crate) cell: Arc<OpCell<O>>,
+    pub(crate) at: OpRef,
     pub(crate) purgatory: u64,
+    _op: PhantomData<fn() -> O>,
 }
 
-impl<O> Clone for OperationHandle<O> {
-    fn clone(&self) -> Self {
+impl<O> OperationHandle<O> {
+    pub(crate) fn new(at: OpRef, purgatory: u64) -> Self {
         OperationHandle {
-            cell: Arc::clone(&self.cell),
-            purgatory: self.purgatory,
+            at,
+            purgatory,
+            _op: PhantomData,
         }
     }
 }
 
-impl<O: DelayedOperation> OperationHandle<O> {
-    /// Whether the operation has been completed, expired or cancelled.
-    pub fn is_completed(&self) -> bool {
-        self.cell.is_completed()
+impl<O> Clone for OperationHandle<O> {
+    fn clone(&self) -> Self {
+        *self
     }
 }
+
+impl<O> Copy for OperationHandle<O> {}
 
 impl<O> std::fmt::Debug for OperationHandle<O> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -135,8 +146,9 @@ pub struct PurgatoryStats {
 pub(crate) struct Inner<K, O: DelayedOperation> {
     pub(crate) id: u64,
     pub(crate) name: String,
-    pub(crate) timer: Timer<Expiry<O>>,
-    pub(crate) watchers: Watchers<K, O>,
+    pub(crate) table: OpTable<O>,
+    pub(crate) timer: Timer<Expiry>,
+    pub(crate) watchers: Watchers<K>,
     pub(crate) counters: Counters,
     pub(crate) purge_interval: usize,
     pub(crate) executor: Executor,
@@ -240,45 +252,36 @@ where
             return Err(WatchError::NoKeys(op));
         }
         let timeout = op.timeout();
-        let cell = Arc::new(OpCell::new(op));
-        let mut state = cell.lock();
-        if let Some(taken) = inner.ready(&cell, &mut state) {
-            drop(state);
-            inner.finish(taken, Completion::Ready, 0);
+        let watched = u32::try_from(keys.len()).unwrap_or(u32::MAX);
+        let mut locked = inner.table.insert(op, watched);
+        if inner.is_ready(&mut locked) {
+            inner.finish(locked.take(), Completion::Ready, 0);
             return Ok(Watched::Completed);
         }
-        let watched = u32::try_from(keys.len()).unwrap_or(u32::MAX);
-        cell.set_keys(watched);
         inner.counters.add_listed(i64::from(watched));
+        let at = locked.at();
         for key in keys {
-            inner.watchers.watch(key, &cell);
+            inner.watchers.watch(key, at);
         }
         // Try once more now that it is listed: an event that made it ready after the
         // first try but before the listing did not find it, so nobody else will try it.
-        if let Some(taken) = inner.ready(&cell, &mut state) {
-            drop(state);
-            inner.finish(taken, Completion::Ready, watched);
+        if inner.is_ready(&mut locked) {
+            inner.finish(locked.take(), Completion::Ready, watched);
             return Ok(Watched::Completed);
         }
-        match inner.timer.add(timeout, Expiry(Arc::clone(&cell))) {
-            Ok(handle) => state.timer = Some(handle),
+        match inner.timer.add(timeout, Expiry(at)) {
+            Ok(handle) => locked.arm(handle),
             Err(_) => {
                 // Shut down while we were watching: hand the operation back. Its entries
                 // are now stale.
-                let taken = cell
-                    .take_locked(&mut state)
-                    .expect("present under the lock");
-                drop(state);
+                let taken = locked.take();
                 inner.counters.add_stale(i64::from(watched));
                 return Err(WatchError::Shutdown(taken.op));
             }
         }
-        drop(state);
+        drop(locked);
         tracing::debug!(target: "purgatory", purgatory = %inner.name, keys = watched, "watch");
-        Ok(Watched::Pending(OperationHandle {
-            cell,
-            purgatory: inner.id,
-        }))
+        Ok(Watched::Pending(OperationHandle::new(at, inner.id)))
     }
 
     /// Tries every operation watched on `key`, in arrival order, completing those that
@@ -286,13 +289,18 @@ where
     /// empties). Returns how many this call completed; an unknown key returns 0.
     pub fn check_and_complete(&self, key: &K) -> usize {
         let inner = &*self.inner;
-        let mut candidates = SmallVec::<[Arc<OpCell<O>>; 8]>::new();
-        let saw_completed = inner.watchers.snapshot(key, &mut candidates);
+        let waiting = |at| inner.table.is_waiting(at);
+        let mut candidates = SmallVec::<[OpRef; 16]>::new();
+        inner.watchers.snapshot(key, &mut candidates);
+        let listed = candidates.len();
+        candidates.retain(|at| waiting(*at));
+        let saw_completed = candidates.len() < listed;
         let mut completed = 0;
-        for cell in &candidates {
-            match cell.attempt() {
+        for at in candidates {
+            match inner.table.attempt(at) {
                 Attempt::Ready(taken) => {
-                    inner.finish(taken, Completion::Ready, cell.keys());
+                    let keys = taken.keys;
+                    inner.finish(taken, Completion::Ready, keys);
                     completed += 1;
                 }
                 Attempt::NotReady { panicked: true } => inner.counters.add(Count::Panicked, 1),
@@ -300,7 +308,7 @@ where
             }
         }
         if completed > 0 || saw_completed {
-            let removed = inner.watchers.drop_completed(key) as i64;
+            let removed = inner.watchers.drop_completed(key, waiting) as i64;
             inner.counters.add_stale(-removed);
             inner.counters.add_listed(-removed);
         }
@@ -313,14 +321,20 @@ where
         if handle.purgatory != self.inner.id {
             return false;
         }
-        match handle.cell.take() {
+        match self.inner.table.take(handle.at) {
             Some(taken) => {
-                self.inner
-                    .finish(taken, Completion::Forced, handle.cell.keys());
+                let keys = taken.keys;
+                self.inner.finish(taken, Completion::Forced, keys);
                 true
             }
             None => false,
         }
+    }
+
+    /// Whether the operation `handle` names has been completed, expired or cancelled.
+    /// A handle of another purgatory names nothing here and reads as completed.
+    pub fn is_completed(&self, handle: &OperationHandle<O>) -> bool {
+        handle.purgatory != self.inner.id || !self.inner.table.is_waiting(handle.at)
     }
 
     /// Removes every operation watched on `key`, disarms their timeouts and hands them
@@ -331,14 +345,14 @@ where
         let mut ops = Vec::new();
         let list = inner.watchers.take(key);
         inner.counters.add_listed(-(list.len() as i64));
-        for cell in list {
-            match cell.take() {
+        for at in list {
+            match inner.table.take(at) {
                 Some(taken) => {
                     if let Some(handle) = taken.timer {
                         inner.timer.cancel(handle);
                     }
                     // All its entries are stale now, but the one on `key` is already gone.
-                    inner.counters.add_stale(i64::from(cell.keys()) - 1);
+                    inner.counters.add_stale(i64::from(taken.keys) - 1);
                     inner.counters.add(Count::Cancelled, 1);
                     ops.push(taken.op);
                 }
@@ -460,14 +474,15 @@ impl<K, O: DelayedOperation> std::fmt::Debug for Purgatory<K, O> {
 impl<K, O: DelayedOperation> Inner<K, O> {
     pub(crate) fn new(
         name: String,
-        timer: Timer<Expiry<O>>,
-        watchers: Watchers<K, O>,
+        timer: Timer<Expiry>,
+        watchers: Watchers<K>,
         purge_interval: usize,
         executor: Executor,
     ) -> Self {
         Inner {
             id: NEXT_PURGATORY_ID.fetch_add(1, Ordering::Relaxed),
             name,
+            table: OpTable::new(),
             timer,
             watchers,
             counters: Counters::default(),
@@ -479,16 +494,15 @@ impl<K, O: DelayedOperation> Inner<K, O> {
         }
     }
 
-    /// `try_complete` on a locked cell: the taken operation if it is ready (a panic is
-    /// counted and means "not ready").
-    pub(crate) fn ready(&self, cell: &OpCell<O>, state: &mut OpState<O>) -> Option<Taken<O>> {
-        match cell.take_if_ready_locked(state) {
-            Attempt::Ready(taken) => Some(taken),
-            Attempt::NotReady { panicked: true } => {
+    /// `try_complete` on a locked operation, keeping the lock (a panic is counted and
+    /// means "not ready").
+    pub(crate) fn is_ready(&self, locked: &mut Locked<'_, O>) -> bool {
+        match locked.try_complete() {
+            Ok(ready) => ready,
+            Err(()) => {
                 self.counters.add(Count::Panicked, 1);
-                None
+                false
             }
-            Attempt::NotReady { panicked: false } | Attempt::Gone => None,
         }
     }
 
@@ -520,19 +534,20 @@ impl<K, O: DelayedOperation> Inner<K, O> {
     /// Completes one expired operation (its timer has fired, so there is none to cancel).
     /// Returns false when the operation was already taken (completed while its timer
     /// fired, or before its queued cancel was applied).
-    fn expire(&self, expiry: Expiry<O>) -> bool {
-        match expiry.0.take() {
+    fn expire(&self, expiry: Expiry) -> bool {
+        match self.table.take(expiry.0) {
             Some(mut taken) => {
                 taken.timer = None;
-                self.finish(taken, Completion::Expired, expiry.0.keys());
+                let keys = taken.keys;
+                self.finish(taken, Completion::Expired, keys);
                 true
             }
             None => false,
         }
     }
 
-    /// Expires every operation of `batch` still in its cell; returns how many.
-    fn expire_all(&self, batch: impl IntoIterator<Item = Expiry<O>>) -> usize {
+    /// Expires every operation of `batch` still in the table; returns how many.
+    fn expire_all(&self, batch: impl IntoIterator<Item = Expiry>) -> usize {
         let mut count = 0usize;
         for expiry in batch {
             count += usize::from(self.expire(expiry));
@@ -546,7 +561,10 @@ impl<K, O: DelayedOperation> Inner<K, O> {
 
 impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
     fn purge_shard(&self, index: usize) -> usize {
-        let removed = self.watchers.purge_shard(index);
+        let removed = PURGE_SCRATCH.with_borrow_mut(|scratch| {
+            self.watchers
+                .purge_shard(index, |at| self.table.is_waiting(at), scratch)
+        });
         if removed > 0 {
             self.counters.add_stale(-(removed as i64));
             self.counters.add_listed(-(removed as i64));
@@ -601,11 +619,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
     /// One round of the reaper: expire what is due (waiting up to `max_wait` if nothing
     /// is) on the configured executor, then purge if needed. Returns how many timeouts
     /// fired and whether a purge is unfinished.
-    fn reap_once(
-        this: &Arc<Self>,
-        max_wait: Duration,
-        expired: &mut Vec<Expiry<O>>,
-    ) -> (usize, bool)
+    fn reap_once(this: &Arc<Self>, max_wait: Duration, expired: &mut Vec<Expiry>) -> (usize, bool)
     where
         K: Send + Sync + 'static,
     {

@@ -10,48 +10,48 @@
 //!   the key, and a map under a quarter full gives half its capacity back, so memory
 //!   follows the keys in use, not the keys ever seen or the peak.
 //! - `entries` of a shard equals the total length of its lists.
-//! - An entry may name a completed operation (it was completed through another key, or
-//!   by force or expiry); such entries are dropped by the next check of their key or by a
-//!   purge, and are counted as stale (see `counters.rs`) until then.
+//! - An entry names an operation by [`OpRef`]; it may name one that was completed (through
+//!   another key, or by force or expiry), which the op table tells without a lock. Such
+//!   entries are dropped by the next check of their key or by a purge, and are counted as
+//!   stale (see `counters.rs`) until then. Dropping an entry is a plain memory operation.
 
 use std::hash::{BuildHasher, Hash};
-use std::sync::Arc;
 
 use foldhash::fast::RandomState;
 use timer_core::sync::Mutex;
 
-use crate::op_cell::OpCell;
+use crate::op_table::OpRef;
 
-type Map<K, O> = std::collections::HashMap<K, Vec<Arc<OpCell<O>>>, RandomState>;
+type Map<K> = std::collections::HashMap<K, Vec<OpRef>, RandomState>;
 
-/// Drops the entries of completed operations from `list`, keeping the others in order;
-/// returns how many it dropped. `done` is scratch space.
+/// Drops the entries for which `waiting` is false, keeping the others in order; returns
+/// how many it dropped. `flags` is scratch space.
 ///
-/// Two passes, because each entry's flag is usually a cache miss: the first only reads
-/// the flags, so the CPU overlaps many misses at once; the second drops the completed
-/// entries, whose lines the first pass brought in. Done in one pass, the atomic
-/// decrement of each dropped `Arc` (a full barrier on x86) waits for the miss before it
-/// and holds back the next one, so the misses are taken one at a time.
-fn drop_completed_entries<O: crate::DelayedOperation>(
-    list: &mut Vec<Arc<OpCell<O>>>,
-    done: &mut Vec<bool>,
+/// Two passes, because each `waiting` is a load that usually misses the cache: the first
+/// pass only stores the answers, with no branch on them, so the CPU runs ahead and has
+/// many misses in flight at once; the second compacts the list. In one pass, every
+/// mispredicted keep-or-drop branch would wait for its miss before the next could start.
+fn drop_completed_entries(
+    list: &mut Vec<OpRef>,
+    waiting: &impl Fn(OpRef) -> bool,
+    flags: &mut Vec<bool>,
 ) -> usize {
-    done.clear();
-    done.extend(list.iter().map(|cell| cell.is_completed()));
+    flags.clear();
+    flags.extend(list.iter().map(|&at| waiting(at)));
     let before = list.len();
-    let mut flags = done.iter();
-    list.retain(|_| !flags.next().copied().unwrap_or(false));
+    let mut keep = flags.iter();
+    list.retain(|_| keep.next().copied().unwrap_or(true));
     before - list.len()
 }
 
-struct ShardState<K, O> {
-    lists: Map<K, O>,
+struct ShardState<K> {
+    lists: Map<K>,
     entries: usize,
 }
 
-impl<K: Hash + Eq, O> ShardState<K, O> {
+impl<K: Hash + Eq> ShardState<K> {
     /// Removes a key's list, giving back map capacity once the map is mostly empty.
-    fn remove_key(&mut self, key: &K) -> Option<Vec<Arc<OpCell<O>>>> {
+    fn remove_key(&mut self, key: &K) -> Option<Vec<OpRef>> {
         let list = self.lists.remove(key);
         self.shrink_if_sparse();
         list
@@ -68,16 +68,16 @@ impl<K: Hash + Eq, O> ShardState<K, O> {
 }
 
 #[repr(align(128))]
-struct Shard<K, O> {
-    state: Mutex<ShardState<K, O>>,
+struct Shard<K> {
+    state: Mutex<ShardState<K>>,
 }
 
-pub(crate) struct Watchers<K, O> {
-    shards: Box<[Shard<K, O>]>,
+pub(crate) struct Watchers<K> {
+    shards: Box<[Shard<K>]>,
     hasher: RandomState,
 }
 
-impl<K: Hash + Eq + Clone, O> Watchers<K, O> {
+impl<K: Hash + Eq + Clone> Watchers<K> {
     pub(crate) fn new(shards: usize) -> Self {
         let hasher = RandomState::default();
         Watchers {
@@ -97,7 +97,7 @@ impl<K: Hash + Eq + Clone, O> Watchers<K, O> {
         self.shards.len()
     }
 
-    fn shard(&self, key: &K) -> &Shard<K, O> {
+    fn shard(&self, key: &K) -> &Shard<K> {
         &self.shards[self.shard_index(self.hasher.hash_one(key))]
     }
 
@@ -113,19 +113,19 @@ impl<K: Hash + Eq + Clone, O> Watchers<K, O> {
         }
     }
 
-    /// Appends `cell` to the list of `key`.
-    pub(crate) fn watch(&self, key: K, cell: &Arc<OpCell<O>>) {
+    /// Appends `at` to the list of `key`.
+    pub(crate) fn watch(&self, key: K, at: OpRef) {
         let mut shard = self.shard(&key).state.lock();
-        shard.lists.entry(key).or_default().push(Arc::clone(cell));
+        shard.lists.entry(key).or_default().push(at);
         shard.entries += 1;
     }
 
-    /// Appends each `(key, cell)` of `entries` to the list of its key, keeping the order
+    /// Appends each `(key, operation)` of `entries` to the list of its key, keeping the order
     /// of `entries` per key; `entries` is left empty. Takes each shard lock once per run
     /// of entries that fall in it, and looks each key up once per run of equal keys: the
     /// entries are visited in the order of a sort key packing (shard, low hash bits,
     /// position), a plain `u64` sort.
-    pub(crate) fn watch_many(&self, entries: &mut Vec<(Option<K>, &Arc<OpCell<O>>)>) {
+    pub(crate) fn watch_many(&self, entries: &mut Vec<(Option<K>, OpRef)>) {
         const POSITION_BITS: u32 = 24;
         const HASH_BITS: u32 = 24;
         let mut order: Vec<u64> = Vec::with_capacity(entries.len().min(1 << POSITION_BITS));
@@ -168,11 +168,7 @@ impl<K: Hash + Eq + Clone, O> Watchers<K, O> {
                         })
                         .count();
                     let list = shard.lists.entry(key).or_default();
-                    list.extend(
-                        run[i..i + same]
-                            .iter()
-                            .map(|&p| Arc::clone(window[position(p)].1)),
-                    );
+                    list.extend(run[i..i + same].iter().map(|&p| window[position(p)].1));
                     i += same;
                 }
             }
@@ -180,39 +176,24 @@ impl<K: Hash + Eq + Clone, O> Watchers<K, O> {
         entries.clear();
     }
 
-    /// Copies the not-yet-completed entries of `key` into `out`, in arrival order.
-    /// Returns whether the list also held completed entries.
-    pub(crate) fn snapshot(&self, key: &K, out: &mut impl Extend<Arc<OpCell<O>>>) -> bool
-    where
-        O: crate::DelayedOperation,
-    {
+    /// Copies the entries of `key` into `out`, in arrival order. (The caller tells the
+    /// completed ones apart after the lock is released: each is a cache miss.)
+    pub(crate) fn snapshot(&self, key: &K, out: &mut impl Extend<OpRef>) {
         let shard = self.shard(key).state.lock();
-        let Some(list) = shard.lists.get(key) else {
-            return false;
-        };
-        let mut saw_completed = false;
-        for cell in list {
-            if cell.is_completed() {
-                saw_completed = true;
-            } else {
-                out.extend(Some(Arc::clone(cell)));
-            }
+        if let Some(list) = shard.lists.get(key) {
+            out.extend(list.iter().copied());
         }
-        saw_completed
     }
 
-    /// Drops the completed entries of `key` (removing the key when its list empties);
-    /// returns how many were dropped.
-    pub(crate) fn drop_completed(&self, key: &K) -> usize
-    where
-        O: crate::DelayedOperation,
-    {
+    /// Drops the entries of `key` whose operation is no longer `waiting` (removing the
+    /// key when its list empties); returns how many were dropped.
+    pub(crate) fn drop_completed(&self, key: &K, waiting: impl Fn(OpRef) -> bool) -> usize {
         let mut guard = self.shard(key).state.lock();
         let shard = &mut *guard;
         let Some(list) = shard.lists.get_mut(key) else {
             return 0;
         };
-        let removed = drop_completed_entries(list, &mut Vec::new());
+        let removed = drop_completed_entries(list, &waiting, &mut Vec::new());
         if list.is_empty() {
             shard.remove_key(key);
         }
@@ -221,24 +202,40 @@ impl<K: Hash + Eq + Clone, O> Watchers<K, O> {
     }
 
     /// Removes the whole list of `key`.
-    pub(crate) fn take(&self, key: &K) -> Vec<Arc<OpCell<O>>> {
+    pub(crate) fn take(&self, key: &K) -> Vec<OpRef> {
         let mut shard = self.shard(key).state.lock();
         let list = shard.remove_key(key).unwrap_or_default();
         shard.entries -= list.len();
         list
     }
 
-    /// Drops the completed entries of every list of shard `index`; returns how many.
-    pub(crate) fn purge_shard(&self, index: usize) -> usize
-    where
-        O: crate::DelayedOperation,
-    {
+    /// Drops the entries no longer `waiting` from every list of shard `index`; returns
+    /// how many.
+    ///
+    /// The `waiting` reads are cache misses (another core completed those operations). So
+    /// that they are not paid while the shard is locked (an adder would wait behind
+    /// them), the entries are first copied out under the lock, read once without it (the
+    /// lines come into this core's cache, many misses in flight at once), and then
+    /// filtered under the lock again, reading the same lines from the cache.
+    pub(crate) fn purge_shard(
+        &self,
+        index: usize,
+        waiting: impl Fn(OpRef) -> bool,
+        scratch: &mut Vec<OpRef>,
+    ) -> usize {
+        scratch.clear();
+        {
+            let shard = self.shards[index].state.lock();
+            scratch.extend(shard.lists.values().flatten().copied());
+        }
+        let live = scratch.iter().filter(|&&at| waiting(at)).count();
+        std::hint::black_box(live);
         let mut guard = self.shards[index].state.lock();
         let shard = &mut *guard;
         let mut removed = 0;
-        let mut done = Vec::new();
+        let mut flags = Vec::new();
         shard.lists.retain(|_, list| {
-            removed += drop_completed_entries(list, &mut done);
+            removed += drop_completed_entries(list, &waiting, &mut flags);
             !list.is_empty()
         });
         shard.entries -= removed;
@@ -246,17 +243,13 @@ impl<K: Hash + Eq + Clone, O> Watchers<K, O> {
         removed
     }
 
-    /// Empties every list, returning the cells (used at shutdown).
-    pub(crate) fn clear(&self) -> Vec<Arc<OpCell<O>>> {
-        let mut cells = Vec::new();
+    /// Empties every list (used at shutdown).
+    pub(crate) fn clear(&self) {
         for shard in self.shards.iter() {
             let mut shard = shard.state.lock();
             shard.entries = 0;
-            for (_, list) in shard.lists.drain() {
-                cells.extend(list);
-            }
+            shard.lists = Map::with_hasher(self.hasher);
         }
-        cells
     }
 
     /// Total watcher entries (Kafka's `PurgatorySize`).

@@ -10,7 +10,7 @@
 
 #[cfg(not(loom))]
 mod imp {
-    pub use std::sync::atomic::{AtomicBool, AtomicU64};
+    pub use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
     use std::time::Instant;
 
     /// The guard of a locked [`Mutex`].
@@ -63,7 +63,7 @@ mod imp {
 #[cfg(loom)]
 #[allow(missing_docs)]
 mod imp {
-    pub use loom::sync::atomic::{AtomicBool, AtomicU64};
+    pub use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
     use std::time::Instant;
 
     pub type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;

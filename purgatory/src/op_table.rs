@@ -1,0 +1,436 @@
+//! The table of watched operations: one slot per operation in flight, named by an
+//! [`OpRef`] (slot index and generation). This is where "exactly once" is decided.
+//!
+//! # Why a table of slots
+//! Watcher lists, timer entries and handles name an operation by `OpRef`, a plain 8-byte
+//! value, instead of sharing it through a reference count. Dropping a list entry is then
+//! a plain memory operation (no atomic decrement on a line another core owns), a purge
+//! only reads each entry's slot generation (loads the CPU overlaps), and an operation's
+//! memory is reusable the moment it completes, however many stale entries still name it.
+//!
+//! # Invariants
+//! - A slot's `generation` is the generation of its occupant while occupied, and of its
+//!   next occupant while free. It changes only when the occupant is taken (under the
+//!   slot lock, before the lock is released), so an `OpRef` names its operation from
+//!   insertion until it is taken, and nothing ever after: a stale `OpRef` (in a list, a
+//!   timer entry or a handle) finds another generation and touches nothing. Generations
+//!   wrap after 2^32 operations in one slot; an entry that survived that long would only
+//!   make one more `try_complete` call on the slot's current operation.
+//! - The operation lives in `state.op` until exactly one thread takes it out, under the
+//!   slot lock, with the matching generation. Whoever takes it completes it (or hands it
+//!   back, for a cancel); every later attempt finds another generation. So `on_complete`
+//!   runs at most once, and `try_complete` (called under the same lock, on the value in
+//!   place) never runs concurrently with itself or after the operation was taken.
+//! - `state.timer` is the operation's armed timeout; it is taken with the operation, so
+//!   the taker (and only it) disarms the timer. The watcher arms the timer while holding
+//!   the lock, so a completion can never miss a timer armed after it.
+//! - A slot goes back to the free lists only after its occupant was taken, and is handed
+//!   out again only from there: one occupant per slot at a time.
+//! - Slots live in segments that are allocated once and never move or shrink (segment
+//!   `k` holds `FIRST_SEGMENT << k` slots), so the table's memory is its peak number of
+//!   operations in flight.
+//! - No lock of this module is held while another of its slot locks is taken, except by
+//!   a batch watch on slots it has just allocated (see `batch.rs`); the free-list locks
+//!   are taken with at most one slot lock held and never the other way round.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU32 as StdAtomicU32, Ordering};
+use std::sync::OnceLock;
+
+use timer_core::sync::{AtomicU32, Mutex, MutexGuard};
+use timer_core::TimerHandle;
+
+use crate::counters::{stripe_index, STRIPES};
+use crate::operation::DelayedOperation;
+
+/// Slots in the first segment (each next segment doubles).
+#[cfg(not(loom))]
+const FIRST_SEGMENT: usize = 1024;
+#[cfg(loom)]
+const FIRST_SEGMENT: usize = 8;
+
+/// Enough segments for every `u32` index.
+const SEGMENTS: usize = 33 - FIRST_SEGMENT.trailing_zeros() as usize;
+
+/// Names one operation: its slot and the generation it occupies the slot with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct OpRef {
+    index: u32,
+    generation: u32,
+}
+
+pub(crate) struct OpState<O> {
+    pub(crate) op: Option<O>,
+    pub(crate) timer: Option<TimerHandle>,
+    /// How many watcher entries name the operation (its key count).
+    pub(crate) keys: u32,
+}
+
+/// An operation taken out of its slot, with the timer it still has armed and its key
+/// count.
+pub(crate) struct Taken<O> {
+    pub(crate) op: O,
+    pub(crate) timer: Option<TimerHandle>,
+    pub(crate) keys: u32,
+}
+
+/// Result of asking an operation whether it is ready.
+pub(crate) enum Attempt<O> {
+    /// Ready: the operation was taken; the caller completes it.
+    Ready(Taken<O>),
+    /// Not ready (or its `try_complete` panicked, reported in `panicked`).
+    NotReady { panicked: bool },
+    /// Someone else took it already.
+    Gone,
+}
+
+struct Slot<O> {
+    generation: AtomicU32,
+    /// Written (never read) by [`OpTable::prepare`] to pull the slot's line into this
+    /// core's cache ahead of locking it.
+    touch: StdAtomicU32,
+    state: Mutex<OpState<O>>,
+}
+
+impl<O> Slot<O> {
+    fn new() -> Self {
+        Slot {
+            generation: AtomicU32::new(0),
+            touch: StdAtomicU32::new(0),
+            state: Mutex::new(OpState {
+                op: None,
+                timer: None,
+                keys: 0,
+            }),
+        }
+    }
+}
+
+/// Free slot indices of one stripe of threads.
+#[repr(align(128))]
+#[derive(Default)]
+struct FreeList {
+    indices: parking_lot::Mutex<Vec<u32>>,
+}
+
+/// A locked slot holding the operation an [`OpRef`] names.
+pub(crate) struct Locked<'a, O> {
+    table: &'a OpTable<O>,
+    at: OpRef,
+    state: MutexGuard<'a, OpState<O>>,
+}
+
+pub(crate) struct OpTable<O> {
+    segments: [OnceLock<Box<[Slot<O>]>>; SEGMENTS],
+    /// Slots ever handed out; the next new slot's index.
+    high_water: StdAtomicU32,
+    free: [FreeList; STRIPES],
+}
+
+/// The segment and offset of slot `index`.
+#[inline]
+fn locate(index: u32) -> (usize, usize) {
+    let block = u64::from(index) / FIRST_SEGMENT as u64 + 1;
+    let segment = 63 - block.leading_zeros() as usize;
+    let start = FIRST_SEGMENT as u64 * ((1u64 << segment) - 1);
+    (segment, (u64::from(index) - start) as usize)
+}
+
+impl<O: DelayedOperation> OpTable<O> {
+    pub(crate) fn new() -> Self {
+        let table = OpTable {
+            segments: std::array::from_fn(|_| OnceLock::new()),
+            high_water: StdAtomicU32::new(0),
+            free: std::array::from_fn(|_| FreeList::default()),
+        };
+        // The first segment up front, so small purgatories never race to create it.
+        table.segment(0);
+        table
+    }
+
+    fn segment(&self, k: usize) -> &[Slot<O>] {
+        self.segments[k].get_or_init(|| (0..FIRST_SEGMENT << k).map(|_| Slot::new()).collect())
+    }
+
+    #[inline]
+    fn slot(&self, index: u32) -> &Slot<O> {
+        let (segment, offset) = locate(index);
+        match self.segments[segment].get() {
+            Some(slots) => &slots[offset],
+            // Only reachable for an index never handed out (a corrupt `OpRef`).
+            None => &self.segment(segment)[offset],
+        }
+    }
+
+    /// Hands out `n` free slot indices (appended to `out`): the calling thread's free
+    /// list first, then other threads', then new slots.
+    fn allocate(&self, n: usize, out: &mut impl Extend<u32>) {
+        let mine = stripe_index();
+        let mut missing = n;
+        for i in 0..STRIPES {
+            let mut free = self.free[(mine + i) % STRIPES].indices.lock();
+            let take = missing.min(free.len());
+            let from = free.len() - take;
+            out.extend(free.drain(from..));
+            missing -= take;
+            if missing == 0 {
+                return;
+            }
+        }
+        let count = u32::try_from(missing).expect("batch fits in u32");
+        let first = self.high_water.fetch_add(count, Ordering::Relaxed);
+        let last = first
+            .checked_add(count - 1)
+            .expect("more than 2^32 operations in flight");
+        // Make sure the segments exist before anyone looks the slots up.
+        let (first_segment, _) = locate(first);
+        let (last_segment, _) = locate(last);
+        for k in first_segment..=last_segment {
+            self.segment(k);
+        }
+        out.extend(first..=last);
+    }
+
+    /// Pulls the slots of `refs` into this core's cache, ready to be written, before a
+    /// batch locks them one after the other.
+    ///
+    /// Locking a slot is a locked instruction, and the CPU does not start the next one
+    /// (nor its cache miss) until the previous one is done; slots last written by
+    /// another core then cost one full miss each, in sequence. Plain stores do not wait
+    /// for each other: one to each slot first puts all the misses in flight at once.
+    pub(crate) fn prepare(&self, refs: impl IntoIterator<Item = OpRef>) {
+        for at in refs {
+            self.slot(at.index).touch.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Gives a slot back; called once its occupant was taken.
+    fn release(&self, index: u32) {
+        self.free[stripe_index()].indices.lock().push(index);
+    }
+
+    /// Puts `op` in a free slot, watched on `keys` keys, and returns it locked.
+    pub(crate) fn insert(&self, op: O, keys: u32) -> Locked<'_, O> {
+        let mut index = smallvec::SmallVec::<[u32; 1]>::new();
+        self.allocate(1, &mut index);
+        self.occupy(index[0], op, keys)
+    }
+
+    /// Puts `op` in slot `index` (just allocated) and returns it locked.
+    fn occupy(&self, index: u32, op: O, keys: u32) -> Locked<'_, O> {
+        let slot = self.slot(index);
+        let mut state = slot.state.lock();
+        debug_assert!(state.op.is_none(), "slot {index} handed out while occupied");
+        state.op = Some(op);
+        state.timer = None;
+        state.keys = keys;
+        let at = OpRef {
+            index,
+            generation: slot.generation.load(Ordering::Relaxed),
+        };
+        Locked {
+            table: self,
+            at,
+            state,
+        }
+    }
+
+    /// Puts every `(op, keys)` of `ops` in free slots and appends them, locked, to `out`.
+    pub(crate) fn insert_many<'a>(
+        &'a self,
+        ops: impl ExactSizeIterator<Item = (O, u32)>,
+        out: &mut impl Extend<Locked<'a, O>>,
+    ) {
+        let mut indices: smallvec::SmallVec<[u32; 64]> = smallvec::SmallVec::new();
+        self.allocate(ops.len(), &mut indices);
+        for &index in &indices {
+            self.slot(index).touch.store(0, Ordering::Relaxed);
+        }
+        out.extend(
+            indices
+                .into_iter()
+                .zip(ops)
+                .map(|(index, (op, keys))| self.occupy(index, op, keys)),
+        );
+    }
+
+    /// Locks the slot `at` names, if its operation is still there.
+    pub(crate) fn lock(&self, at: OpRef) -> Option<Locked<'_, O>> {
+        let slot = self.slot(at.index);
+        let state = slot.state.lock();
+        (slot.generation.load(Ordering::Relaxed) == at.generation).then_some(Locked {
+            table: self,
+            at,
+            state,
+        })
+    }
+
+    /// Whether the operation `at` names is still waiting (not taken). Without the lock:
+    /// may report "waiting" for a moment after it was taken, never the other way round.
+    #[inline]
+    pub(crate) fn is_waiting(&self, at: OpRef) -> bool {
+        self.slot(at.index).generation.load(Ordering::Acquire) == at.generation
+    }
+
+    /// Takes the operation `at` names, whatever its readiness (force, expiry, cancel).
+    pub(crate) fn take(&self, at: OpRef) -> Option<Taken<O>> {
+        self.lock(at).map(Locked::take)
+    }
+
+    /// Locks the operation `at` names, runs `try_complete` and takes it if it is ready.
+    pub(crate) fn attempt(&self, at: OpRef) -> Attempt<O> {
+        match self.lock(at) {
+            Some(locked) => locked.take_if_ready(),
+            None => Attempt::Gone,
+        }
+    }
+}
+
+impl<'a, O: DelayedOperation> Locked<'a, O> {
+    /// The operation's name.
+    pub(crate) fn at(&self) -> OpRef {
+        self.at
+    }
+
+    pub(crate) fn keys(&self) -> u32 {
+        self.state.keys
+    }
+
+    /// Records the armed timeout; taken with the operation.
+    pub(crate) fn arm(&mut self, timer: TimerHandle) {
+        self.state.timer = Some(timer);
+    }
+
+    /// Takes the operation out and frees its slot.
+    pub(crate) fn take(mut self) -> Taken<O> {
+        let op = self
+            .state
+            .op
+            .take()
+            .expect("a locked slot holds its operation");
+        let taken = Taken {
+            op,
+            timer: self.state.timer.take(),
+            keys: self.state.keys,
+        };
+        let slot = self.table.slot(self.at.index);
+        slot.generation
+            .store(self.at.generation.wrapping_add(1), Ordering::Release);
+        let (table, index) = (self.table, self.at.index);
+        drop(self);
+        table.release(index);
+        taken
+    }
+
+    /// Runs `try_complete` and takes the operation if it is ready; otherwise unlocks it.
+    pub(crate) fn take_if_ready(mut self) -> Attempt<O> {
+        match self.try_complete() {
+            Ok(true) => Attempt::Ready(self.take()),
+            Ok(false) => Attempt::NotReady { panicked: false },
+            Err(()) => Attempt::NotReady { panicked: true },
+        }
+    }
+
+    /// Runs `try_complete`, keeping the lock.
+    pub(crate) fn try_complete(&mut self) -> Result<bool, ()> {
+        let op = self
+            .state
+            .op
+            .as_mut()
+            .expect("a locked slot holds its operation");
+        try_complete_caught(op)
+    }
+}
+
+/// Calls `try_complete`, turning a panic into `Err` (reported through `tracing`).
+pub(crate) fn try_complete_caught<O: DelayedOperation>(op: &mut O) -> Result<bool, ()> {
+    catch_unwind(AssertUnwindSafe(|| op.try_complete())).map_err(|payload| {
+        tracing::error!(
+            target: "purgatory",
+            panic = panic_message(&*payload),
+            "try_complete panicked; treated as not ready"
+        );
+    })
+}
+
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("non-string panic payload")
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    struct Named(&'static str);
+
+    impl DelayedOperation for Named {
+        fn timeout(&self) -> std::time::Duration {
+            std::time::Duration::from_secs(1)
+        }
+        fn try_complete(&mut self) -> bool {
+            false
+        }
+        fn on_complete(&mut self, _how: crate::Completion) {}
+    }
+
+    #[test]
+    fn a_stale_ref_never_touches_the_next_occupant_of_its_slot() {
+        let table = OpTable::new();
+        let a = table.insert(Named("a"), 2).at();
+        assert!(table.is_waiting(a));
+        let taken = table.take(a).expect("a is there");
+        assert_eq!((taken.op.0, taken.keys), ("a", 2));
+        assert!(!table.is_waiting(a));
+        // The freed slot is handed out again (this thread's free list comes first).
+        let b = table.insert(Named("b"), 1).at();
+        assert_eq!(b.index, a.index);
+        assert_ne!(b.generation, a.generation);
+        assert!(!table.is_waiting(a) && table.is_waiting(b));
+        assert!(table.lock(a).is_none());
+        assert!(table.take(a).is_none());
+        assert!(matches!(table.attempt(a), Attempt::Gone));
+        assert_eq!(table.take(b).map(|t| t.op.0), Some("b"));
+        assert!(table.take(b).is_none(), "taken once");
+    }
+
+    #[test]
+    fn slots_beyond_the_first_segment_are_created_and_reused() {
+        let table = OpTable::new();
+        let n = FIRST_SEGMENT * 3 + 5;
+        let mut locked = Vec::new();
+        table.insert_many((0..n).map(|_| (Named("x"), 1)), &mut locked);
+        let refs: Vec<OpRef> = locked.iter().map(Locked::at).collect();
+        drop(locked);
+        let mut indices: Vec<u32> = refs.iter().map(|r| r.index).collect();
+        indices.sort_unstable();
+        indices.dedup();
+        assert_eq!(indices.len(), n, "one slot per operation");
+        for at in &refs {
+            assert!(table.take(*at).is_some());
+        }
+        let again = table.insert(Named("y"), 1).at();
+        assert!(
+            (again.index as usize) < n,
+            "a freed slot is reused before a new one"
+        );
+    }
+
+    #[test]
+    fn locate_covers_every_index_once_in_order() {
+        let mut expected = (0usize, 0usize);
+        for index in 0..(FIRST_SEGMENT as u32 * 15) {
+            assert_eq!(locate(index), expected, "index {index}");
+            expected.1 += 1;
+            if expected.1 == FIRST_SEGMENT << expected.0 {
+                expected = (expected.0 + 1, 0);
+            }
+        }
+        let (segment, offset) = locate(u32::MAX);
+        assert!(segment < SEGMENTS);
+        assert!(offset < FIRST_SEGMENT << segment);
+    }
+}
