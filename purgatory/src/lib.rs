@@ -64,7 +64,7 @@ mod operation;
 mod purgatory;
 mod watchers;
 
-pub use builder::PurgatoryBuilder;
+pub use builder::{default_shards, PurgatoryBuilder};
 pub use error::{BuildError, WatchError};
 pub use operation::{Completion, DelayedOperation};
 pub use purgatory::{OperationHandle, Purgatory, PurgatoryStats, Watched};
