@@ -148,7 +148,8 @@ struct W3Args {
     #[arg(long)]
     find_max: bool,
     /// Shortest generator sleep in µs when ahead of schedule (bursts requests at low rates
-    /// to save wake-ups; the average rate is unchanged).
+    /// to save wake-ups; the average rate is unchanged), and the completer's tick (at
+    /// least 1 ms): completions happen within one tick after they are due.
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(0..=100_000))]
     pace_us: u64,
     /// Seed of the tables.

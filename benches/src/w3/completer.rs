@@ -4,13 +4,13 @@
 //! # Design
 //! The generator hands over completions in batches (one lock per batch, never one
 //! channel send per request) through the [`Inbox`]. The completer files them into a ring
-//! of 1 ms slots and, once per millisecond while work is pending, completes every slot
-//! that has come due, forcing completions in batches of up to `FORCE_BATCH` through
-//! `force_complete_batch`. It reads the clock once per cycle.
+//! of slots one `tick` wide (the run's `--pace-us`) and, once per tick while work is
+//! pending, completes every slot that has come due, forcing completions in batches of
+//! up to `FORCE_BATCH` through `force_complete_batch`. It reads the clock once per cycle.
 //!
 //! # Invariants
-//! - A job is completed no earlier than its due instant rounded down to the
-//!   millisecond, and normally within the millisecond after it.
+//! - A job is completed no earlier than its due instant rounded down to the tick, and
+//!   normally within the tick after it.
 //! - A job whose due slot is more than a ring's length ahead waits in `later` and is
 //!   filed once it fits, so the ring never mixes two rounds.
 //! - The thread exits only when the inbox is closed and every job has been completed.
@@ -23,8 +23,6 @@ use parking_lot::Mutex;
 use crate::sampling::KeyTable;
 use crate::w3::op::{LoadContext, LoadOp};
 use crate::w3::LoadPurgatory;
-
-const NANOS_PER_MS: u64 = 1_000_000;
 
 /// Most forced completions handed to the purgatory in one call.
 const FORCE_BATCH: usize = 64;
@@ -73,31 +71,34 @@ pub fn run<P: LoadPurgatory<LoadOp>>(
     ctx: &LoadContext,
     keys: &KeyTable,
     horizon: Duration,
+    tick: Duration,
 ) {
-    let ring_len = (horizon.as_millis() as usize + 64).next_power_of_two();
+    let tick_nanos = u64::try_from(tick.as_nanos()).unwrap_or(u64::MAX).max(1);
+    let horizon_ticks = u64::try_from(horizon.as_nanos()).unwrap_or(u64::MAX) / tick_nanos;
+    let ring_len = (horizon_ticks as usize + 64).next_power_of_two();
     let mask = ring_len as u64 - 1;
     let mut ring: Vec<Vec<Job<P::Handle>>> = (0..ring_len).map(|_| Vec::new()).collect();
     let mut filed = 0usize;
     let mut later: Vec<(u64, Job<P::Handle>)> = Vec::new();
     let mut incoming = Vec::new();
     let mut forced = Vec::with_capacity(FORCE_BATCH);
-    let mut next_ms = ctx.now_nanos() / NANOS_PER_MS;
+    let mut next_tick = ctx.now_nanos() / tick_nanos;
     loop {
         let closed = inbox.closed.load(Ordering::Acquire);
         std::mem::swap(&mut *inbox.jobs.lock(), &mut incoming);
-        let now_ms = ctx.now_nanos() / NANOS_PER_MS;
+        let now_tick = ctx.now_nanos() / tick_nanos;
         incoming.append(&mut later);
         for (due, job) in incoming.drain(..) {
-            let slot = (due / NANOS_PER_MS).max(next_ms);
-            if slot - next_ms >= ring_len as u64 {
+            let slot = (due / tick_nanos).max(next_tick);
+            if slot - next_tick >= ring_len as u64 {
                 later.push((due, job));
             } else {
                 ring[(slot & mask) as usize].push(job);
                 filed += 1;
             }
         }
-        while next_ms <= now_ms {
-            let slot = &mut ring[(next_ms & mask) as usize];
+        while next_tick <= now_tick {
+            let slot = &mut ring[(next_tick & mask) as usize];
             filed -= slot.len();
             for job in slot.drain(..) {
                 match job {
@@ -118,12 +119,12 @@ pub fn run<P: LoadPurgatory<LoadOp>>(
             }
             purgatory.force_complete_batch(&forced);
             forced.clear();
-            next_ms += 1;
+            next_tick += 1;
         }
         if closed && filed == 0 && later.is_empty() {
             return;
         }
-        let wake_at = next_ms * NANOS_PER_MS;
+        let wake_at = next_tick * tick_nanos;
         let now = ctx.now_nanos();
         if wake_at > now {
             std::thread::sleep(Duration::from_nanos(wake_at - now));

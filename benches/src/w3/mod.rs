@@ -260,7 +260,14 @@ pub fn run_with<P: LoadPurgatory<LoadOp>>(name: &str, purgatory: &P, p: &W3Param
         let completer = std::thread::Builder::new()
             .name("w3-completer".into())
             .spawn_scoped(scope, || {
-                completer::run(purgatory, &inbox, ctx, &schedule.keys, timeout)
+                completer::run(
+                    purgatory,
+                    &inbox,
+                    ctx,
+                    &schedule.keys,
+                    timeout,
+                    Duration::from_micros(p.pace_us.max(1_000)),
+                )
             });
         let progress = show_progress.then(|| {
             Progress::start(scope, format!("w3 {name}"), p.num as u64, || {
