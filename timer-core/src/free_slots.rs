@@ -71,6 +71,27 @@ impl FreeSlots {
     }
 
     /// Forgets every free slot.
+    /// Calls `visit` on the (at most) `n` slots the next `n` pops would hand out, lowest
+    /// first, without taking them.
+    pub(crate) fn peek_lowest(&self, n: usize, mut visit: impl FnMut(u32)) {
+        let mut left = n.min(self.len);
+        let mut group = self.low;
+        while left > 0 && group < self.summary.len() {
+            let mut words = self.summary[group];
+            while left > 0 && words != 0 {
+                let word = (group << 6) | words.trailing_zeros() as usize;
+                words &= words - 1;
+                let mut bits = self.words[word];
+                while left > 0 && bits != 0 {
+                    visit(((word << 6) | bits.trailing_zeros() as usize) as u32);
+                    bits &= bits - 1;
+                    left -= 1;
+                }
+            }
+            group += 1;
+        }
+    }
+
     pub(crate) fn clear(&mut self) {
         self.words.clear();
         self.summary.clear();
@@ -108,6 +129,10 @@ mod tests {
                         free.push(slot);
                     }
                 } else {
+                    let mut peeked = Vec::new();
+                    free.peek_lowest(3, |slot| peeked.push(slot));
+                    let lowest: Vec<u32> = model.iter().take(3).copied().collect();
+                    prop_assert_eq!(peeked, lowest);
                     prop_assert_eq!(free.pop(), model.pop_first());
                 }
                 prop_assert_eq!(free.len(), model.len());

@@ -195,15 +195,14 @@ impl<T: TimerTask> Inner<T> {
     }
 
     /// Adds every `(deadline, task)` of `tasks` to the calling thread's shard, taking its
-    /// lock once per [`ADD_BATCH`] tasks; appends one result per task to `out`, in order.
+    /// lock once per [`ADD_BATCH`] tasks (after bringing the slab entries those adds will
+    /// fill into the cache); appends one result per task to `out`, in order.
     fn add_many(
         &self,
         now: u64,
         tasks: &mut Vec<(u64, T)>,
         out: &mut Vec<Result<TimerHandle, AddError<T>>>,
     ) {
-        let shard_index = self.local_shard();
-        let shard = &self.shards[shard_index];
         let mut tasks = tasks.drain(..);
         loop {
             if tasks.len() == 0 {
@@ -212,6 +211,8 @@ impl<T: TimerTask> Inner<T> {
             if self.closed.load(Ordering::Relaxed) {
                 break;
             }
+            let shard_index = self.local_shard();
+            let shard = &self.shards[shard_index];
             let mut state = shard.state.lock();
             if state.closed {
                 break;
@@ -220,6 +221,7 @@ impl<T: TimerTask> Inner<T> {
             if now >= next_tick_nanos {
                 state.wheel.catch_up(now / self.tick_nanos);
             }
+            state.wheel.prefetch_inserts(tasks.len().min(ADD_BATCH));
             let mut added = 0u64;
             for (deadline, task) in tasks.by_ref().take(ADD_BATCH) {
                 let key = state.wheel.insert(deadline.div_ceil(self.tick_nanos), task);

@@ -158,6 +158,12 @@ impl<T> Wheel<T> {
         key
     }
 
+    /// Brings the slab entries the next `n` inserts will use into the cache (a hint for
+    /// batches: see `Timer::add_batch`).
+    pub(crate) fn prefetch_inserts(&self, n: usize) {
+        self.slab.prefetch_vacant(n);
+    }
+
     /// Removes the task `key` names and returns it, or `None` when the key is stale (the
     /// task already expired or was cancelled). O(1): unlinks one entry.
     pub fn cancel(&mut self, key: SlotKey) -> Option<T> {
