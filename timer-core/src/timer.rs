@@ -423,6 +423,7 @@ impl<T: TimerTask> Timer<T> {
             };
             {
                 let mut state = shard.state.lock();
+                state.wheel.prefetch_cancels(chunk.iter().map(|h| h.key));
                 for handle in chunk {
                     if handle.timer != self.inner.id {
                         continue;
