@@ -48,9 +48,16 @@ pub enum ChildJob {
 pub const W1_IMPLEMENTATIONS: [&str; 4] = ["ours", "binaryheap", "btreemap", "delayqueue"];
 
 /// Every W1 implementation: the defaults plus `wheel`, our bare single-threaded wheel
-/// without the timer's lock (a diagnostic, single-threaded only).
-pub const W1_ALL_IMPLEMENTATIONS: [&str; 5] =
-    ["ours", "binaryheap", "btreemap", "delayqueue", "wheel"];
+/// without the timer's lock (a diagnostic), and `ours-batch`, our timer through
+/// `add_batch`/`cancel_batch` 64 at a time (both single-threaded only).
+pub const W1_ALL_IMPLEMENTATIONS: [&str; 6] = [
+    "ours",
+    "binaryheap",
+    "btreemap",
+    "delayqueue",
+    "wheel",
+    "ours-batch",
+];
 
 fn to_json<T: Serialize>(value: &T) -> Result<serde_json::Value, String> {
     serde_json::to_value(value).map_err(|e| e.to_string())
@@ -74,6 +81,13 @@ fn run_w1(name: &str, p: &W1Params) -> Result<serde_json::Value, String> {
             return Err("`wheel` is single-threaded; use it without --threads".into())
         }
         "wheel" => run_single(name, crate::ours::OurBareWheel::default(), p),
+        "ours-batch" if multi => {
+            return Err("`ours-batch` is single-threaded; use it without --threads".into())
+        }
+        "ours-batch" => {
+            let timer = OurChurnTimer::new().map_err(|e| e.to_string())?;
+            crate::w1::run_single_batched(name, timer, p)
+        }
         "binaryheap" if multi => run_multi(name, &Mutex::new(LazyHeapTimer::new()), p, None),
         "binaryheap" => run_single(name, LazyHeapTimer::new(), p),
         "btreemap" if multi => run_multi(name, &Mutex::new(BTreeTimer::new()), p, None),

@@ -46,6 +46,22 @@ pub trait SharedChurnTimer: Sync {
     fn pending(&self) -> usize;
 }
 
+/// W1 through batch calls: add many, cancel many (ours: `Timer::add_batch` and
+/// `Timer::cancel_batch`).
+pub trait BatchChurnTimer {
+    /// Names one added task.
+    type Handle: Copy + Send;
+    /// Adds each `(delay_ms, task)` of `tasks`; appends their handles to `out`, in order.
+    fn add_batch(&mut self, tasks: &[(u64, u32)], out: &mut Vec<Self::Handle>);
+    /// Cancels every handle of `handles` (reordering them); returns how many were pending.
+    fn cancel_batch(&mut self, handles: &mut [Self::Handle]) -> usize;
+    /// Tasks pending.
+    fn pending(&self) -> usize;
+}
+
+/// Operations per batch call in [`run_single_batched`].
+pub const BATCH: usize = 64;
+
 /// A single-threaded peer shared the only way its design allows: behind one lock.
 impl<C: ChurnTimer + Send> SharedChurnTimer for parking_lot::Mutex<C> {
     type Handle = C::Handle;
@@ -219,6 +235,74 @@ pub fn run_single<C: ChurnTimer>(name: &str, mut timer: C, p: &W1Params) -> W1Re
     let start = Instant::now();
     for (i, (&delay, slot)) in inputs.second.iter().zip(second.iter_mut()).enumerate() {
         *slot = Some(timer.add(delay, (p.tasks + i) as u32));
+    }
+    let second_add = start.elapsed();
+    let peak_second = peak_resident_bytes();
+    let pending_end = timer.pending();
+    std::hint::black_box((&first, &second));
+    result(
+        name,
+        p,
+        [add, cancel, second_add],
+        inputs.cancels.len(),
+        Memory {
+            base,
+            peak_first,
+            after_cancel,
+            peak_second,
+        },
+        cancelled,
+        pending_end,
+    )
+}
+
+/// Runs W1 on one thread through batch calls of [`BATCH`] operations (the same tasks,
+/// delays and cancel order as [`run_single`]).
+pub fn run_single_batched<C: BatchChurnTimer>(name: &str, mut timer: C, p: &W1Params) -> W1Result {
+    let inputs = Inputs::sample(p, p.tasks, 0);
+    let tasks = |delays: &[u64], first_id: usize| -> Vec<(u64, u32)> {
+        (first_id..)
+            .zip(delays)
+            .map(|(id, &delay)| (delay, id as u32))
+            .collect()
+    };
+    let first_tasks = tasks(&inputs.delays, 0);
+    let second_tasks = tasks(&inputs.second, p.tasks);
+    // Handle storage is touched before the baseline, as in `run_single`.
+    let mut first = handle_vec::<C::Handle>(p.tasks);
+    let mut second = handle_vec::<C::Handle>(p.tasks);
+    let mut handles = Vec::with_capacity(BATCH);
+    let base = resident_bytes();
+    reset_peak_resident();
+
+    let start = Instant::now();
+    for (chunk, slots) in first_tasks.chunks(BATCH).zip(first.chunks_mut(BATCH)) {
+        handles.clear();
+        timer.add_batch(chunk, &mut handles);
+        for (slot, &handle) in slots.iter_mut().zip(&handles) {
+            *slot = Some(handle);
+        }
+    }
+    let add = start.elapsed();
+
+    let start = Instant::now();
+    let mut cancelled = 0;
+    for chunk in inputs.cancels.chunks(BATCH) {
+        handles.clear();
+        handles.extend(chunk.iter().filter_map(|&i| first[i as usize]));
+        cancelled += timer.cancel_batch(&mut handles);
+    }
+    let cancel = start.elapsed();
+    let after_cancel = resident_bytes();
+    let peak_first = peak_resident_bytes();
+
+    let start = Instant::now();
+    for (chunk, slots) in second_tasks.chunks(BATCH).zip(second.chunks_mut(BATCH)) {
+        handles.clear();
+        timer.add_batch(chunk, &mut handles);
+        for (slot, &handle) in slots.iter_mut().zip(&handles) {
+            *slot = Some(handle);
+        }
     }
     let second_add = start.elapsed();
     let peak_second = peak_resident_bytes();

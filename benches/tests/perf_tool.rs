@@ -50,6 +50,22 @@ fn w1_counts_add_up_for_every_implementation() {
 }
 
 #[test]
+fn w1_diagnostic_implementations_account_for_every_task() {
+    let v = json(&[
+        "w1",
+        "--tasks",
+        "2000",
+        "--impl",
+        "ours,wheel,ours-batch",
+        "--json",
+    ]);
+    for r in results(&v) {
+        assert_eq!(num(r, "cancelled"), 1800.0, "{r}");
+        assert_eq!(num(r, "pending_end"), 2000.0 - 1800.0 + 2000.0, "{r}");
+    }
+}
+
+#[test]
 fn w1_mt_reports_speedup() {
     let v = json(&[
         "w1",

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use timer_core::{Clock, ManualClock, SlotKey, Timer, TimerBuilder, TimerHandle, TimerTask, Wheel};
 
-use crate::w1::{ChurnTimer, SharedChurnTimer};
+use crate::w1::{BatchChurnTimer, ChurnTimer, SharedChurnTimer};
 
 /// The W1 payload: a task id; running it does nothing.
 #[derive(Debug)]
@@ -81,6 +81,32 @@ impl ChurnTimer for OurChurnTimer {
 
     fn pending(&self) -> usize {
         SharedChurnTimer::pending(self)
+    }
+}
+
+impl BatchChurnTimer for OurChurnTimer {
+    type Handle = TimerHandle;
+
+    fn add_batch(&mut self, tasks: &[(u64, u32)], out: &mut Vec<TimerHandle>) {
+        let mut batch: Vec<(Duration, ChurnTask)> = tasks
+            .iter()
+            .map(|&(delay_ms, id)| (Duration::from_millis(delay_ms), ChurnTask(id)))
+            .collect();
+        let mut results = Vec::with_capacity(batch.len());
+        self.timer.add_batch(&mut batch, &mut results);
+        out.extend(results.into_iter().map(|r| match r {
+            Ok(handle) => handle,
+            Err(_) => unreachable!("the timer is never shut down during W1"),
+        }));
+    }
+
+    fn cancel_batch(&mut self, handles: &mut [TimerHandle]) -> usize {
+        let mut cancelled: Vec<ChurnTask> = Vec::with_capacity(handles.len());
+        self.timer.cancel_batch(handles, &mut cancelled)
+    }
+
+    fn pending(&self) -> usize {
+        self.timer.len()
     }
 }
 
