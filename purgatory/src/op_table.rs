@@ -34,7 +34,7 @@
 //!   are taken with at most one slot lock held and never the other way round.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU32 as StdAtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32 as StdAtomicU32, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 use timer_core::sync::{AtomicU32, Mutex, MutexGuard};
@@ -122,6 +122,9 @@ pub(crate) struct Locked<'a, O> {
 
 pub(crate) struct OpTable<O> {
     segments: [OnceLock<Box<[Slot<O>]>>; SEGMENTS],
+    /// The low 8 bits of each slot's generation, packed 64 to a cache line, for telling
+    /// stale list entries apart without touching their slots (see [`OpTable::is_waiting`]).
+    tags: [OnceLock<Box<[AtomicU8]>>; SEGMENTS],
     /// Slots ever handed out; the next new slot's index.
     high_water: StdAtomicU32,
     free: [FreeList; STRIPES],
@@ -140,6 +143,7 @@ impl<O: DelayedOperation> OpTable<O> {
     pub(crate) fn new() -> Self {
         let table = OpTable {
             segments: std::array::from_fn(|_| OnceLock::new()),
+            tags: std::array::from_fn(|_| OnceLock::new()),
             high_water: StdAtomicU32::new(0),
             free: std::array::from_fn(|_| FreeList::default()),
         };
@@ -149,7 +153,22 @@ impl<O: DelayedOperation> OpTable<O> {
     }
 
     fn segment(&self, k: usize) -> &[Slot<O>] {
+        // Tags first: whoever can see a slot's index can then find its tag.
+        self.tags[k].get_or_init(|| (0..FIRST_SEGMENT << k).map(|_| AtomicU8::new(0)).collect());
         self.segments[k].get_or_init(|| (0..FIRST_SEGMENT << k).map(|_| Slot::new()).collect())
+    }
+
+    #[inline]
+    fn tag(&self, index: u32) -> &AtomicU8 {
+        let (segment, offset) = locate(index);
+        match self.tags[segment].get() {
+            Some(tags) => &tags[offset],
+            // Only reachable for an index never handed out (a corrupt `OpRef`).
+            None => {
+                self.segment(segment);
+                &self.tags[segment].get().expect("created just now")[offset]
+            }
+        }
     }
 
     #[inline]
@@ -272,6 +291,17 @@ impl<O: DelayedOperation> OpTable<O> {
         self.slot(at.index).generation.load(Ordering::Acquire) == at.generation
     }
 
+    /// Like [`is_waiting`](Self::is_waiting), from the generation's low 8 bits kept in a
+    /// dense array (one byte per slot, 64 to a cache line) instead of the slot itself.
+    /// "Not waiting" is certain (the generation moved on); "waiting" may also be a slot
+    /// taken a multiple of 256 times since, which only keeps a stale entry listed until
+    /// the next look. For purges and list scans, which read many entries: their slots
+    /// are mostly in other cores' caches, the tags mostly in this one's.
+    #[inline]
+    pub(crate) fn may_be_waiting(&self, at: OpRef) -> bool {
+        self.tag(at.index).load(Ordering::Acquire) == at.generation as u8
+    }
+
     /// Takes the operation `at` names, whatever its readiness (force, expiry, cancel).
     pub(crate) fn take(&self, at: OpRef) -> Option<Taken<O>> {
         self.lock(at).map(Locked::take)
@@ -316,6 +346,9 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
         let slot = self.table.slot(self.at.index);
         slot.generation
             .store(self.at.generation.wrapping_add(1), Ordering::Release);
+        self.table
+            .tag(self.at.index)
+            .store(self.at.generation.wrapping_add(1) as u8, Ordering::Release);
         let (table, index) = (self.table, self.at.index);
         drop(self);
         table.release(index);
@@ -390,6 +423,7 @@ mod tests {
         assert_eq!(b.index, a.index);
         assert_ne!(b.generation, a.generation);
         assert!(!table.is_waiting(a) && table.is_waiting(b));
+        assert!(!table.may_be_waiting(a) && table.may_be_waiting(b));
         assert!(table.lock(a).is_none());
         assert!(table.take(a).is_none());
         assert!(matches!(table.attempt(a), Attempt::Gone));

@@ -289,7 +289,7 @@ where
     /// empties). Returns how many this call completed; an unknown key returns 0.
     pub fn check_and_complete(&self, key: &K) -> usize {
         let inner = &*self.inner;
-        let waiting = |at| inner.table.is_waiting(at);
+        let waiting = |at| inner.table.may_be_waiting(at);
         let mut candidates = SmallVec::<[OpRef; 16]>::new();
         inner.watchers.snapshot(key, &mut candidates);
         let listed = candidates.len();
@@ -563,7 +563,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
     fn purge_shard(&self, index: usize) -> usize {
         let removed = PURGE_SCRATCH.with_borrow_mut(|scratch| {
             self.watchers
-                .purge_shard(index, |at| self.table.is_waiting(at), scratch)
+                .purge_shard(index, |at| self.table.may_be_waiting(at), scratch)
         });
         if removed > 0 {
             self.counters.add_stale(-(removed as i64));
