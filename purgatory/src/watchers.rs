@@ -120,57 +120,46 @@ impl<K: Hash + Eq + Clone> Watchers<K> {
         shard.entries += 1;
     }
 
-    /// Appends each `(key, operation)` of `entries` to the list of its key, keeping the order
-    /// of `entries` per key; `entries` is left empty. Takes each shard lock once per run
-    /// of entries that fall in it, and looks each key up once per run of equal keys: the
-    /// entries are visited in the order of a sort key packing (shard, low hash bits,
-    /// position), a plain `u64` sort.
+    /// Appends each `(key, operation)` of `entries` to the list of its key, keeping the
+    /// order of `entries` per key; `entries` is left empty. Takes each shard lock once:
+    /// the entries are first bucketed by shard (a counting sort, stable), then each
+    /// shard's entries are listed under one lock.
     pub(crate) fn watch_many(&self, entries: &mut Vec<(Option<K>, OpRef)>) {
-        const POSITION_BITS: u32 = 24;
-        const HASH_BITS: u32 = 24;
-        let mut order: Vec<u64> = Vec::with_capacity(entries.len().min(1 << POSITION_BITS));
-        let mut start = 0;
-        while start < entries.len() {
-            let end = (start + (1 << POSITION_BITS)).min(entries.len());
-            let window = &mut entries[start..end];
-            start += window.len();
-            order.clear();
-            order.extend(window.iter().enumerate().map(|(i, (key, _))| {
-                let hash = self.hasher.hash_one(key.as_ref().expect("not yet listed"));
-                let shard = self.shard_index(hash) as u64;
-                (shard << (HASH_BITS + POSITION_BITS))
-                    | ((hash & ((1 << HASH_BITS) - 1)) << POSITION_BITS)
-                    | i as u64
-            }));
-            order.sort_unstable();
-            let position = |packed: u64| (packed & ((1 << POSITION_BITS) - 1)) as usize;
-            let group = |packed: u64| packed >> POSITION_BITS;
-            let mut rest = &order[..];
-            while let Some(&first) = rest.first() {
-                let shard_of = |packed: u64| packed >> (HASH_BITS + POSITION_BITS);
-                let in_shard = rest
-                    .iter()
-                    .take_while(|&&p| shard_of(p) == shard_of(first))
-                    .count();
-                let (run, tail) = rest.split_at(in_shard);
-                rest = tail;
-                let mut guard = self.shards[shard_of(first) as usize].state.lock();
-                let shard = &mut *guard;
-                shard.entries += run.len();
-                let mut i = 0;
-                while i < run.len() {
-                    let head = run[i];
-                    let key = window[position(head)].0.take().expect("listed once");
-                    let same = 1 + run[i + 1..]
-                        .iter()
-                        .take_while(|&&p| {
-                            group(p) == group(head) && window[position(p)].0.as_ref() == Some(&key)
-                        })
-                        .count();
-                    let list = shard.lists.entry(key).or_default();
-                    list.extend(run[i..i + same].iter().map(|&p| window[position(p)].1));
-                    i += same;
-                }
+        let shards = self.shards.len();
+        let mut shard_of: Vec<u32> = entries
+            .iter()
+            .map(|(key, _)| {
+                let key = key.as_ref().expect("not yet listed");
+                self.shard_index(self.hasher.hash_one(key)) as u32
+            })
+            .collect();
+        // starts[s]..starts[s + 1] will be shard s's run in `order`.
+        let mut starts = vec![0u32; shards + 1];
+        for &s in &shard_of {
+            starts[s as usize + 1] += 1;
+        }
+        for s in 0..shards {
+            starts[s + 1] += starts[s];
+        }
+        let mut order = vec![0u32; entries.len()];
+        let mut next = starts.clone();
+        for (i, &s) in shard_of.iter().enumerate() {
+            order[next[s as usize] as usize] = i as u32;
+            next[s as usize] += 1;
+        }
+        shard_of.clear();
+        for s in 0..shards {
+            let run = &order[starts[s] as usize..starts[s + 1] as usize];
+            if run.is_empty() {
+                continue;
+            }
+            let mut guard = self.shards[s].state.lock();
+            let shard = &mut *guard;
+            shard.entries += run.len();
+            for &i in run {
+                let (key, at) = &mut entries[i as usize];
+                let key = key.take().expect("listed once");
+                shard.lists.entry(key).or_default().push(*at);
             }
         }
         entries.clear();
