@@ -33,7 +33,7 @@ use timer_core::TimerHandle;
 
 use crate::counters::Count;
 use crate::error::WatchError;
-use crate::op_table::{Locked, OpRef, Taken};
+use crate::op_table::{Locked, OpRef, Taken, Vacated};
 use crate::operation::{Completion, DelayedOperation};
 use crate::purgatory::{run_callbacks, Expiry, Inner, OperationHandle, Purgatory, Watched};
 
@@ -209,12 +209,16 @@ impl<K, O: DelayedOperation> Inner<K, O> {
         self.table.prepare(chunk.iter().copied());
         let mut taken: SmallVec<[(O, u32); CHUNK]> = SmallVec::new();
         let mut timers: SmallVec<[TimerHandle; CHUNK]> = SmallVec::new();
+        let mut vacated: SmallVec<[Vacated; CHUNK]> = SmallVec::new();
         for at in chunk.drain(..) {
-            if let Some(Taken { op, timer, keys }) = self.table.take(at) {
+            if let Some(locked) = self.table.lock(at) {
+                let (Taken { op, timer, keys }, slot) = locked.take_deferred();
                 timers.extend(timer);
                 taken.push((op, keys));
+                vacated.push(slot);
             }
         }
+        self.table.vacate(&vacated);
         self.finish_forced(&mut taken, &mut timers)
     }
 

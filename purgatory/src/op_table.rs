@@ -113,6 +113,13 @@ struct FreeList {
     indices: parking_lot::Mutex<Vec<u32>>,
 }
 
+/// A slot whose operation was taken by [`Locked::take_deferred`], waiting for
+/// [`OpTable::vacate`].
+pub(crate) struct Vacated {
+    index: u32,
+    tag: u8,
+}
+
 /// A locked slot holding the operation an [`OpRef`] names.
 pub(crate) struct Locked<'a, O> {
     table: &'a OpTable<O>,
@@ -223,9 +230,16 @@ impl<O: DelayedOperation> OpTable<O> {
         }
     }
 
-    /// Gives a slot back; called once its occupant was taken.
-    fn release(&self, index: u32) {
-        self.free[stripe_index()].indices.lock().push(index);
+    /// Finishes taking the operations of `vacated` (see [`Locked::take_deferred`]):
+    /// updates their slots' tags, then frees the slots.
+    pub(crate) fn vacate(&self, vacated: &[Vacated]) {
+        for v in vacated {
+            self.tag(v.index).store(v.tag, Ordering::Release);
+        }
+        self.free[stripe_index()]
+            .indices
+            .lock()
+            .extend(vacated.iter().map(|v| v.index));
     }
 
     /// Puts `op` in a free slot, watched on `keys` keys, and returns it locked.
@@ -332,7 +346,19 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
     }
 
     /// Takes the operation out and frees its slot.
-    pub(crate) fn take(mut self) -> Taken<O> {
+    pub(crate) fn take(self) -> Taken<O> {
+        let table = self.table;
+        let (taken, vacated) = self.take_deferred();
+        table.vacate(&[vacated]);
+        taken
+    }
+
+    /// Takes the operation out and unlocks its slot, but leaves updating the slot's tag
+    /// and freeing it to [`OpTable::vacate`], so that a batch does both for all its
+    /// slots at once (the tag stores then overlap, and one free-list lock serves the
+    /// batch). Until then the tag still says "maybe waiting" and nobody can reuse the
+    /// slot: both are allowed states, the slot's generation has already moved on.
+    pub(crate) fn take_deferred(mut self) -> (Taken<O>, Vacated) {
         let op = self
             .state
             .op
@@ -343,16 +369,17 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
             timer: self.state.timer.take(),
             keys: self.state.keys,
         };
-        let slot = self.table.slot(self.at.index);
-        slot.generation
-            .store(self.at.generation.wrapping_add(1), Ordering::Release);
+        let generation = self.at.generation.wrapping_add(1);
         self.table
-            .tag(self.at.index)
-            .store(self.at.generation.wrapping_add(1) as u8, Ordering::Release);
-        let (table, index) = (self.table, self.at.index);
+            .slot(self.at.index)
+            .generation
+            .store(generation, Ordering::Release);
+        let vacated = Vacated {
+            index: self.at.index,
+            tag: generation as u8,
+        };
         drop(self);
-        table.release(index);
-        taken
+        (taken, vacated)
     }
 
     /// Runs `try_complete` and takes the operation if it is ready; otherwise unlocks it.
