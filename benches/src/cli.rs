@@ -150,7 +150,7 @@ struct W3Args {
     /// Shortest generator sleep in µs when ahead of schedule (bursts requests at low rates
     /// to save wake-ups; the average rate is unchanged), and the completer's tick (at
     /// least 1 ms): completions happen within one tick after they are due.
-    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u64).range(0..=100_000))]
+    #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(0..=100_000))]
     pace_us: u64,
     /// Seed of the tables.
     #[arg(long, default_value_t = 1)]

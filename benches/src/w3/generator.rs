@@ -7,7 +7,7 @@
 //!   purgatory in one `watch_batch` call, and their completions to the completer in one
 //!   hand-over.
 //! - The generator sleeps only when it is ahead of the schedule, and then for at least
-//!   `pace` (default 1 ms), so at low rates it wakes about once per `pace` and issues what
+//!   `pace` (default 2 ms), so at low rates it wakes about once per `pace` and issues what
 //!   came due meanwhile instead of waking for every request. The average rate is the
 //!   schedule's either way; if the system cannot keep up, the generator never sleeps and
 //!   the actual rate falls below the target.

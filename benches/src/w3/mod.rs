@@ -100,7 +100,7 @@ impl Default for W3Params {
             keys: 3,
             key_space: 100,
             events: false,
-            pace_us: 1_000,
+            pace_us: 2_000,
             seed: 1,
         }
     }
