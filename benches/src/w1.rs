@@ -207,44 +207,46 @@ fn result(
     }
 }
 
-/// Runs W1 on one thread against `timer`.
-pub fn run_single<C: ChurnTimer>(name: &str, mut timer: C, p: &W1Params) -> W1Result {
-    let inputs = Inputs::sample(p, p.tasks, 0);
-    let mut first = handle_vec::<C::Handle>(p.tasks);
-    let mut second = handle_vec::<C::Handle>(p.tasks);
+/// The timed phases of a single-threaded W1 run, in order.
+enum Phase {
+    /// The first wave of adds.
+    Adds,
+    /// The cancels; returns how many found their task pending.
+    Cancels,
+    /// The second wave of adds.
+    SecondAdds,
+    /// Not timed: returns the tasks pending at the end.
+    Pending,
+}
+
+/// Times the phases of one single-threaded run (`run(phase)` does each), reading the
+/// resident memory between them.
+fn drive(
+    name: &str,
+    p: &W1Params,
+    cancel_ops: usize,
+    mut run: impl FnMut(Phase) -> usize,
+) -> W1Result {
     let base = resident_bytes();
     reset_peak_resident();
-
     let start = Instant::now();
-    for (i, (&delay, slot)) in inputs.delays.iter().zip(first.iter_mut()).enumerate() {
-        *slot = Some(timer.add(delay, i as u32));
-    }
+    run(Phase::Adds);
     let add = start.elapsed();
-
     let start = Instant::now();
-    let mut cancelled = 0;
-    for &i in &inputs.cancels {
-        if let Some(handle) = first[i as usize] {
-            cancelled += usize::from(timer.cancel(handle));
-        }
-    }
+    let cancelled = run(Phase::Cancels);
     let cancel = start.elapsed();
     let after_cancel = resident_bytes();
     let peak_first = peak_resident_bytes();
-
     let start = Instant::now();
-    for (i, (&delay, slot)) in inputs.second.iter().zip(second.iter_mut()).enumerate() {
-        *slot = Some(timer.add(delay, (p.tasks + i) as u32));
-    }
+    run(Phase::SecondAdds);
     let second_add = start.elapsed();
     let peak_second = peak_resident_bytes();
-    let pending_end = timer.pending();
-    std::hint::black_box((&first, &second));
+    let pending_end = run(Phase::Pending);
     result(
         name,
         p,
         [add, cancel, second_add],
-        inputs.cancels.len(),
+        cancel_ops,
         Memory {
             base,
             peak_first,
@@ -254,6 +256,36 @@ pub fn run_single<C: ChurnTimer>(name: &str, mut timer: C, p: &W1Params) -> W1Re
         cancelled,
         pending_end,
     )
+}
+
+/// Runs W1 on one thread against `timer`.
+pub fn run_single<C: ChurnTimer>(name: &str, mut timer: C, p: &W1Params) -> W1Result {
+    let inputs = Inputs::sample(p, p.tasks, 0);
+    let mut first = handle_vec::<C::Handle>(p.tasks);
+    let mut second = handle_vec::<C::Handle>(p.tasks);
+    let result = drive(name, p, inputs.cancels.len(), |phase| match phase {
+        Phase::Adds => {
+            for (i, (&delay, slot)) in inputs.delays.iter().zip(first.iter_mut()).enumerate() {
+                *slot = Some(timer.add(delay, i as u32));
+            }
+            0
+        }
+        Phase::Cancels => inputs
+            .cancels
+            .iter()
+            .filter_map(|&i| first[i as usize])
+            .map(|handle| usize::from(timer.cancel(handle)))
+            .sum(),
+        Phase::SecondAdds => {
+            for (i, (&delay, slot)) in inputs.second.iter().zip(second.iter_mut()).enumerate() {
+                *slot = Some(timer.add(delay, (p.tasks + i) as u32));
+            }
+            0
+        }
+        Phase::Pending => timer.pending(),
+    });
+    std::hint::black_box((&first, &second));
+    result
 }
 
 /// Runs W1 on one thread through batch calls of [`BATCH`] operations (the same tasks,
@@ -272,56 +304,38 @@ pub fn run_single_batched<C: BatchChurnTimer>(name: &str, mut timer: C, p: &W1Pa
     let mut first = handle_vec::<C::Handle>(p.tasks);
     let mut second = handle_vec::<C::Handle>(p.tasks);
     let mut handles = Vec::with_capacity(BATCH);
-    let base = resident_bytes();
-    reset_peak_resident();
-
-    let start = Instant::now();
-    for (chunk, slots) in first_tasks.chunks(BATCH).zip(first.chunks_mut(BATCH)) {
-        handles.clear();
-        timer.add_batch(chunk, &mut handles);
-        for (slot, &handle) in slots.iter_mut().zip(&handles) {
-            *slot = Some(handle);
+    let mut add_all = |timer: &mut C, tasks: &[(u64, u32)], slots: &mut [Option<C::Handle>]| {
+        for (chunk, slots) in tasks.chunks(BATCH).zip(slots.chunks_mut(BATCH)) {
+            handles.clear();
+            timer.add_batch(chunk, &mut handles);
+            for (slot, &handle) in slots.iter_mut().zip(&handles) {
+                *slot = Some(handle);
+            }
         }
-    }
-    let add = start.elapsed();
-
-    let start = Instant::now();
-    let mut cancelled = 0;
-    for chunk in inputs.cancels.chunks(BATCH) {
-        handles.clear();
-        handles.extend(chunk.iter().filter_map(|&i| first[i as usize]));
-        cancelled += timer.cancel_batch(&mut handles);
-    }
-    let cancel = start.elapsed();
-    let after_cancel = resident_bytes();
-    let peak_first = peak_resident_bytes();
-
-    let start = Instant::now();
-    for (chunk, slots) in second_tasks.chunks(BATCH).zip(second.chunks_mut(BATCH)) {
-        handles.clear();
-        timer.add_batch(chunk, &mut handles);
-        for (slot, &handle) in slots.iter_mut().zip(&handles) {
-            *slot = Some(handle);
+    };
+    let mut batch = Vec::with_capacity(BATCH);
+    let result = drive(name, p, inputs.cancels.len(), |phase| match phase {
+        Phase::Adds => {
+            add_all(&mut timer, &first_tasks, &mut first);
+            0
         }
-    }
-    let second_add = start.elapsed();
-    let peak_second = peak_resident_bytes();
-    let pending_end = timer.pending();
+        Phase::Cancels => inputs
+            .cancels
+            .chunks(BATCH)
+            .map(|chunk| {
+                batch.clear();
+                batch.extend(chunk.iter().filter_map(|&i| first[i as usize]));
+                timer.cancel_batch(&mut batch)
+            })
+            .sum(),
+        Phase::SecondAdds => {
+            add_all(&mut timer, &second_tasks, &mut second);
+            0
+        }
+        Phase::Pending => timer.pending(),
+    });
     std::hint::black_box((&first, &second));
-    result(
-        name,
-        p,
-        [add, cancel, second_add],
-        inputs.cancels.len(),
-        Memory {
-            base,
-            peak_first,
-            after_cancel,
-            peak_second,
-        },
-        cancelled,
-        pending_end,
-    )
+    result
 }
 
 /// Runs W1-mt: `p.threads` threads, each with `p.tasks / p.threads` tasks, adding and

@@ -111,6 +111,24 @@ thread_local! {
     static THREAD_HINT: usize = NEXT_THREAD_HINT.fetch_add(1, Ordering::Relaxed);
 }
 
+/// After adds to a locked shard: if its earliest expiration moved earlier than the one
+/// published, publishes it and returns it, for the caller to wake the driver once the
+/// lock is released.
+fn publish_earlier<T>(shard: &Shard<T>, state: &ShardState<T>) -> Option<u64> {
+    let next = state.wheel.next_expiration().unwrap_or(IDLE);
+    // Under loom, read with a read-modify-write: loom's DPOR remembers only the last
+    // access to an atomic, so a plain load here would hide this thread's store below
+    // from the driver's earlier loads, and the add-versus-sleep race would go unexplored.
+    #[cfg(loom)]
+    let published = shard.next_expiration.fetch_add(0, Ordering::Relaxed);
+    #[cfg(not(loom))]
+    let published = shard.next_expiration.load(Ordering::Relaxed);
+    (next < published).then(|| {
+        shard.next_expiration.store(next, Ordering::SeqCst);
+        next
+    })
+}
+
 fn nanos(d: Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
@@ -153,6 +171,15 @@ impl<T: TimerTask> Inner<T> {
         nanos(self.clock.now())
     }
 
+    /// Moves a locked shard's wheel up to `now` (ns) if the clock has passed its tick;
+    /// divides only then.
+    fn catch_up(&self, state: &mut ShardState<T>, now: u64) {
+        let next_tick_nanos = (state.wheel.current_tick() + 1).saturating_mul(self.tick_nanos);
+        if now >= next_tick_nanos {
+            state.wheel.catch_up(now / self.tick_nanos);
+        }
+    }
+
     fn add_at(&self, now: u64, deadline: u64, task: T) -> Result<TimerHandle, AddError<T>> {
         if self.closed.load(Ordering::Relaxed) {
             return Err(AddError::Shutdown(task));
@@ -164,27 +191,12 @@ impl<T: TimerTask> Inner<T> {
         if state.closed {
             return Err(AddError::Shutdown(task));
         }
-        // Only divide when the clock has moved past the wheel's current tick.
-        let next_tick_nanos = (state.wheel.current_tick() + 1).saturating_mul(self.tick_nanos);
-        if now >= next_tick_nanos {
-            state.wheel.catch_up(now / self.tick_nanos);
-        }
+        self.catch_up(&mut state, now);
         let key = state.wheel.insert(expiration, task);
         state.added += 1;
-        let next = state.wheel.next_expiration().unwrap_or(IDLE);
-        // Under loom, read with a read-modify-write: loom's DPOR remembers only the last
-        // access to an atomic, so a plain load here would hide this thread's store below
-        // from the driver's earlier loads, and the add-versus-sleep race would go unexplored.
-        #[cfg(loom)]
-        let published = shard.next_expiration.fetch_add(0, Ordering::Relaxed);
-        #[cfg(not(loom))]
-        let published = shard.next_expiration.load(Ordering::Relaxed);
-        let earlier = next < published;
-        if earlier {
-            shard.next_expiration.store(next, Ordering::SeqCst);
-        }
+        let earlier = publish_earlier(shard, &state);
         drop(state);
-        if earlier {
+        if let Some(next) = earlier {
             self.sleeper.wake_if_later_than(next);
         }
         Ok(TimerHandle {
@@ -217,10 +229,7 @@ impl<T: TimerTask> Inner<T> {
             if state.closed {
                 break;
             }
-            let next_tick_nanos = (state.wheel.current_tick() + 1).saturating_mul(self.tick_nanos);
-            if now >= next_tick_nanos {
-                state.wheel.catch_up(now / self.tick_nanos);
-            }
+            self.catch_up(&mut state, now);
             state.wheel.prefetch_inserts(tasks.len().min(ADD_BATCH));
             let mut added = 0u64;
             for (deadline, task) in tasks.by_ref().take(ADD_BATCH) {
@@ -233,17 +242,9 @@ impl<T: TimerTask> Inner<T> {
                 added += 1;
             }
             state.added += added;
-            let next = state.wheel.next_expiration().unwrap_or(IDLE);
-            #[cfg(loom)]
-            let published = shard.next_expiration.fetch_add(0, Ordering::Relaxed);
-            #[cfg(not(loom))]
-            let published = shard.next_expiration.load(Ordering::Relaxed);
-            let earlier = next < published;
-            if earlier {
-                shard.next_expiration.store(next, Ordering::SeqCst);
-            }
+            let earlier = publish_earlier(shard, &state);
             drop(state);
-            if earlier {
+            if let Some(next) = earlier {
                 self.sleeper.wake_if_later_than(next);
             }
         }
