@@ -71,13 +71,11 @@ where
             .collect();
         let mut results = Vec::with_capacity(staged.len());
         let mut staged = staged.into_iter();
-        loop {
-            let chunk: Vec<(O, Keys<K>)> = staged.by_ref().take(CHUNK).collect();
-            if chunk.is_empty() {
-                return results;
-            }
-            self.inner.watch_chunk(chunk, &mut results);
+        while staged.len() > 0 {
+            self.inner
+                .watch_chunk(staged.by_ref().take(CHUNK), &mut results);
         }
+        results
     }
 
     /// Force-completes every operation `handles` names, like
@@ -106,7 +104,11 @@ where
 
 impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
     /// Watches at most [`CHUNK`] operations; appends their results to `results`.
-    fn watch_chunk(&self, chunk: Vec<(O, Keys<K>)>, results: &mut Vec<WatchResult<O>>) {
+    fn watch_chunk(
+        &self,
+        chunk: impl ExactSizeIterator<Item = (O, Keys<K>)>,
+        results: &mut Vec<WatchResult<O>>,
+    ) {
         let closed = self.closed.load(Ordering::Acquire);
         let mut slots: SmallVec<[Option<WatchResult<O>>; CHUNK]> =
             (0..chunk.len()).map(|_| None).collect();
@@ -115,7 +117,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
         let mut keys: SmallVec<[Keys<K>; CHUNK]> = SmallVec::new();
         let mut timeouts: SmallVec<[Duration; CHUNK]> = SmallVec::new();
         let mut position: SmallVec<[usize; CHUNK]> = SmallVec::new();
-        for (i, (op, op_keys)) in chunk.into_iter().enumerate() {
+        for (i, (op, op_keys)) in chunk.enumerate() {
             if closed {
                 slots[i] = Some(Err(WatchError::Shutdown(op)));
             } else if op_keys.is_empty() {

@@ -18,6 +18,7 @@
 use std::hash::{BuildHasher, Hash};
 
 use foldhash::fast::RandomState;
+use smallvec::{smallvec, SmallVec};
 use timer_core::sync::Mutex;
 
 use crate::op_table::OpRef;
@@ -126,7 +127,7 @@ impl<K: Hash + Eq + Clone> Watchers<K> {
     /// shard's entries are listed under one lock.
     pub(crate) fn watch_many(&self, entries: &mut Vec<(Option<K>, OpRef)>) {
         let shards = self.shards.len();
-        let mut shard_of: Vec<u32> = entries
+        let mut shard_of: SmallVec<[u32; 256]> = entries
             .iter()
             .map(|(key, _)| {
                 let key = key.as_ref().expect("not yet listed");
@@ -134,14 +135,14 @@ impl<K: Hash + Eq + Clone> Watchers<K> {
             })
             .collect();
         // starts[s]..starts[s + 1] will be shard s's run in `order`.
-        let mut starts = vec![0u32; shards + 1];
+        let mut starts: SmallVec<[u32; 128]> = smallvec![0; shards + 1];
         for &s in &shard_of {
             starts[s as usize + 1] += 1;
         }
         for s in 0..shards {
             starts[s + 1] += starts[s];
         }
-        let mut order = vec![0u32; entries.len()];
+        let mut order: SmallVec<[u32; 256]> = smallvec![0; entries.len()];
         let mut next = starts.clone();
         for (i, &s) in shard_of.iter().enumerate() {
             order[next[s as usize] as usize] = i as u32;

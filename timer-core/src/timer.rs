@@ -212,10 +212,9 @@ impl<T: TimerTask> Inner<T> {
     fn add_many(
         &self,
         now: u64,
-        tasks: &mut Vec<(u64, T)>,
+        mut tasks: impl ExactSizeIterator<Item = (u64, T)>,
         out: &mut Vec<Result<TimerHandle, AddError<T>>>,
     ) {
-        let mut tasks = tasks.drain(..);
         loop {
             if tasks.len() == 0 {
                 return;
@@ -368,12 +367,11 @@ impl<T: TimerTask> Timer<T> {
         out: &mut Vec<Result<TimerHandle, AddError<T>>>,
     ) {
         let now = self.inner.now_nanos();
-        let mut at: Vec<(u64, T)> = tasks
+        out.reserve(tasks.len());
+        let at = tasks
             .drain(..)
-            .map(|(delay, task)| (now.saturating_add(nanos(delay)), task))
-            .collect();
-        out.reserve(at.len());
-        self.inner.add_many(now, &mut at, out);
+            .map(|(delay, task)| (now.saturating_add(nanos(delay)), task));
+        self.inner.add_many(now, at, out);
     }
 
     /// The current time of this timer's clock.
