@@ -58,12 +58,6 @@ impl TimerTask for Expiry {
     fn run(self) {}
 }
 
-thread_local! {
-    /// A purging thread's copy of the entries of the shard it purges (see
-    /// `Watchers::purge_shard`), kept between purges.
-    static PURGE_SCRATCH: std::cell::RefCell<Vec<OpRef>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
 /// Source of purgatory identities, so a handle is only honoured by its own purgatory.
 static NEXT_PURGATORY_ID: AtomicU64 = AtomicU64::new(0);
 
@@ -561,10 +555,9 @@ impl<K, O: DelayedOperation> Inner<K, O> {
 
 impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
     fn purge_shard(&self, index: usize) -> usize {
-        let removed = PURGE_SCRATCH.with_borrow_mut(|scratch| {
-            self.watchers
-                .purge_shard(index, |at| self.table.may_be_waiting(at), scratch)
-        });
+        let removed = self
+            .watchers
+            .purge_shard(index, |at| self.table.may_be_waiting(at));
         if removed > 0 {
             self.counters.add_stale(-(removed as i64));
             self.counters.add_listed(-(removed as i64));

@@ -200,26 +200,9 @@ impl<K: Hash + Eq + Clone> Watchers<K> {
     }
 
     /// Drops the entries no longer `waiting` from every list of shard `index`; returns
-    /// how many.
-    ///
-    /// The `waiting` reads are cache misses (another core completed those operations). So
-    /// that they are not paid while the shard is locked (an adder would wait behind
-    /// them), the entries are first copied out under the lock, read once without it (the
-    /// lines come into this core's cache, many misses in flight at once), and then
-    /// filtered under the lock again, reading the same lines from the cache.
-    pub(crate) fn purge_shard(
-        &self,
-        index: usize,
-        waiting: impl Fn(OpRef) -> bool,
-        scratch: &mut Vec<OpRef>,
-    ) -> usize {
-        scratch.clear();
-        {
-            let shard = self.shards[index].state.lock();
-            scratch.extend(shard.lists.values().flatten().copied());
-        }
-        let live = scratch.iter().filter(|&&at| waiting(at)).count();
-        std::hint::black_box(live);
+    /// how many. (`waiting` should read the dense generation tags, which stay in this
+    /// core's cache: the shard is locked while they are read.)
+    pub(crate) fn purge_shard(&self, index: usize, waiting: impl Fn(OpRef) -> bool) -> usize {
         let mut guard = self.shards[index].state.lock();
         let shard = &mut *guard;
         let mut removed = 0;
