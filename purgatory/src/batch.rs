@@ -133,18 +133,16 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
         let mut done: SmallVec<[(Taken<O>, u32, usize); 8]> = SmallVec::new();
         let mut at: SmallVec<[OpRef; CHUNK]> = SmallVec::new();
         {
-            let mut inserted: SmallVec<[Locked<'_, O>; CHUNK]> = SmallVec::new();
-            self.table.insert_many(ops.into_iter(), &mut inserted);
-            at.extend(inserted.iter().map(Locked::at));
-            let mut locked: SmallVec<[Option<Locked<'_, O>>; CHUNK]> =
-                inserted.into_iter().map(Some).collect();
+            let mut locked: SmallVec<[Option<Locked<'_, O>>; CHUNK]> = SmallVec::new();
+            self.table.insert_many(ops.drain(..), &mut locked);
+            at.extend(locked.iter().flatten().map(Locked::at));
             for (j, slot) in locked.iter_mut().enumerate() {
                 if self.is_ready(slot.as_mut().expect("locked above")) {
                     let taken = slot.take().expect("locked above").take();
                     done.push((taken, 0, j));
                 }
             }
-            let mut entries = Vec::new();
+            let mut entries = Vec::with_capacity(keys.iter().map(|k| k.len()).sum());
             let mut listed = 0i64;
             for (j, slot) in locked.iter().enumerate() {
                 if let Some(op) = slot {

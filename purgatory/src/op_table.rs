@@ -268,11 +268,12 @@ impl<O: DelayedOperation> OpTable<O> {
         }
     }
 
-    /// Puts every `(op, keys)` of `ops` in free slots and appends them, locked, to `out`.
+    /// Puts every `(op, keys)` of `ops` in free slots and appends them, locked (each in a
+    /// `Some`, for a caller that takes them out one by one), to `out`.
     pub(crate) fn insert_many<'a>(
         &'a self,
         ops: impl ExactSizeIterator<Item = (O, u32)>,
-        out: &mut impl Extend<Locked<'a, O>>,
+        out: &mut impl Extend<Option<Locked<'a, O>>>,
     ) {
         let mut indices: smallvec::SmallVec<[u32; 64]> = smallvec::SmallVec::new();
         self.allocate(ops.len(), &mut indices);
@@ -283,7 +284,7 @@ impl<O: DelayedOperation> OpTable<O> {
             indices
                 .into_iter()
                 .zip(ops)
-                .map(|(index, (op, keys))| self.occupy(index, op, keys)),
+                .map(|(index, (op, keys))| Some(self.occupy(index, op, keys))),
         );
     }
 
@@ -464,7 +465,7 @@ mod tests {
         let n = FIRST_SEGMENT * 3 + 5;
         let mut locked = Vec::new();
         table.insert_many((0..n).map(|_| (Named("x"), 1)), &mut locked);
-        let refs: Vec<OpRef> = locked.iter().map(Locked::at).collect();
+        let refs: Vec<OpRef> = locked.iter().flatten().map(Locked::at).collect();
         drop(locked);
         let mut indices: Vec<u32> = refs.iter().map(|r| r.index).collect();
         indices.sort_unstable();
