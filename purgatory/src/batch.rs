@@ -113,7 +113,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
         let mut slots: SmallVec<[Option<WatchResult<O>>; CHUNK]> =
             (0..chunk.len()).map(|_| None).collect();
         // The operations that go on: their keys, timeout and input position.
-        let mut ops: SmallVec<[(O, u32); CHUNK]> = SmallVec::new();
+        let mut ops: SmallVec<[O; CHUNK]> = SmallVec::new();
         let mut keys: SmallVec<[Keys<K>; CHUNK]> = SmallVec::new();
         let mut timeouts: SmallVec<[Duration; CHUNK]> = SmallVec::new();
         let mut position: SmallVec<[usize; CHUNK]> = SmallVec::new();
@@ -124,13 +124,13 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
                 slots[i] = Some(Err(WatchError::NoKeys(op)));
             } else {
                 timeouts.push(op.timeout());
-                ops.push((op, u32::try_from(op_keys.len()).unwrap_or(u32::MAX)));
+                ops.push(op);
                 keys.push(op_keys);
                 position.push(i);
             }
         }
-        // Completed here: (operation, entries it leaves listed, index in `at`).
-        let mut done: SmallVec<[(Taken<O>, u32, usize); 8]> = SmallVec::new();
+        // Completed here: (operation, index in `at`).
+        let mut done: SmallVec<[(Taken<O>, usize); 8]> = SmallVec::new();
         let mut at: SmallVec<[OpRef; CHUNK]> = SmallVec::new();
         {
             let mut locked: SmallVec<[Option<Locked<'_, O>>; CHUNK]> = SmallVec::new();
@@ -139,14 +139,16 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
             for (j, slot) in locked.iter_mut().enumerate() {
                 if self.is_ready(slot.as_mut().expect("locked above")) {
                     let taken = slot.take().expect("locked above").take();
-                    done.push((taken, 0, j));
+                    done.push((taken, j));
                 }
             }
             let mut entries = Vec::with_capacity(keys.iter().map(|k| k.len()).sum());
             let mut listed = 0i64;
-            for (j, slot) in locked.iter().enumerate() {
+            for (j, slot) in locked.iter_mut().enumerate() {
                 if let Some(op) = slot {
-                    listed += i64::from(op.keys());
+                    let count = u32::try_from(keys[j].len()).unwrap_or(u32::MAX);
+                    op.set_keys(count);
+                    listed += i64::from(count);
                     entries.extend(keys[j].drain(..).map(|key| (Some(key), at[j])));
                 }
             }
@@ -161,8 +163,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
                 };
                 if self.is_ready(op) {
                     let taken = slot.take().expect("checked above").take();
-                    let keys = taken.keys;
-                    done.push((taken, keys, j));
+                    done.push((taken, j));
                 } else {
                     tasks.push((timeouts[j], Expiry(at[j])));
                     armed.push(j);
@@ -183,8 +184,8 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
                 }
             }
         }
-        for (taken, listed, j) in done {
-            self.finish(taken, Completion::Ready, listed);
+        for (taken, j) in done {
+            self.finish(taken, Completion::Ready);
             slots[position[j]] = Some(Ok(Watched::Completed));
         }
         for (j, at) in at.into_iter().enumerate() {

@@ -62,7 +62,8 @@ pub(crate) struct OpRef {
 pub(crate) struct OpState<O> {
     pub(crate) op: Option<O>,
     pub(crate) timer: Option<TimerHandle>,
-    /// How many watcher entries name the operation (its key count).
+    /// How many watcher entries name the operation: 0 until it is listed, then its key
+    /// count (so a taker knows how many stale entries it leaves).
     pub(crate) keys: u32,
 }
 
@@ -242,21 +243,21 @@ impl<O: DelayedOperation> OpTable<O> {
             .extend(vacated.iter().map(|v| v.index));
     }
 
-    /// Puts `op` in a free slot, watched on `keys` keys, and returns it locked.
-    pub(crate) fn insert(&self, op: O, keys: u32) -> Locked<'_, O> {
+    /// Puts `op` in a free slot (not listed yet) and returns it locked.
+    pub(crate) fn insert(&self, op: O) -> Locked<'_, O> {
         let mut index = smallvec::SmallVec::<[u32; 1]>::new();
         self.allocate(1, &mut index);
-        self.occupy(index[0], op, keys)
+        self.occupy(index[0], op)
     }
 
     /// Puts `op` in slot `index` (just allocated) and returns it locked.
-    fn occupy(&self, index: u32, op: O, keys: u32) -> Locked<'_, O> {
+    fn occupy(&self, index: u32, op: O) -> Locked<'_, O> {
         let slot = self.slot(index);
         let mut state = slot.state.lock();
         debug_assert!(state.op.is_none(), "slot {index} handed out while occupied");
         state.op = Some(op);
         state.timer = None;
-        state.keys = keys;
+        state.keys = 0;
         let at = OpRef {
             index,
             generation: slot.generation.load(Ordering::Relaxed),
@@ -268,11 +269,11 @@ impl<O: DelayedOperation> OpTable<O> {
         }
     }
 
-    /// Puts every `(op, keys)` of `ops` in free slots and appends them, locked (each in a
+    /// Puts every operation of `ops` in a free slot and appends them, locked (each in a
     /// `Some`, for a caller that takes them out one by one), to `out`.
     pub(crate) fn insert_many<'a>(
         &'a self,
-        ops: impl ExactSizeIterator<Item = (O, u32)>,
+        ops: impl ExactSizeIterator<Item = O>,
         out: &mut impl Extend<Option<Locked<'a, O>>>,
     ) {
         let mut indices: smallvec::SmallVec<[u32; 64]> = smallvec::SmallVec::new();
@@ -284,7 +285,7 @@ impl<O: DelayedOperation> OpTable<O> {
             indices
                 .into_iter()
                 .zip(ops)
-                .map(|(index, (op, keys))| Some(self.occupy(index, op, keys))),
+                .map(|(index, op)| Some(self.occupy(index, op))),
         );
     }
 
@@ -337,8 +338,9 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
         self.at
     }
 
-    pub(crate) fn keys(&self) -> u32 {
-        self.state.keys
+    /// Records that the operation is listed on `keys` keys; call before listing it.
+    pub(crate) fn set_keys(&mut self, keys: u32) {
+        self.state.keys = keys;
     }
 
     /// Records the armed timeout; taken with the operation.
@@ -441,13 +443,17 @@ mod tests {
     #[test]
     fn a_stale_ref_never_touches_the_next_occupant_of_its_slot() {
         let table = OpTable::new();
-        let a = table.insert(Named("a"), 2).at();
+        let a = {
+            let mut locked = table.insert(Named("a"));
+            locked.set_keys(2);
+            locked.at()
+        };
         assert!(table.is_waiting(a));
         let taken = table.take(a).expect("a is there");
         assert_eq!((taken.op.0, taken.keys), ("a", 2));
         assert!(!table.is_waiting(a));
         // The freed slot is handed out again (this thread's free list comes first).
-        let b = table.insert(Named("b"), 1).at();
+        let b = table.insert(Named("b")).at();
         assert_eq!(b.index, a.index);
         assert_ne!(b.generation, a.generation);
         assert!(!table.is_waiting(a) && table.is_waiting(b));
@@ -464,7 +470,7 @@ mod tests {
         let table = OpTable::new();
         let n = FIRST_SEGMENT * 3 + 5;
         let mut locked = Vec::new();
-        table.insert_many((0..n).map(|_| (Named("x"), 1)), &mut locked);
+        table.insert_many((0..n).map(|_| Named("x")), &mut locked);
         let refs: Vec<OpRef> = locked.iter().flatten().map(Locked::at).collect();
         drop(locked);
         let mut indices: Vec<u32> = refs.iter().map(|r| r.index).collect();
@@ -474,7 +480,7 @@ mod tests {
         for at in &refs {
             assert!(table.take(*at).is_some());
         }
-        let again = table.insert(Named("y"), 1).at();
+        let again = table.insert(Named("y")).at();
         assert!(
             (again.index as usize) < n,
             "a freed slot is reused before a new one"

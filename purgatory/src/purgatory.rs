@@ -247,11 +247,12 @@ where
         }
         let timeout = op.timeout();
         let watched = u32::try_from(keys.len()).unwrap_or(u32::MAX);
-        let mut locked = inner.table.insert(op, watched);
+        let mut locked = inner.table.insert(op);
         if inner.is_ready(&mut locked) {
-            inner.finish(locked.take(), Completion::Ready, 0);
+            inner.finish(locked.take(), Completion::Ready);
             return Ok(Watched::Completed);
         }
+        locked.set_keys(watched);
         inner.counters.add_listed(i64::from(watched));
         let at = locked.at();
         for key in keys {
@@ -260,7 +261,7 @@ where
         // Try once more now that it is listed: an event that made it ready after the
         // first try but before the listing did not find it, so nobody else will try it.
         if inner.is_ready(&mut locked) {
-            inner.finish(locked.take(), Completion::Ready, watched);
+            inner.finish(locked.take(), Completion::Ready);
             return Ok(Watched::Completed);
         }
         match inner.timer.add(timeout, Expiry(at)) {
@@ -293,8 +294,7 @@ where
         for at in candidates {
             match inner.table.attempt(at) {
                 Attempt::Ready(taken) => {
-                    let keys = taken.keys;
-                    inner.finish(taken, Completion::Ready, keys);
+                    inner.finish(taken, Completion::Ready);
                     completed += 1;
                 }
                 Attempt::NotReady { panicked: true } => inner.counters.add(Count::Panicked, 1),
@@ -317,8 +317,7 @@ where
         }
         match self.inner.table.take(handle.at) {
             Some(taken) => {
-                let keys = taken.keys;
-                self.inner.finish(taken, Completion::Forced, keys);
+                self.inner.finish(taken, Completion::Forced);
                 true
             }
             None => false,
@@ -500,14 +499,13 @@ impl<K, O: DelayedOperation> Inner<K, O> {
         }
     }
 
-    /// Completes a taken operation: queues its timer's cancel (see `cancels.rs`), counts,
-    /// runs its callbacks, drops it. `listed` is how many watcher entries it leaves behind
-    /// (now stale).
-    pub(crate) fn finish(&self, taken: Taken<O>, how: Completion, listed: u32) {
+    /// Completes a taken operation: queues its timer's cancel (see `cancels.rs`), counts
+    /// the watcher entries it leaves behind as stale, runs its callbacks, drops it.
+    pub(crate) fn finish(&self, taken: Taken<O>, how: Completion) {
         if let Some(handle) = taken.timer {
             self.cancels.push(handle, &self.timer);
         }
-        self.counters.add_stale(i64::from(listed));
+        self.counters.add_stale(i64::from(taken.keys));
         self.counters.add(
             match how {
                 Completion::Ready => Count::Completed,
@@ -532,8 +530,7 @@ impl<K, O: DelayedOperation> Inner<K, O> {
         match self.table.take(expiry.0) {
             Some(mut taken) => {
                 taken.timer = None;
-                let keys = taken.keys;
-                self.finish(taken, Completion::Expired, keys);
+                self.finish(taken, Completion::Expired);
                 true
             }
             None => false,

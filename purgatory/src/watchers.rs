@@ -25,17 +25,21 @@ use crate::op_table::OpRef;
 
 type Map<K> = std::collections::HashMap<K, Vec<OpRef>, RandomState>;
 
+/// Scratch space of [`drop_completed_entries`]: on the stack for lists of up to 128.
+type Flags = SmallVec<[bool; 128]>;
+
 /// Drops the entries for which `waiting` is false, keeping the others in order; returns
 /// how many it dropped. `flags` is scratch space.
 ///
-/// Two passes, because each `waiting` is a load that usually misses the cache: the first
-/// pass only stores the answers, with no branch on them, so the CPU runs ahead and has
-/// many misses in flight at once; the second compacts the list. In one pass, every
-/// mispredicted keep-or-drop branch would wait for its miss before the next could start.
+/// Two passes, because a `waiting` read (a generation tag, written by whichever core
+/// completed the operation) may miss the cache: the first pass only stores the answers,
+/// with no branch on them, so the CPU runs ahead and has many misses in flight at once;
+/// the second compacts the list. In one pass, every mispredicted keep-or-drop branch
+/// would wait for its miss before the next could start.
 fn drop_completed_entries(
     list: &mut Vec<OpRef>,
     waiting: &impl Fn(OpRef) -> bool,
-    flags: &mut Vec<bool>,
+    flags: &mut Flags,
 ) -> usize {
     flags.clear();
     flags.extend(list.iter().map(|&at| waiting(at)));
@@ -183,7 +187,7 @@ impl<K: Hash + Eq + Clone> Watchers<K> {
         let Some(list) = shard.lists.get_mut(key) else {
             return 0;
         };
-        let removed = drop_completed_entries(list, &waiting, &mut Vec::new());
+        let removed = drop_completed_entries(list, &waiting, &mut Flags::new());
         if list.is_empty() {
             shard.remove_key(key);
         }
@@ -206,7 +210,7 @@ impl<K: Hash + Eq + Clone> Watchers<K> {
         let mut guard = self.shards[index].state.lock();
         let shard = &mut *guard;
         let mut removed = 0;
-        let mut flags = Vec::new();
+        let mut flags = Flags::new();
         shard.lists.retain(|_, list| {
             removed += drop_completed_entries(list, &waiting, &mut flags);
             !list.is_empty()

@@ -10,23 +10,12 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use probe::{flags, never, Ledger, Probe, Readiness};
+use probe::{flags, manual_purgatory, never, Ledger, Probe, Readiness};
 use purgatory::{
-    Completion, DelayedOperation, ManualClock, OperationHandle, Purgatory, PurgatoryBuilder,
-    WatchError, Watched,
+    Completion, DelayedOperation, ManualClock, OperationHandle, Purgatory, WatchError, Watched,
 };
 
 const LONG: Duration = Duration::from_secs(200);
-
-fn manual_purgatory<O: DelayedOperation>(clock: &ManualClock) -> Purgatory<u64, O> {
-    PurgatoryBuilder::new()
-        .name("batch")
-        .clock(clock.clone())
-        .reaper(false)
-        .purge_interval(1_000_000)
-        .build()
-        .unwrap()
-}
 
 fn pending<O>(result: Result<Watched<O>, WatchError<O>>) -> OperationHandle<O> {
     match result {
@@ -39,7 +28,7 @@ fn pending<O>(result: Result<Watched<O>, WatchError<O>>) -> OperationHandle<O> {
 #[test]
 fn each_operation_gets_the_outcome_watch_would_give_in_input_order() {
     let clock = ManualClock::new();
-    let purgatory = manual_purgatory(&clock);
+    let purgatory: Purgatory<u64, _> = manual_purgatory(&clock);
     let ledger = Ledger::new(4);
     let (ready, readiness) = flags(4);
     ready[1].store(true, SeqCst);
@@ -100,7 +89,7 @@ impl DelayedOperation for Ordered {
 #[test]
 fn operations_on_one_key_are_listed_in_input_order_across_chunks() {
     let clock = ManualClock::new();
-    let purgatory = manual_purgatory(&clock);
+    let purgatory: Purgatory<u64, _> = manual_purgatory(&clock);
     let log = Arc::new(Mutex::new(Vec::new()));
     // 150 operations (three rounds of locks), on key 7 and one of 40 others each.
     let batch: Vec<(Ordered, [u64; 2])> = (0..150)
@@ -133,7 +122,7 @@ fn timeout_ms(id: usize) -> u64 {
 #[test]
 fn a_long_batch_expires_each_operation_once_at_its_own_timeout() {
     let clock = ManualClock::new();
-    let purgatory = manual_purgatory(&clock);
+    let purgatory: Purgatory<u64, _> = manual_purgatory(&clock);
     let ledger = Ledger::new(200);
     let readiness = never();
     let batch: Vec<(Probe, Vec<u64>)> = (0..200)
@@ -179,7 +168,7 @@ fn a_long_batch_expires_each_operation_once_at_its_own_timeout() {
 #[test]
 fn after_shutdown_every_operation_of_a_batch_is_handed_back_in_order() {
     let clock = ManualClock::new();
-    let purgatory = manual_purgatory(&clock);
+    let purgatory: Purgatory<u64, _> = manual_purgatory(&clock);
     let ledger = Ledger::new(70);
     let readiness: Readiness = never();
     purgatory.shutdown();
@@ -201,8 +190,8 @@ fn after_shutdown_every_operation_of_a_batch_is_handed_back_in_order() {
 #[test]
 fn a_handle_of_another_purgatory_forces_nothing() {
     let clock = ManualClock::new();
-    let a = manual_purgatory(&clock);
-    let b = manual_purgatory(&clock);
+    let a: Purgatory<u64, Probe> = manual_purgatory(&clock);
+    let b: Purgatory<u64, Probe> = manual_purgatory(&clock);
     let ledger = Ledger::new(1);
     let readiness = never();
     let handle = pending(a.watch(Probe::new(0, LONG, &ledger, &readiness), [1]));

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
-use probe::{never, wait_until, Ledger, Probe};
+use probe::{manual_purgatory, never, wait_until, Ledger, Probe};
 use purgatory::{
     Completion, DelayedOperation, ManualClock, Purgatory, PurgatoryBuilder, SystemClock,
 };
@@ -96,11 +96,7 @@ fn a_timeout_expires_its_operation_no_earlier_than_the_timeout_on_the_real_clock
 #[test]
 fn a_timeout_expires_exactly_at_its_deadline_on_a_manual_clock() {
     let clock = ManualClock::new();
-    let purgatory: Purgatory<&str, Probe> = PurgatoryBuilder::new()
-        .clock(clock.clone())
-        .reaper(false)
-        .build()
-        .unwrap();
+    let purgatory: Purgatory<&str, Probe> = manual_purgatory(&clock);
     let ledger = Ledger::new(2);
     let no = never();
     let twenty = Probe::new(0, Duration::from_millis(20), &ledger, &no);
@@ -140,11 +136,7 @@ fn a_zero_timeout_expires_at_the_next_advance_not_on_the_watching_thread() {
     // Manual clock: nothing happens inside the watch call, the next advance expires it
     // without the clock moving.
     let clock = ManualClock::new();
-    let purgatory: Purgatory<&str, Probe> = PurgatoryBuilder::new()
-        .clock(clock)
-        .reaper(false)
-        .build()
-        .unwrap();
+    let purgatory: Purgatory<&str, Probe> = manual_purgatory(&clock);
     let ledger = Ledger::new(1);
     let no = never();
     assert!(!purgatory
@@ -180,11 +172,7 @@ fn a_zero_timeout_expires_at_the_next_advance_not_on_the_watching_thread() {
 #[test]
 fn a_timeout_of_duration_max_is_accepted_and_never_comes_due() {
     let clock = ManualClock::new();
-    let purgatory: Purgatory<&str, Probe> = PurgatoryBuilder::new()
-        .clock(clock.clone())
-        .reaper(false)
-        .build()
-        .unwrap();
+    let purgatory: Purgatory<&str, Probe> = manual_purgatory(&clock);
     let ledger = Ledger::new(1);
     let no = never();
     assert!(!purgatory

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
-use purgatory::{Completion, DelayedOperation};
+use purgatory::{Completion, DelayedOperation, ManualClock, Purgatory, PurgatoryBuilder};
 
 /// `Slot::how` before any `on_complete`.
 const NOT_COMPLETED: u8 = 0;
@@ -244,6 +244,19 @@ impl Drop for Probe {
 }
 
 /// Readiness that is always false.
+/// A purgatory on `clock` with no reaper: the test drives it with `advance_clock`.
+pub fn manual_purgatory<K, O>(clock: &ManualClock) -> Purgatory<K, O>
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    O: DelayedOperation,
+{
+    PurgatoryBuilder::new()
+        .clock(clock.clone())
+        .reaper(false)
+        .build()
+        .expect("valid configuration")
+}
+
 pub fn never() -> Readiness {
     Arc::new(|_, _| false)
 }
