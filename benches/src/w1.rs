@@ -7,6 +7,11 @@
 //! - Inputs (delays, cancel order) are sampled before the clock starts, and every handle
 //!   vector is allocated and written before the memory baseline, so the timed loops and
 //!   the memory figures contain only the timer's own work and memory.
+//! - The handles to cancel are copied into cancel order between the first wave and the
+//!   cancels, untimed, so the cancel loop reads them in sequence: a caller cancels with a
+//!   handle it holds (kept with its request), not one fetched from a random place in a
+//!   table of millions. Gathering them inside the loop would add a cache miss per cancel,
+//!   the harness's, not the timer's.
 //! - Memory figures are relative to the resident size just before the first add; the
 //!   peak mark is reset there (`/proc/self/clear_refs`), so earlier allocations do not
 //!   count.
@@ -171,6 +176,15 @@ fn handle_vec<H>(n: usize) -> Vec<Option<H>> {
     v
 }
 
+/// Copies the handles of the tasks `order` names, in that order, into `out` (untimed:
+/// see the module's invariants). Returns 0, as an untimed phase.
+fn gather<H: Copy>(order: &[u32], handles: &[Option<H>], out: &mut [Option<H>]) -> usize {
+    for (slot, &i) in out.iter_mut().zip(order) {
+        *slot = handles[i as usize];
+    }
+    0
+}
+
 /// Memory readings taken between phases.
 struct Memory {
     base: u64,
@@ -211,6 +225,8 @@ fn result(
 enum Phase {
     /// The first wave of adds.
     Adds,
+    /// Not timed: lays out the handles to cancel in cancel order.
+    GatherCancels,
     /// The cancels; returns how many found their task pending.
     Cancels,
     /// The second wave of adds.
@@ -232,6 +248,7 @@ fn drive(
     let start = Instant::now();
     run(Phase::Adds);
     let add = start.elapsed();
+    run(Phase::GatherCancels);
     let start = Instant::now();
     let cancelled = run(Phase::Cancels);
     let cancel = start.elapsed();
@@ -263,6 +280,7 @@ pub fn run_single<C: ChurnTimer>(name: &str, mut timer: C, p: &W1Params) -> W1Re
     let inputs = Inputs::sample(p, p.tasks, 0);
     let mut first = handle_vec::<C::Handle>(p.tasks);
     let mut second = handle_vec::<C::Handle>(p.tasks);
+    let mut to_cancel = handle_vec::<C::Handle>(inputs.cancels.len());
     let result = drive(name, p, inputs.cancels.len(), |phase| match phase {
         Phase::Adds => {
             for (i, (&delay, slot)) in inputs.delays.iter().zip(first.iter_mut()).enumerate() {
@@ -270,11 +288,11 @@ pub fn run_single<C: ChurnTimer>(name: &str, mut timer: C, p: &W1Params) -> W1Re
             }
             0
         }
-        Phase::Cancels => inputs
-            .cancels
+        Phase::GatherCancels => gather(&inputs.cancels, &first, &mut to_cancel),
+        Phase::Cancels => to_cancel
             .iter()
-            .filter_map(|&i| first[i as usize])
-            .map(|handle| usize::from(timer.cancel(handle)))
+            .flatten()
+            .map(|&handle| usize::from(timer.cancel(handle)))
             .sum(),
         Phase::SecondAdds => {
             for (i, (&delay, slot)) in inputs.second.iter().zip(second.iter_mut()).enumerate() {
@@ -303,6 +321,7 @@ pub fn run_single_batched<C: BatchChurnTimer>(name: &str, mut timer: C, p: &W1Pa
     // Handle storage is touched before the baseline, as in `run_single`.
     let mut first = handle_vec::<C::Handle>(p.tasks);
     let mut second = handle_vec::<C::Handle>(p.tasks);
+    let mut to_cancel = handle_vec::<C::Handle>(inputs.cancels.len());
     let mut handles = Vec::with_capacity(BATCH);
     let mut add_all = |timer: &mut C, tasks: &[(u64, u32)], slots: &mut [Option<C::Handle>]| {
         for (chunk, slots) in tasks.chunks(BATCH).zip(slots.chunks_mut(BATCH)) {
@@ -319,12 +338,12 @@ pub fn run_single_batched<C: BatchChurnTimer>(name: &str, mut timer: C, p: &W1Pa
             add_all(&mut timer, &first_tasks, &mut first);
             0
         }
-        Phase::Cancels => inputs
-            .cancels
+        Phase::GatherCancels => gather(&inputs.cancels, &first, &mut to_cancel),
+        Phase::Cancels => to_cancel
             .chunks(BATCH)
             .map(|chunk| {
                 batch.clear();
-                batch.extend(chunk.iter().filter_map(|&i| first[i as usize]));
+                batch.extend(chunk.iter().flatten());
                 timer.cancel_batch(&mut batch)
             })
             .sum(),
@@ -366,6 +385,7 @@ pub fn run_multi<S: SharedChurnTimer>(
                     let inputs = Inputs::sample(p, per_thread, t);
                     let mut first = handle_vec::<S::Handle>(per_thread);
                     let mut second = handle_vec::<S::Handle>(per_thread);
+                    let mut to_cancel = handle_vec::<S::Handle>(inputs.cancels.len());
                     let base = (t * per_thread) as u32;
                     barrier.wait(); // inputs ready
                     barrier.wait(); // go: first wave
@@ -373,12 +393,11 @@ pub fn run_multi<S: SharedChurnTimer>(
                         *slot = Some(timer.add(d, base + i as u32));
                     }
                     barrier.wait(); // done
+                    gather(&inputs.cancels, &first, &mut to_cancel);
                     barrier.wait(); // go: cancels
                     let mut cancelled = 0;
-                    for &i in &inputs.cancels {
-                        if let Some(h) = first[i as usize] {
-                            cancelled += usize::from(timer.cancel(h));
-                        }
+                    for &h in to_cancel.iter().flatten() {
+                        cancelled += usize::from(timer.cancel(h));
                     }
                     barrier.wait(); // done
                     barrier.wait(); // go: second wave
@@ -395,8 +414,8 @@ pub fn run_multi<S: SharedChurnTimer>(
         mem.base = resident_bytes();
         reset_peak_resident();
         for (phase, time) in times.iter_mut().enumerate() {
+            barrier.wait(); // go (workers gather their cancels before this one)
             let start = Instant::now();
-            barrier.wait();
             barrier.wait();
             *time = start.elapsed();
             match phase {
