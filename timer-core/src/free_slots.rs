@@ -14,6 +14,8 @@
 //! - `low`: no summary word below it has a bit set, so the search for the lowest free slot
 //!   starts there. `push` lowers it, `pop` raises it past empty words: amortised O(1).
 //! - `len` is the number of set bits in `words`.
+//! - `words` and `summary` cover every slot the slab has created (`cover`), so marking a
+//!   slot free never grows them: cancel, which frees slots, stays short.
 //!
 //! One bit per slot (plus one per 64 slots) instead of four bytes per free slot.
 
@@ -31,16 +33,23 @@ impl FreeSlots {
         self.len
     }
 
-    /// Marks `slot` free; it must not be free already.
+    /// Makes room for slots up to `slot` (inclusive), so that [`push`](Self::push) of any
+    /// of them needs no bounds growth. The slab calls it for each slot it creates.
+    #[inline]
+    pub(crate) fn cover(&mut self, slot: u32) {
+        let word = slot as usize >> 6;
+        if word >= self.words.len() {
+            self.words.resize(word + 1, 0);
+            self.summary.resize((word >> 6) + 1, 0);
+        }
+    }
+
+    /// Marks `slot` free; it must be covered (see [`cover`](Self::cover)) and not free
+    /// already.
+    #[inline]
     pub(crate) fn push(&mut self, slot: u32) {
         let word = slot as usize >> 6;
         let group = word >> 6;
-        if word >= self.words.len() {
-            self.words.resize(word + 1, 0);
-        }
-        if group >= self.summary.len() {
-            self.summary.resize(group + 1, 0);
-        }
         let bit = 1u64 << (slot & 63);
         debug_assert_eq!(self.words[word] & bit, 0, "slot {slot} freed twice");
         self.words[word] |= bit;
@@ -109,6 +118,7 @@ mod tests {
     #[test]
     fn hands_out_the_lowest_first() {
         let mut free = FreeSlots::default();
+        free.cover(700_000);
         for slot in [700_000, 3, 64, 4095, 4096, 63] {
             free.push(slot);
         }
@@ -122,6 +132,7 @@ mod tests {
         #[test]
         fn behaves_like_a_sorted_set(ops in proptest::collection::vec((any::<bool>(), 0u32..20_000), 0..400)) {
             let mut free = FreeSlots::default();
+            free.cover(20_000);
             let mut model = BTreeSet::new();
             for (is_push, slot) in ops {
                 if is_push {

@@ -106,6 +106,7 @@ impl<T> Slab<T> {
             .ok()
             .filter(|i| *i != NIL)
             .expect("timer slab is full (2^32 - 1 tasks in one shard)");
+        self.free.cover(index);
         self.entries.push(Entry {
             next: NIL,
             prev: NIL,

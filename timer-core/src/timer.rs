@@ -173,6 +173,7 @@ impl<T: TimerTask> Inner<T> {
 
     /// Moves a locked shard's wheel up to `now` (ns) if the clock has passed its tick;
     /// divides only then.
+    #[inline]
     fn catch_up(&self, state: &mut ShardState<T>, now: u64) {
         let next_tick_nanos = (state.wheel.current_tick() + 1).saturating_mul(self.tick_nanos);
         if now >= next_tick_nanos {

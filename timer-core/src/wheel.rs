@@ -49,6 +49,9 @@ struct Level {
     /// `(current / tick) % wheel_size`: the slot of `current`, kept so that placing an
     /// entry needs no modulo (and on level 0 no division at all).
     current_slot: u64,
+    /// `current + interval`, saturating: an expiration below it fits this level. Kept
+    /// so that finding an entry's level is one comparison per level.
+    end: u64,
 }
 
 impl Level {
@@ -58,6 +61,7 @@ impl Level {
             interval: tick * u64::from(wheel_size),
             current: 0,
             current_slot: 0,
+            end: 0,
         };
         level.move_to(time, wheel_size);
         level
@@ -69,6 +73,7 @@ impl Level {
         let ticks = time / self.tick;
         self.current = ticks * self.tick;
         self.current_slot = ticks % u64::from(wheel_size);
+        self.end = self.current.saturating_add(self.interval);
     }
 }
 
@@ -290,45 +295,53 @@ impl<T> Wheel<T> {
     /// Links the unlinked entry `index` with expiration `expiration` (not before the
     /// level-0 time) into the first level that can hold it.
     ///
-    /// Hot path: the level is found by comparisons only, and the bucket by one division
-    /// (none on level 0), using the level's slot cursor instead of `% wheel_size`.
-    fn place(&mut self, index: u32, mut expiration: u64) {
-        let mut level = 0;
+    /// Hot path: the level is found by one comparison per level, and the bucket by one
+    /// division (none on level 0), using the level's slot cursor instead of
+    /// `% wheel_size`. Expirations beyond every existing level go the slow way.
+    #[inline]
+    fn place(&mut self, index: u32, expiration: u64) {
+        let Some(level) = self.levels.iter().position(|lvl| expiration < lvl.end) else {
+            return self.place_beyond_levels(index, expiration);
+        };
+        let lvl = &self.levels[level];
+        debug_assert!(expiration >= lvl.current, "placing an entry in the past");
+        let offset = expiration - lvl.current;
+        let steps = if level == 0 {
+            offset
+        } else {
+            offset / lvl.tick
+        };
+        let mut slot = lvl.current_slot + steps;
+        if slot >= u64::from(self.wheel_size) {
+            slot -= u64::from(self.wheel_size);
+        }
+        let start = lvl.current + steps * lvl.tick;
+        let id = level as u32 * self.wheel_size + slot as u32;
+        let bucket = &mut self.buckets[id as usize];
+        bucket.push(id, index, &mut self.slab);
+        if bucket.expiration != start {
+            debug_assert_eq!(bucket.expiration, NOT_QUEUED, "bucket holds two rounds");
+            bucket.expiration = start;
+            self.queue.push(start, id);
+        }
+    }
+
+    /// [`place`](Self::place) for an expiration beyond the top existing level: adds levels
+    /// until one holds it, or clamps it to the end of the highest level there may be
+    /// (documented above), then places it.
+    #[cold]
+    fn place_beyond_levels(&mut self, index: u32, mut expiration: u64) {
         loop {
-            if level == self.levels.len() {
-                self.add_level();
+            let top = self.levels.last().expect("level 0 always exists");
+            if expiration < top.end {
+                return self.place(index, expiration);
             }
-            let lvl = &self.levels[level];
-            debug_assert!(expiration >= lvl.current, "placing an entry in the past");
-            let offset = expiration - lvl.current;
-            if offset < lvl.interval {
-                let steps = if level == 0 {
-                    offset
-                } else {
-                    offset / lvl.tick
-                };
-                let mut slot = lvl.current_slot + steps;
-                if slot >= u64::from(self.wheel_size) {
-                    slot -= u64::from(self.wheel_size);
-                }
-                let start = lvl.current + steps * lvl.tick;
-                let id = level as u32 * self.wheel_size + slot as u32;
-                let bucket = &mut self.buckets[id as usize];
-                bucket.push(id, index, &mut self.slab);
-                if bucket.expiration != start {
-                    debug_assert_eq!(bucket.expiration, NOT_QUEUED, "bucket holds two rounds");
-                    bucket.expiration = start;
-                    self.queue.push(start, id);
-                }
-                return;
-            }
-            if level + 1 == self.max_levels {
-                // Beyond what the top level can represent: clamp (documented above).
-                expiration = lvl.current + lvl.interval - 1;
+            if self.levels.len() == self.max_levels {
+                expiration = top.end - 1;
                 self.slab.get_mut(index).expiration = expiration;
-                continue;
+                return self.place(index, expiration);
             }
-            level += 1;
+            self.add_level();
         }
     }
 
