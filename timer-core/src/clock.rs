@@ -17,6 +17,13 @@ use std::time::{Duration, Instant};
 pub trait Clock: Send + Sync + 'static {
     /// Time since this clock's origin. Never decreases.
     fn now(&self) -> Duration;
+
+    /// [`now`](Self::now) in whole nanoseconds, saturating at `u64::MAX` (585 years).
+    /// The timer reads its clock this way, once per add; a clock that keeps nanoseconds
+    /// can return them without building a `Duration`.
+    fn now_nanos(&self) -> u64 {
+        u64::try_from(self.now().as_nanos()).unwrap_or(u64::MAX)
+    }
 }
 
 /// The real monotonic clock (`Instant`), with its origin at construction.
@@ -77,7 +84,11 @@ impl ManualClock {
 
 impl Clock for ManualClock {
     fn now(&self) -> Duration {
-        Duration::from_nanos(self.nanos.load(Ordering::SeqCst))
+        Duration::from_nanos(self.now_nanos())
+    }
+
+    fn now_nanos(&self) -> u64 {
+        self.nanos.load(Ordering::SeqCst)
     }
 }
 
@@ -95,6 +106,19 @@ mod tests {
         assert_eq!(clock.now(), Duration::from_millis(5));
         other.set(Duration::from_millis(9));
         assert_eq!(clock.now(), Duration::from_millis(9));
+        assert_eq!(clock.now_nanos(), 9_000_000);
+    }
+
+    #[test]
+    fn default_now_nanos_agrees_with_now_and_saturates() {
+        struct Fixed(Duration);
+        impl Clock for Fixed {
+            fn now(&self) -> Duration {
+                self.0
+            }
+        }
+        assert_eq!(Fixed(Duration::new(3, 7)).now_nanos(), 3_000_000_007);
+        assert_eq!(Fixed(Duration::MAX).now_nanos(), u64::MAX);
     }
 
     #[test]

@@ -142,7 +142,7 @@ impl<T: TimerTask> Inner<T> {
         executor: Executor,
     ) -> Self {
         let tick_nanos = nanos(tick);
-        let start = nanos(clock.now()) / tick_nanos;
+        let start = clock.now_nanos() / tick_nanos;
         let shards = (0..shards)
             .map(|_| Shard {
                 state: Mutex::new(ShardState {
@@ -168,7 +168,7 @@ impl<T: TimerTask> Inner<T> {
     }
 
     fn now_nanos(&self) -> u64 {
-        nanos(self.clock.now())
+        self.clock.now_nanos()
     }
 
     /// Moves a locked shard's wheel up to `now` (ns) if the clock has passed its tick;
