@@ -47,15 +47,17 @@ pub enum ChildJob {
 /// The W1 implementations run by default.
 pub const W1_IMPLEMENTATIONS: [&str; 4] = ["ours", "binaryheap", "btreemap", "delayqueue"];
 
-/// Every W1 implementation: the defaults plus `wheel`, our bare single-threaded wheel
-/// without the timer's lock (a diagnostic), and `ours-batch`, our timer through
-/// `add_batch`/`cancel_batch` 64 at a time (both single-threaded only).
-pub const W1_ALL_IMPLEMENTATIONS: [&str; 6] = [
+/// Every W1 implementation: the defaults plus three diagnostics, single-threaded only:
+/// `wheel`, our bare wheel without the timer around it; `locked-wheel`, the same behind
+/// one `parking_lot` mutex locked per call; `ours-batch`, our timer through
+/// `add_batch`/`cancel_batch` 64 at a time.
+pub const W1_ALL_IMPLEMENTATIONS: [&str; 7] = [
     "ours",
     "binaryheap",
     "btreemap",
     "delayqueue",
     "wheel",
+    "locked-wheel",
     "ours-batch",
 ];
 
@@ -81,6 +83,10 @@ fn run_w1(name: &str, p: &W1Params) -> Result<serde_json::Value, String> {
             return Err("`wheel` is single-threaded; use it without --threads".into())
         }
         "wheel" => run_single(name, crate::ours::OurBareWheel::default(), p),
+        "locked-wheel" if multi => {
+            return Err("`locked-wheel` is single-threaded; use it without --threads".into())
+        }
+        "locked-wheel" => run_single(name, crate::ours::OurLockedWheel::default(), p),
         "ours-batch" if multi => {
             return Err("`ours-batch` is single-threaded; use it without --threads".into())
         }

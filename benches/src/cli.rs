@@ -59,7 +59,8 @@ enum Workload {
 #[derive(Debug, Args)]
 struct Common {
     /// Implementations, comma-separated. w1: ours, binaryheap, btreemap, delayqueue
-    /// (default) and wheel (our bare wheel without its lock, a diagnostic); w2: ours,
+    /// (default) and the diagnostics wheel (our bare wheel), locked-wheel (the same
+    /// behind one mutex) and ours-batch (our timer through its batch calls); w2: ours,
     /// binaryheap (a thread over Mutex<BinaryHeap> + Condvar), delayqueue; w3: ours,
     /// naive (default) and null (no purgatory: the tool's own cost).
     #[arg(long = "impl", value_delimiter = ',')]

@@ -56,9 +56,10 @@ fn w1_diagnostic_implementations_account_for_every_task() {
         "--tasks",
         "2000",
         "--impl",
-        "ours,wheel,ours-batch",
+        "ours,wheel,locked-wheel,ours-batch",
         "--json",
     ]);
+    assert_eq!(results(&v).len(), 4);
     for r in results(&v) {
         assert_eq!(num(r, "cancelled"), 1800.0, "{r}");
         assert_eq!(num(r, "pending_end"), 2000.0 - 1800.0 + 2000.0, "{r}");

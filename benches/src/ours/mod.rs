@@ -6,4 +6,4 @@ pub mod purgatory;
 pub mod timer;
 
 pub use self::purgatory::OurPurgatory;
-pub use self::timer::{ChurnTask, OriginClock, OurBareWheel, OurChurnTimer};
+pub use self::timer::{ChurnTask, OriginClock, OurBareWheel, OurChurnTimer, OurLockedWheel};

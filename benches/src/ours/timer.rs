@@ -145,6 +145,33 @@ impl ChurnTimer for OurBareWheel {
     }
 }
 
+/// Our bare wheel behind a `parking_lot::Mutex` locked once per call: the `wheel`
+/// diagnostic plus exactly the lock a `Timer` shard takes, to tell the lock's cost from
+/// the rest of the `Timer` (clock read, tick conversion, shard choice, counters).
+#[derive(Default)]
+pub struct OurLockedWheel(parking_lot::Mutex<OurBareWheel>);
+
+impl ChurnTimer for OurLockedWheel {
+    type Handle = SlotKey;
+
+    #[inline]
+    fn add(&mut self, delay_ms: u64, task: u32) -> SlotKey {
+        // Through `&self` and the lock, as a shared timer is used, not `get_mut`.
+        let wheel: &parking_lot::Mutex<OurBareWheel> = &self.0;
+        wheel.lock().add(delay_ms, task)
+    }
+
+    #[inline]
+    fn cancel(&mut self, handle: SlotKey) -> bool {
+        let wheel: &parking_lot::Mutex<OurBareWheel> = &self.0;
+        wheel.lock().cancel(handle)
+    }
+
+    fn pending(&self) -> usize {
+        self.0.lock().pending()
+    }
+}
+
 /// A monotonic clock whose origin is an `Instant` the caller chose, so deadlines given
 /// to our timer and instants given to the peers mean exactly the same moment.
 #[derive(Clone, Copy, Debug)]
