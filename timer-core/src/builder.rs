@@ -11,7 +11,7 @@ use crate::TimerTask;
 
 /// Builds a [`Timer`]. Defaults: tick 1 ms, wheel size 20 (Kafka's), one shard per
 /// available core (at least 2), the system clock, expired tasks run inline on a reaper
-/// thread named `timer-reaper`, huge pages for large slabs.
+/// thread named `timer-reaper`.
 #[derive(Clone)]
 pub struct TimerBuilder {
     tick: Duration,
@@ -21,7 +21,6 @@ pub struct TimerBuilder {
     executor: Executor,
     reaper: bool,
     name: String,
-    huge_pages: bool,
 }
 
 impl Default for TimerBuilder {
@@ -34,7 +33,6 @@ impl Default for TimerBuilder {
             executor: Executor::Inline,
             reaper: true,
             name: "timer-reaper".to_owned(),
-            huge_pages: true,
         }
     }
 }
@@ -82,16 +80,6 @@ impl TimerBuilder {
         self
     }
 
-    /// Whether each shard asks the kernel (Linux) for transparent huge pages once its
-    /// entry slab passes 4 MiB (default true). With 4 KiB pages a large slab misses the
-    /// TLB on nearly every random-order cancel; with huge pages W1 measured about a
-    /// quarter less per add and per cancel. Turn it off where a page fault must never
-    /// wait for the kernel to compact memory (`defrag` settings, `docs/timer.md`).
-    pub fn huge_pages(mut self, huge_pages: bool) -> Self {
-        self.huge_pages = huge_pages;
-        self
-    }
-
     /// The reaper thread's name.
     pub fn thread_name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
@@ -122,7 +110,6 @@ impl TimerBuilder {
             self.tick,
             clock,
             self.executor,
-            self.huge_pages,
         ));
         let reaper = if self.reaper {
             let inner = Arc::clone(&inner);
@@ -149,7 +136,6 @@ impl std::fmt::Debug for TimerBuilder {
             .field("shards", &self.shards)
             .field("executor", &self.executor)
             .field("reaper", &self.reaper)
-            .field("huge_pages", &self.huge_pages)
             .finish_non_exhaustive()
     }
 }

@@ -44,7 +44,6 @@ mod clock;
 mod error;
 mod executor;
 mod free_slots;
-mod huge_pages;
 mod slab;
 mod sleeper;
 pub mod sync;

@@ -6,8 +6,7 @@
 //! cache misses, and the fewer instructions each takes, the more of them the CPU keeps in
 //! flight at once; a chunked layout measured 2-3x slower per random-order cancel here.
 //! Growing the `Vec` past its capacity reallocates (with glibc, large blocks move by
-//! remapping pages, not copying); with huge pages asked for, a large slab instead moves
-//! into a fresh buffer advised for huge pages before it is touched (`huge_pages.rs`).
+//! remapping pages, not copying).
 //!
 //! Freed slots are tracked in a separate bitmap ([`FreeSlots`]), not a list threaded
 //! through the freed slots (each pop would chase a pointer through cold memory), and the
@@ -58,8 +57,6 @@ pub(crate) struct Slab<T> {
     pub(crate) entries: Vec<Entry<T>>,
     pub(crate) free: FreeSlots,
     pub(crate) occupied: usize,
-    /// Whether to ask for transparent huge pages when `entries` grows (`huge_pages.rs`).
-    pub(crate) huge_pages: bool,
 }
 
 impl<T> Slab<T> {
@@ -68,7 +65,6 @@ impl<T> Slab<T> {
             entries: Vec::new(),
             free: FreeSlots::default(),
             occupied: 0,
-            huge_pages: false,
         }
     }
 
@@ -111,9 +107,6 @@ impl<T> Slab<T> {
             .filter(|i| *i != NIL)
             .expect("timer slab is full (2^32 - 1 tasks in one shard)");
         self.free.cover(index);
-        if self.entries.len() == self.entries.capacity() {
-            self.grow();
-        }
         self.entries.push(Entry {
             next: NIL,
             prev: NIL,
@@ -126,25 +119,6 @@ impl<T> Slab<T> {
             index,
             generation: 0,
         }
-    }
-
-    /// Doubles the capacity of `entries` (what `push` would do). With huge pages asked
-    /// for, a buffer past `huge_pages::MIN_BYTES` is allocated and advised *before* the
-    /// entries are moved in: the kernel picks page sizes when pages are first touched,
-    /// so advising a buffer that `realloc` had already filled would leave its old part
-    /// on small pages.
-    #[cold]
-    fn grow(&mut self) {
-        let capacity = self.entries.capacity().max(4) * 2;
-        let bytes = capacity * std::mem::size_of::<Entry<T>>();
-        if !self.huge_pages || bytes < crate::huge_pages::MIN_BYTES {
-            self.entries.reserve_exact(capacity - self.entries.len());
-            return;
-        }
-        let mut bigger: Vec<Entry<T>> = Vec::with_capacity(capacity);
-        crate::huge_pages::advise(bigger.as_ptr().cast(), bytes);
-        bigger.append(&mut self.entries);
-        self.entries = bigger;
     }
 
     /// The slot a live key names, if the key is not stale.

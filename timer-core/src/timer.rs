@@ -140,18 +140,13 @@ impl<T: TimerTask> Inner<T> {
         tick: Duration,
         clock: Arc<dyn Clock>,
         executor: Executor,
-        huge_pages: bool,
     ) -> Self {
         let tick_nanos = nanos(tick);
         let start = clock.now_nanos() / tick_nanos;
         let shards = (0..shards)
             .map(|_| Shard {
                 state: Mutex::new(ShardState {
-                    wheel: {
-                        let mut wheel = Wheel::new(wheel_size, start);
-                        wheel.set_huge_pages(huge_pages);
-                        wheel
-                    },
+                    wheel: Wheel::new(wheel_size, start),
                     closed: false,
                     added: 0,
                     cancelled: 0,

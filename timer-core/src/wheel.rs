@@ -120,15 +120,6 @@ impl<T> Wheel<T> {
         }
     }
 
-    /// Whether to ask the kernel (Linux) for transparent huge pages for the entry slab once
-    /// it passes 4 MiB, about 130,000 tasks. Off unless set; a
-    /// [`TimerBuilder`](crate::TimerBuilder) turns it on by default. Huge pages take
-    /// about a quarter off add and cancel in a large wheel; the trade-off is in
-    /// `docs/timer.md`.
-    pub fn set_huge_pages(&mut self, on: bool) {
-        self.slab.huge_pages = on;
-    }
-
     /// The wheel's current time (level 0), in ticks.
     pub fn current_tick(&self) -> u64 {
         self.levels[0].current

@@ -118,12 +118,10 @@ pub struct OurBareWheel {
 }
 
 impl Default for OurBareWheel {
-    /// Huge pages on, as in a `Timer` built with the defaults, so that the two differ
-    /// only by the `Timer`'s wrapper.
     fn default() -> Self {
-        let mut wheel = Wheel::new(20, 0);
-        wheel.set_huge_pages(true);
-        OurBareWheel { wheel }
+        OurBareWheel {
+            wheel: Wheel::new(20, 0),
+        }
     }
 }
 
