@@ -79,7 +79,6 @@ impl FreeSlots {
         Some(slot as u32)
     }
 
-    /// Forgets every free slot.
     /// Calls `visit` on the (at most) `n` slots the next `n` pops would hand out, lowest
     /// first, without taking them.
     pub(crate) fn peek_lowest(&self, n: usize, mut visit: impl FnMut(u32)) {
@@ -101,6 +100,7 @@ impl FreeSlots {
         }
     }
 
+    /// Forgets every free slot (and every covered one: the slab is empty after this).
     pub(crate) fn clear(&mut self) {
         self.words.clear();
         self.summary.clear();
