@@ -394,12 +394,14 @@ pub fn run_multi<S: SharedChurnTimer>(
                     }
                     barrier.wait(); // done
                     gather(&inputs.cancels, &first, &mut to_cancel);
+                    barrier.wait(); // ready: cancels gathered
                     barrier.wait(); // go: cancels
                     let mut cancelled = 0;
                     for &h in to_cancel.iter().flatten() {
                         cancelled += usize::from(timer.cancel(h));
                     }
                     barrier.wait(); // done
+                    barrier.wait(); // ready
                     barrier.wait(); // go: second wave
                     for (i, (&d, slot)) in inputs.second.iter().zip(second.iter_mut()).enumerate() {
                         *slot = Some(timer.add(d, base + i as u32));
@@ -414,9 +416,13 @@ pub fn run_multi<S: SharedChurnTimer>(
         mem.base = resident_bytes();
         reset_peak_resident();
         for (phase, time) in times.iter_mut().enumerate() {
-            barrier.wait(); // go (workers gather their cancels before this one)
+            if phase > 0 {
+                barrier.wait(); // ready (workers gather their cancels before this one)
+            }
+            // The clock starts before "go", so no worker can start before it.
             let start = Instant::now();
-            barrier.wait();
+            barrier.wait(); // go
+            barrier.wait(); // done
             *time = start.elapsed();
             match phase {
                 0 => {}

@@ -176,6 +176,34 @@ fn bad_arguments_fail_with_a_message() {
         (&["w3", "--impl", "btreemap"], "unknown implementation"),
         (&["w1", "--tasks", "many"], "--tasks"),
         (&["w1", "--threads", "0"], "--threads"),
+        (
+            &[
+                "w1",
+                "--impl",
+                "locked-wheel",
+                "--threads",
+                "2",
+                "--tasks",
+                "2000",
+            ],
+            "single-threaded",
+        ),
+        (
+            &["w1", "--impl", "wheel", "--threads", "2", "--tasks", "2000"],
+            "single-threaded",
+        ),
+        (
+            &[
+                "w1",
+                "--impl",
+                "ours-batch",
+                "--threads",
+                "2",
+                "--tasks",
+                "2000",
+            ],
+            "single-threaded",
+        ),
         (&["w9"], "unrecognized subcommand"),
         (&["--child", "{not json"], "bad child job"),
     ];

@@ -2,6 +2,8 @@
 //!
 //! # Invariants
 //! - A [`Clock`] is monotonic: `now()` never goes backwards, whatever the wall clock does.
+//!   `now_nanos()` is the same reading in nanoseconds (saturating); the timer reads its
+//!   clock only through it, so a clock that overrides it must keep the two in step.
 //!   [`SystemClock`] reads `std::time::Instant`, which is monotonic on every supported
 //!   platform; a wall-clock jump neither fires nor stalls timers.
 //! - A [`ManualClock`] moves only when its owner moves it, so tests are deterministic.

@@ -180,6 +180,24 @@ mod tests {
     }
 
     #[test]
+    fn slots_freed_past_the_first_summary_word_are_reused_lowest_first_after_a_drain() {
+        let mut slab = Slab::new();
+        for round in 0..2 {
+            // 5,000 slots: the free bitmap's second summary word starts at slot 4,096.
+            let keys: Vec<_> = (0..5_000u64).map(|i| slab.insert(i, i)).collect();
+            assert_eq!(keys[4_999].index, 4_999, "round {round} starts from slot 0");
+            slab.remove(4_999);
+            slab.remove(4_096);
+            assert_eq!(slab.occupied(), 4_998);
+            assert_eq!(slab.insert(0, 0).index, 4_096, "lowest free slot first");
+            assert_eq!(slab.insert(0, 0).index, 4_999);
+            assert_eq!(slab.insert(0, 0).index, 5_000, "then a new slot");
+            assert_eq!(slab.drain().len(), 5_001);
+            assert_eq!(slab.occupied(), 0);
+        }
+    }
+
+    #[test]
     fn grows_and_drains() {
         let mut slab = Slab::new();
         let keys: Vec<_> = (0..10_000u64).map(|i| slab.insert(i, i)).collect();

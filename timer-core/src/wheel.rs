@@ -34,7 +34,9 @@ use crate::bucket::{Bucket, NOT_QUEUED};
 use crate::bucket_queue::BucketQueue;
 use crate::slab::{Slab, SlotKey, NIL};
 
-/// Largest interval a level may have; keeps `current + interval` far from overflow.
+/// Largest interval a level may have: keeps a level's interval and its bucket arithmetic
+/// far from overflow. `current + interval` can still pass `u64::MAX` near the end of
+/// time, which is why a level's cached `end` saturates.
 const MAX_INTERVAL: u64 = 1 << 62;
 
 /// The last tick the wheel represents; `u64::MAX` is [`NOT_QUEUED`].
