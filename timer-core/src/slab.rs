@@ -38,6 +38,11 @@ pub struct SlotKey {
 
 /// One slot of the arena. 32 bytes when `T` is a pointer or a `u32`-sized value with a
 /// niche-free `Option` layout of 8 bytes.
+///
+/// The buffer is only as aligned as the allocator makes it (16 bytes; asking for 32 would
+/// make `realloc` copy the slab instead of remapping it), so about half the entries
+/// straddle two cache lines. Code that reads entries ahead of using them reads two
+/// fields far apart.
 #[derive(Debug)]
 pub(crate) struct Entry<T> {
     /// Next slot in the same bucket list, or `NIL`.

@@ -180,14 +180,17 @@ impl<T> Wheel<T> {
         let entries = &self.slab.entries;
         let mut neighbours = [NIL; 128];
         let mut n = 0;
+        let mut sum = 0u32;
         for key in keys.take(64) {
             if let Some(entry) = entries.get(key.index as usize) {
                 neighbours[n] = entry.prev;
                 neighbours[n + 1] = entry.next;
                 n += 2;
+                // A field far from `prev`/`next`: an entry may straddle two cache lines
+                // (see `Entry`), and cancel reads the whole entry.
+                sum ^= entry.expiration as u32;
             }
         }
-        let mut sum = 0u32;
         for &index in &neighbours[..n] {
             if let Some(entry) = entries.get(index as usize) {
                 sum ^= entry.generation;
