@@ -24,8 +24,13 @@ pub trait Clock: Send + Sync + 'static {
     /// The timer reads its clock this way, once per add; a clock that keeps nanoseconds
     /// can return them without building a `Duration`.
     fn now_nanos(&self) -> u64 {
-        u64::try_from(self.now().as_nanos()).unwrap_or(u64::MAX)
+        saturating_nanos(self.now())
     }
+}
+
+/// `d` in whole nanoseconds, saturating at `u64::MAX` (585 years).
+pub(crate) fn saturating_nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// The real monotonic clock (`Instant`), with its origin at construction.
@@ -69,7 +74,7 @@ impl ManualClock {
 
     /// Moves the clock forward by `by` (saturating at about 584 years).
     pub fn advance(&self, by: Duration) {
-        let by = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
+        let by = saturating_nanos(by);
         let _ = self
             .nanos
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
@@ -79,7 +84,7 @@ impl ManualClock {
 
     /// Sets the clock to `to` if that is later than now; a clock never goes backwards.
     pub fn set(&self, to: Duration) {
-        let to = u64::try_from(to.as_nanos()).unwrap_or(u64::MAX);
+        let to = saturating_nanos(to);
         self.nanos.fetch_max(to, Ordering::SeqCst);
     }
 }

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64 as StdAtomicU64, AtomicUsize, Order
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::clock::Clock;
+use crate::clock::{saturating_nanos, Clock};
 use crate::executor::Executor;
 use crate::slab::SlotKey;
 use crate::sleeper::Sleeper;
@@ -129,10 +129,6 @@ fn publish_earlier<T>(shard: &Shard<T>, state: &ShardState<T>) -> Option<u64> {
     })
 }
 
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
 impl<T: TimerTask> Inner<T> {
     pub(crate) fn new(
         wheel_size: u32,
@@ -141,7 +137,7 @@ impl<T: TimerTask> Inner<T> {
         clock: Arc<dyn Clock>,
         executor: Executor,
     ) -> Self {
-        let tick_nanos = nanos(tick);
+        let tick_nanos = saturating_nanos(tick);
         let start = clock.now_nanos() / tick_nanos;
         let shards = (0..shards)
             .map(|_| Shard {
@@ -307,7 +303,7 @@ impl<T: TimerTask> Inner<T> {
             return fired;
         }
         let now = self.now_nanos();
-        let limit = now.saturating_add(nanos(max_wait));
+        let limit = now.saturating_add(saturating_nanos(max_wait));
         let earliest = self.earliest();
         let wake_nanos = earliest.saturating_mul(self.tick_nanos).min(limit);
         if wake_nanos <= now {
@@ -347,14 +343,14 @@ impl<T: TimerTask> Timer<T> {
     pub fn add(&self, delay: Duration, task: T) -> Result<TimerHandle, AddError<T>> {
         let now = self.inner.now_nanos();
         self.inner
-            .add_at(now, now.saturating_add(nanos(delay)), task)
+            .add_at(now, now.saturating_add(saturating_nanos(delay)), task)
     }
 
     /// Schedules `task` to run at `deadline`, a time on this timer's clock (see
     /// [`now`](Self::now)). Lets a caller that adds many tasks read the clock once.
     pub fn add_at(&self, deadline: Duration, task: T) -> Result<TimerHandle, AddError<T>> {
         let now = self.inner.now_nanos();
-        self.inner.add_at(now, nanos(deadline), task)
+        self.inner.add_at(now, saturating_nanos(deadline), task)
     }
 
     /// Adds every `(delay, task)` of `tasks`, like [`add`](Self::add) on each, and
@@ -371,7 +367,7 @@ impl<T: TimerTask> Timer<T> {
         out.reserve(tasks.len());
         let at = tasks
             .drain(..)
-            .map(|(delay, task)| (now.saturating_add(nanos(delay)), task));
+            .map(|(delay, task)| (now.saturating_add(saturating_nanos(delay)), task));
         self.inner.add_many(now, at, out);
     }
 

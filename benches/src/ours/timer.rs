@@ -8,7 +8,9 @@
 
 use std::time::{Duration, Instant};
 
-use timer_core::{Clock, ManualClock, SlotKey, Timer, TimerBuilder, TimerHandle, TimerTask, Wheel};
+use timer_core::{
+    AddError, Clock, ManualClock, SlotKey, Timer, TimerBuilder, TimerHandle, TimerTask, Wheel,
+};
 
 use crate::w1::{BatchChurnTimer, ChurnTimer, SharedChurnTimer};
 
@@ -24,6 +26,10 @@ impl TimerTask for ChurnTask {
 /// 1 ms, wheel size 20, one shard per core).
 pub struct OurChurnTimer {
     timer: Timer<ChurnTask>,
+    /// Buffers of the batch calls, kept between calls so a batch allocates nothing.
+    batch: Vec<(Duration, ChurnTask)>,
+    results: Vec<Result<TimerHandle, AddError<ChurnTask>>>,
+    cancelled: Vec<ChurnTask>,
 }
 
 impl OurChurnTimer {
@@ -33,7 +39,12 @@ impl OurChurnTimer {
             .clock(ManualClock::new())
             .reaper(false)
             .build()?;
-        Ok(OurChurnTimer { timer })
+        Ok(OurChurnTimer {
+            timer,
+            batch: Vec::new(),
+            results: Vec::new(),
+            cancelled: Vec::new(),
+        })
     }
 
     /// The timer inside.
@@ -88,21 +99,22 @@ impl BatchChurnTimer for OurChurnTimer {
     type Handle = TimerHandle;
 
     fn add_batch(&mut self, tasks: &[(u64, u32)], out: &mut Vec<TimerHandle>) {
-        let mut batch: Vec<(Duration, ChurnTask)> = tasks
-            .iter()
-            .map(|&(delay_ms, id)| (Duration::from_millis(delay_ms), ChurnTask(id)))
-            .collect();
-        let mut results = Vec::with_capacity(batch.len());
-        self.timer.add_batch(&mut batch, &mut results);
-        out.extend(results.into_iter().map(|r| match r {
+        self.batch.extend(
+            tasks
+                .iter()
+                .map(|&(delay_ms, id)| (Duration::from_millis(delay_ms), ChurnTask(id))),
+        );
+        self.timer.add_batch(&mut self.batch, &mut self.results);
+        out.extend(self.results.drain(..).map(|r| match r {
             Ok(handle) => handle,
             Err(_) => unreachable!("the timer is never shut down during W1"),
         }));
     }
 
     fn cancel_batch(&mut self, handles: &mut [TimerHandle]) -> usize {
-        let mut cancelled: Vec<ChurnTask> = Vec::with_capacity(handles.len());
-        self.timer.cancel_batch(handles, &mut cancelled)
+        let won = self.timer.cancel_batch(handles, &mut self.cancelled);
+        self.cancelled.clear();
+        won
     }
 
     fn pending(&self) -> usize {
