@@ -6,9 +6,8 @@
 //! partitions, a network poll that returned many requests, a replica fetch that satisfied
 //! many waiters). Watched one by one, each operation takes the lock of every key's shard
 //! and of a timer shard, and reads the clock. In a batch, the watcher shards are locked
-//! once per run of entries that fall in them (entries sorted by shard), each key is looked
-//! up once per run of equal keys, the clock is read once and the timer shard is locked
-//! once per 64 operations. Force-completions cancel their timers in one
+//! once per run of entries that fall in them (entries sorted by shard), the clock is read
+//! once and the timer shard is locked once per 64 operations. Force-completions cancel their timers in one
 //! [`Timer::cancel_batch`](timer_core::Timer::cancel_batch) and count once per batch.
 //!
 //! # Invariants (the same as one at a time, see `purgatory.rs`)
@@ -29,7 +28,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use smallvec::SmallVec;
-use timer_core::TimerHandle;
+use timer_core::{AddError, TimerHandle};
 
 use crate::counters::Count;
 use crate::error::WatchError;
@@ -44,6 +43,27 @@ type Keys<K> = SmallVec<[K; 4]>;
 
 /// What `watch` would return for one operation.
 type WatchResult<O> = Result<Watched<O>, WatchError<O>>;
+
+/// Buffers one `watch_batch` call reuses for each of its chunks. Each chunk leaves them
+/// empty.
+struct WatchScratch<K> {
+    /// `(key, operation)` list entries, for `Watchers::watch_many`.
+    entries: Vec<(Option<K>, OpRef)>,
+    /// `(timeout, expiry)` timer tasks, for `Timer::add_batch`.
+    tasks: Vec<(Duration, Expiry)>,
+    /// Their results.
+    handles: Vec<Result<TimerHandle, AddError<Expiry>>>,
+}
+
+impl<K> Default for WatchScratch<K> {
+    fn default() -> Self {
+        WatchScratch {
+            entries: Vec::new(),
+            tasks: Vec::new(),
+            handles: Vec::new(),
+        }
+    }
+}
 
 impl<K, O> Purgatory<K, O>
 where
@@ -70,10 +90,11 @@ where
             .map(|(op, keys)| (op, keys.into_iter().collect()))
             .collect();
         let mut results = Vec::with_capacity(staged.len());
+        let mut scratch = WatchScratch::default();
         let mut staged = staged.into_iter();
         while staged.len() > 0 {
             self.inner
-                .watch_chunk(staged.by_ref().take(CHUNK), &mut results);
+                .watch_chunk(staged.by_ref().take(CHUNK), &mut scratch, &mut results);
         }
         results
     }
@@ -107,6 +128,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
     fn watch_chunk(
         &self,
         chunk: impl ExactSizeIterator<Item = (O, Keys<K>)>,
+        scratch: &mut WatchScratch<K>,
         results: &mut Vec<WatchResult<O>>,
     ) {
         let closed = self.closed.load(Ordering::Acquire);
@@ -132,17 +154,25 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
         // Completed here: (operation, index in `at`).
         let mut done: SmallVec<[(Taken<O>, usize); 8]> = SmallVec::new();
         let mut at: SmallVec<[OpRef; CHUNK]> = SmallVec::new();
+        // Slots emptied while other slots of the chunk are locked: returned to the free
+        // lists once every slot lock is released (the op table's lock order).
+        let mut vacated: SmallVec<[Vacated; 8]> = SmallVec::new();
+        let WatchScratch {
+            entries,
+            tasks,
+            handles,
+        } = scratch;
         {
             let mut locked: SmallVec<[Option<Locked<'_, O>>; CHUNK]> = SmallVec::new();
             self.table.insert_many(ops.drain(..), &mut locked);
             at.extend(locked.iter().flatten().map(Locked::at));
             for (j, slot) in locked.iter_mut().enumerate() {
                 if self.is_ready(slot.as_mut().expect("locked above")) {
-                    let taken = slot.take().expect("locked above").take();
+                    let (taken, empty) = slot.take().expect("locked above").take_deferred();
+                    vacated.push(empty);
                     done.push((taken, j));
                 }
             }
-            let mut entries = Vec::with_capacity(keys.iter().map(|k| k.len()).sum());
             let mut listed = 0i64;
             for (j, slot) in locked.iter_mut().enumerate() {
                 if let Some(op) = slot {
@@ -153,36 +183,40 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> Inner<K, O> {
                 }
             }
             self.counters.add_listed(listed);
-            self.watchers.watch_many(&mut entries);
+            self.watchers.watch_many(entries);
             // Try once more now that they are listed (see `watch`).
-            let mut tasks = Vec::with_capacity(locked.len());
             let mut armed: SmallVec<[usize; CHUNK]> = SmallVec::new();
             for (j, slot) in locked.iter_mut().enumerate() {
                 let Some(op) = slot.as_mut() else {
                     continue;
                 };
                 if self.is_ready(op) {
-                    let taken = slot.take().expect("checked above").take();
+                    let (taken, empty) = slot.take().expect("checked above").take_deferred();
+                    vacated.push(empty);
                     done.push((taken, j));
                 } else {
                     tasks.push((timeouts[j], Expiry(at[j])));
                     armed.push(j);
                 }
             }
-            let mut handles = Vec::with_capacity(tasks.len());
-            self.timer.add_batch(&mut tasks, &mut handles);
-            for (j, handle) in armed.into_iter().zip(handles) {
+            self.timer.add_batch(tasks, handles);
+            for (j, handle) in armed.into_iter().zip(handles.drain(..)) {
                 match handle {
                     Ok(handle) => locked[j].as_mut().expect("still locked").arm(handle),
                     Err(_) => {
                         // Shut down while we were watching: hand the operation back. Its
                         // entries are now stale.
-                        let taken = locked[j].take().expect("still locked").take();
+                        let (taken, empty) =
+                            locked[j].take().expect("still locked").take_deferred();
+                        vacated.push(empty);
                         self.counters.add_stale(i64::from(taken.keys));
                         slots[position[j]] = Some(Err(WatchError::Shutdown(taken.op)));
                     }
                 }
             }
+        }
+        if !vacated.is_empty() {
+            self.table.vacate(&vacated);
         }
         for (taken, j) in done {
             self.finish(taken, Completion::Ready);

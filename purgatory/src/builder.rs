@@ -43,9 +43,9 @@ impl Default for PurgatoryBuilder {
 /// Shards exist so that threads on different keys do not meet on one lock; 8 per core
 /// keeps that chance small. More shards than that cost without helping: each batch of
 /// watches and each event then touches more distinct lock and list lines, mostly cold
-/// in this core's cache. Measured on 2 cores (W3-low-timeout, 3M requests offered at
-/// 2M/s, `docs/benchmarks.md`): 16 shards 0.96-1.05 CPU-s per 1M requests, 512 shards
-/// 1.27-1.28.
+/// in this core's cache. Measured on 2 cores (`purgatory-perf w3 --num 3000000 --rate
+/// 2000000 --impl ours` with 16 and with 512 shards, two runs each; `docs/benchmarks.md`,
+/// round 2): 16 shards 0.96-1.05 CPU-s per 1M requests, 512 shards 1.27-1.28.
 pub fn default_shards() -> usize {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     cores.saturating_mul(8).next_power_of_two().clamp(16, 512)

@@ -131,30 +131,34 @@ impl<K: Hash + Eq + Clone> Watchers<K> {
     /// shard's entries are listed under one lock.
     pub(crate) fn watch_many(&self, entries: &mut Vec<(Option<K>, OpRef)>) {
         let shards = self.shards.len();
-        let mut shard_of: SmallVec<[u32; 256]> = entries
+        let shard_of: SmallVec<[u32; 256]> = entries
             .iter()
             .map(|(key, _)| {
                 let key = key.as_ref().expect("not yet listed");
                 self.shard_index(self.hasher.hash_one(key)) as u32
             })
             .collect();
-        // starts[s]..starts[s + 1] will be shard s's run in `order`.
-        let mut starts: SmallVec<[u32; 128]> = smallvec![0; shards + 1];
+        // Counting sort: `ends[s]` first counts shard s's entries, then (prefix sums) is
+        // where its run in `order` starts, and after the placement where it ends.
+        let mut ends: SmallVec<[u32; 512]> = smallvec![0; shards];
         for &s in &shard_of {
-            starts[s as usize + 1] += 1;
+            ends[s as usize] += 1;
         }
-        for s in 0..shards {
-            starts[s + 1] += starts[s];
+        let mut start = 0;
+        for end in ends.iter_mut() {
+            let count = *end;
+            *end = start;
+            start += count;
         }
         let mut order: SmallVec<[u32; 256]> = smallvec![0; entries.len()];
-        let mut next = starts.clone();
         for (i, &s) in shard_of.iter().enumerate() {
-            order[next[s as usize] as usize] = i as u32;
-            next[s as usize] += 1;
+            order[ends[s as usize] as usize] = i as u32;
+            ends[s as usize] += 1;
         }
-        shard_of.clear();
-        for s in 0..shards {
-            let run = &order[starts[s] as usize..starts[s + 1] as usize];
+        let mut begin = 0;
+        for (s, &end) in ends.iter().enumerate() {
+            let run = &order[begin as usize..end as usize];
+            begin = end;
             if run.is_empty() {
                 continue;
             }

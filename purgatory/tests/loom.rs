@@ -11,7 +11,7 @@
 //! - the watch call and the event report a completion exactly when theirs was the one;
 //! - nothing is left armed in the timer.
 //!
-//! The purgatory's operation cell, watcher shard locks and the timer's locks and atomics
+//! The purgatory's op-table slot locks, watcher shard locks and the timer's locks and atomics
 //! come from `timer_core::sync`, which are loom's under `--cfg loom`. Run with
 //! `RUSTFLAGS="--cfg loom" cargo test -p purgatory --test loom --release`. Without
 //! `LOOM_MAX_PREEMPTIONS` the exploration is exhaustive (4,588 interleavings with the op

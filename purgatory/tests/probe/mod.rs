@@ -243,7 +243,6 @@ impl Drop for Probe {
     }
 }
 
-/// Readiness that is always false.
 /// A purgatory on `clock` with no reaper: the test drives it with `advance_clock`.
 pub fn manual_purgatory<K, O>(clock: &ManualClock) -> Purgatory<K, O>
 where
@@ -257,6 +256,7 @@ where
         .expect("valid configuration")
 }
 
+/// Readiness that is always false.
 pub fn never() -> Readiness {
     Arc::new(|_, _| false)
 }
