@@ -59,12 +59,12 @@ pub(crate) struct OpRef {
     generation: u32,
 }
 
-pub(crate) struct OpState<O> {
-    pub(crate) op: Option<O>,
-    pub(crate) timer: Option<TimerHandle>,
+struct OpState<O> {
+    op: Option<O>,
+    timer: Option<TimerHandle>,
     /// How many watcher entries name the operation: 0 until it is listed, then its key
     /// count (so a taker knows how many stale entries it leaves).
-    pub(crate) keys: u32,
+    keys: u32,
 }
 
 /// An operation taken out of its slot, with the timer it still has armed and its key
@@ -73,16 +73,6 @@ pub(crate) struct Taken<O> {
     pub(crate) op: O,
     pub(crate) timer: Option<TimerHandle>,
     pub(crate) keys: u32,
-}
-
-/// Result of asking an operation whether it is ready.
-pub(crate) enum Attempt<O> {
-    /// Ready: the operation was taken; the caller completes it.
-    Ready(Taken<O>),
-    /// Not ready (or its `try_complete` panicked, reported in `panicked`).
-    NotReady { panicked: bool },
-    /// Someone else took it already.
-    Gone,
 }
 
 struct Slot<O> {
@@ -322,14 +312,6 @@ impl<O: DelayedOperation> OpTable<O> {
     pub(crate) fn take(&self, at: OpRef) -> Option<Taken<O>> {
         self.lock(at).map(Locked::take)
     }
-
-    /// Locks the operation `at` names, runs `try_complete` and takes it if it is ready.
-    pub(crate) fn attempt(&self, at: OpRef) -> Attempt<O> {
-        match self.lock(at) {
-            Some(locked) => locked.take_if_ready(),
-            None => Attempt::Gone,
-        }
-    }
 }
 
 impl<'a, O: DelayedOperation> Locked<'a, O> {
@@ -385,15 +367,6 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
         (taken, vacated)
     }
 
-    /// Runs `try_complete` and takes the operation if it is ready; otherwise unlocks it.
-    pub(crate) fn take_if_ready(mut self) -> Attempt<O> {
-        match self.try_complete() {
-            Ok(true) => Attempt::Ready(self.take()),
-            Ok(false) => Attempt::NotReady { panicked: false },
-            Err(()) => Attempt::NotReady { panicked: true },
-        }
-    }
-
     /// Runs `try_complete`, keeping the lock.
     pub(crate) fn try_complete(&mut self) -> Result<bool, ()> {
         let op = self
@@ -406,7 +379,7 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
 }
 
 /// Calls `try_complete`, turning a panic into `Err` (reported through `tracing`).
-pub(crate) fn try_complete_caught<O: DelayedOperation>(op: &mut O) -> Result<bool, ()> {
+fn try_complete_caught<O: DelayedOperation>(op: &mut O) -> Result<bool, ()> {
     catch_unwind(AssertUnwindSafe(|| op.try_complete())).map_err(|payload| {
         tracing::error!(
             target: "purgatory",
@@ -460,7 +433,6 @@ mod tests {
         assert!(!table.may_be_waiting(a) && table.may_be_waiting(b));
         assert!(table.lock(a).is_none());
         assert!(table.take(a).is_none());
-        assert!(matches!(table.attempt(a), Attempt::Gone));
         assert_eq!(table.take(b).map(|t| t.op.0), Some("b"));
         assert!(table.take(b).is_none(), "taken once");
     }

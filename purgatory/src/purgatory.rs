@@ -40,7 +40,7 @@ use timer_core::{Executor, Timer, TimerTask};
 use crate::cancels::DeferredCancels;
 use crate::counters::{Count, Counters};
 use crate::error::WatchError;
-use crate::op_table::{panic_message, Attempt, Locked, OpRef, OpTable, Taken};
+use crate::op_table::{panic_message, Locked, OpRef, OpTable, Taken};
 use crate::operation::{Completion, DelayedOperation};
 use crate::watchers::Watchers;
 
@@ -292,13 +292,13 @@ where
         let saw_completed = candidates.len() < listed;
         let mut completed = 0;
         for at in candidates {
-            match inner.table.attempt(at) {
-                Attempt::Ready(taken) => {
-                    inner.finish(taken, Completion::Ready);
-                    completed += 1;
-                }
-                Attempt::NotReady { panicked: true } => inner.counters.add(Count::Panicked, 1),
-                Attempt::NotReady { panicked: false } | Attempt::Gone => {}
+            let Some(mut locked) = inner.table.lock(at) else {
+                continue; // completed by someone else since the snapshot
+            };
+            if inner.is_ready(&mut locked) {
+                // `take` releases the slot lock: callbacks run without it.
+                inner.finish(locked.take(), Completion::Ready);
+                completed += 1;
             }
         }
         if completed > 0 || saw_completed {
