@@ -41,6 +41,7 @@ mod bucket;
 mod bucket_queue;
 mod builder;
 mod clock;
+mod deferred_unlinks;
 mod error;
 mod executor;
 mod free_slots;

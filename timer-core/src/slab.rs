@@ -14,8 +14,10 @@
 //! slab in address order.
 //!
 //! # Invariants
-//! - A slot is *occupied* exactly when its `task` is `Some`; only occupied slots are linked
-//!   into a bucket list (see `bucket.rs`).
+//! - A slot is *vacant* (in `free`) or *occupied*. An occupied slot is *live* (its `task`
+//!   is `Some`) or *cancelled*: its task was taken by a cancel that left the unlink for
+//!   later (see `deferred_unlinks.rs`), so it is still linked into its bucket list. Only
+//!   occupied slots are linked (see `bucket.rs`); `occupied` counts both kinds.
 //! - A slot's `generation` changes every time the slot is freed. A [`SlotKey`] names a
 //!   slot *and* the generation it was handed out with, so a key to a task that has since
 //!   fired or been cancelled never matches again, even after the slot is reused.
@@ -29,7 +31,7 @@ use crate::free_slots::FreeSlots;
 /// "No slot": the end of a list, or a slot that is not linked anywhere.
 pub(crate) const NIL: u32 = u32::MAX;
 
-/// A generation-checked reference to one occupied slot.
+/// A generation-checked reference to one live slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct SlotKey {
     pub(crate) index: u32,
@@ -132,7 +134,28 @@ impl<T> Slab<T> {
         (entry.generation == key.generation && entry.task.is_some()).then_some(entry)
     }
 
-    /// Empties an occupied slot, bumps its generation and returns its task.
+    /// Asks for the cache line of slot `index` (if it exists) with intent to write, without
+    /// waiting for it: a hint for a write that comes later.
+    #[inline]
+    pub(crate) fn prefetch_for_write(&self, index: u32) {
+        if let Some(entry) = self.entries.get(index as usize) {
+            prefetch_for_write(entry);
+        }
+    }
+
+    /// Frees a cancelled slot (task already taken, generation already bumped) once the
+    /// caller has unlinked it from its bucket.
+    #[inline]
+    pub(crate) fn release_cancelled(&mut self, index: u32) {
+        debug_assert!(
+            self.entries[index as usize].task.is_none(),
+            "releasing a live slot"
+        );
+        self.free.push(index);
+        self.occupied -= 1;
+    }
+
+    /// Empties a live slot, bumps its generation and returns its task.
     /// The caller must already have unlinked it from its bucket.
     pub(crate) fn remove(&mut self, index: u32) -> T {
         let entry = self.get_mut(index);
@@ -160,6 +183,21 @@ impl<T> Slab<T> {
     pub(crate) fn get_mut(&mut self, index: u32) -> &mut Entry<T> {
         &mut self.entries[index as usize]
     }
+}
+
+/// Starts fetching the cache line of `value` for writing and returns at once.
+#[inline(always)]
+fn prefetch_for_write<V>(value: &V) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch reads no memory the program can observe and never faults, so any
+    // address is fine (here, a live reference). `_mm_prefetch` needs SSE, which every
+    // x86_64 CPU has. CPUs without PREFETCHW treat the write hint as a NOP.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0};
+        _mm_prefetch::<_MM_HINT_ET0>((value as *const V).cast::<i8>());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = value;
 }
 
 #[cfg(test)]

@@ -424,7 +424,7 @@ impl<T: TimerTask> Timer<T> {
                     if handle.timer != self.inner.id {
                         continue;
                     }
-                    if let Some(task) = state.wheel.cancel(handle.key) {
+                    if let Some(task) = state.wheel.cancel_prefetched(handle.key) {
                         run.push(task);
                     }
                 }

@@ -17,6 +17,10 @@
 //!   current time, and within one interval of it, so a bucket never mixes two rounds.
 //! - Every bucket with entries (and possibly some emptied by cancels) is in the bucket queue
 //!   exactly once, under its expiration.
+//! - A bucket list may still hold up to 8 cancelled entries (no task, no key names them)
+//!   whose unlink a cancel deferred (see `deferred_unlinks.rs`). `advance` unlinks them
+//!   before it walks any list, so flushing meets live entries only, and `len` does not
+//!   count them.
 //! - [`Wheel::advance`] to `now` flushes every bucket with expiration `<= now`, earliest
 //!   first: each entry either expires (its expiration is `<=` the level-0 time the clock has
 //!   reached) or is placed again from level 0, landing in a finer bucket (the cascade).
@@ -32,6 +36,7 @@
 
 use crate::bucket::{Bucket, NOT_QUEUED};
 use crate::bucket_queue::BucketQueue;
+use crate::deferred_unlinks::DeferredUnlinks;
 use crate::slab::{Slab, SlotKey, NIL};
 
 /// Largest interval a level may have: keeps a level's interval and its bucket arithmetic
@@ -92,6 +97,8 @@ pub struct Wheel<T> {
     buckets: Vec<Bucket>,
     slab: Slab<T>,
     queue: BucketQueue,
+    /// Cancelled entries still linked into their buckets.
+    cancelled: DeferredUnlinks,
 }
 
 impl<T> Wheel<T> {
@@ -119,6 +126,7 @@ impl<T> Wheel<T> {
             buckets: vec![Bucket::EMPTY; wheel_size as usize],
             slab: Slab::new(),
             queue: BucketQueue::default(),
+            cancelled: DeferredUnlinks::new(),
         }
     }
 
@@ -129,7 +137,7 @@ impl<T> Wheel<T> {
 
     /// Number of tasks held.
     pub fn len(&self) -> usize {
-        self.slab.occupied()
+        self.slab.occupied() - self.cancelled.len()
     }
 
     /// Whether the wheel holds no task.
@@ -200,26 +208,69 @@ impl<T> Wheel<T> {
     }
 
     /// Removes the task `key` names and returns it, or `None` when the key is stale (the
-    /// task already expired or was cancelled). O(1): unlinks one entry.
+    /// task already expired or was cancelled). O(1).
+    ///
+    /// The task is out at once: nothing of it runs later and the key is dead. Its entry
+    /// stays linked in its bucket a little longer: the cancel 8 cancels later, or the next
+    /// `advance`, whichever comes first, unlinks it and frees its slot (see
+    /// `deferred_unlinks.rs` for why). So at most 8 slots (256 bytes for pointer-sized
+    /// tasks) per wheel wait to be reused.
     pub fn cancel(&mut self, key: SlotKey) -> Option<T> {
-        // One pass over the entry (check, unlink, free) and a write to each neighbour:
-        // cancel is bound by cache misses, so it is kept to as few instructions as
-        // possible to let the CPU overlap the misses of consecutive cancels.
+        // Bound by cache misses: reads the entry (one miss), asks for its neighbours'
+        // lines without waiting, and unlinks an entry cancelled 8 cancels ago, whose
+        // neighbours have arrived by now. Kept short so the CPU overlaps the misses of
+        // consecutive cancels.
+        let (task, prev, next) = self.take_task(key)?;
+        self.slab.prefetch_for_write(prev);
+        self.slab.prefetch_for_write(next);
+        if let Some(oldest) = self.cancelled.push(key.index) {
+            self.unlink_cancelled(oldest);
+        }
+        Some(task)
+    }
+
+    /// [`cancel`](Self::cancel) that unlinks at once, for a caller that has already
+    /// brought the entry and its neighbours into the cache ([`prefetch_cancels`](
+    /// Self::prefetch_cancels)): deferring would only add work.
+    pub(crate) fn cancel_prefetched(&mut self, key: SlotKey) -> Option<T> {
+        let (task, _, _) = self.take_task(key)?;
+        self.unlink_cancelled(key.index);
+        Some(task)
+    }
+
+    /// The first half of a cancel: if `key` is live, takes its task out and bumps the
+    /// entry's generation (so no key names it any more), leaving it linked. Returns the
+    /// task and the entry's list neighbours.
+    #[inline]
+    fn take_task(&mut self, key: SlotKey) -> Option<(T, u32, u32)> {
         let entry = self.slab.entries.get_mut(key.index as usize)?;
-        if entry.generation != key.generation || entry.bucket == NIL {
+        if entry.generation != key.generation {
             return None;
         }
-        let (prev, next, bucket) = (entry.prev, entry.next, entry.bucket);
-        let task = entry.task.take();
-        debug_assert!(task.is_some(), "a linked entry holds its task");
+        debug_assert_ne!(entry.bucket, NIL, "a live entry is linked");
+        let task = entry.task.take()?;
         entry.generation = entry.generation.wrapping_add(1);
+        Some((task, entry.prev, entry.next))
+    }
+
+    /// Unlinks the cancelled entry `index` from its bucket and frees its slot.
+    #[inline]
+    fn unlink_cancelled(&mut self, index: u32) {
+        let entry = self.slab.get_mut(index);
+        let (prev, next, bucket) = (entry.prev, entry.next, entry.bucket);
         entry.prev = NIL;
         entry.next = NIL;
         entry.bucket = NIL;
         self.buckets[bucket as usize].unlink_between(prev, next, &mut self.slab);
-        self.slab.free.push(key.index);
-        self.slab.occupied -= 1;
-        task
+        self.slab.release_cancelled(index);
+    }
+
+    /// Unlinks every cancelled entry still linked, so that bucket lists hold live
+    /// entries only.
+    fn unlink_all_cancelled(&mut self) {
+        for index in self.cancelled.take_all() {
+            self.unlink_cancelled(index);
+        }
     }
 
     /// Whether `key` still names a pending task.
@@ -244,6 +295,7 @@ impl<T> Wheel<T> {
     /// current tick does nothing.
     pub fn advance(&mut self, now: u64, expired: &mut Vec<T>) -> usize {
         let before = expired.len();
+        self.unlink_all_cancelled();
         while let Some((expiration, id)) = self.queue.pop_due(now) {
             let bucket = &mut self.buckets[id as usize];
             debug_assert_eq!(bucket.expiration, expiration, "bucket queued twice");
@@ -280,6 +332,8 @@ impl<T> Wheel<T> {
 
     /// Takes every task out, in no particular order, leaving the wheel empty.
     pub fn drain(&mut self) -> Vec<T> {
+        // Cancelled entries hold no task; the slab forgets their slots with the rest.
+        let _ = self.cancelled.take_all();
         for bucket in &mut self.buckets {
             *bucket = Bucket::EMPTY;
         }
@@ -362,6 +416,7 @@ impl<T> Wheel<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::deferred_unlinks::CAPACITY;
 
     #[test]
     fn fires_each_task_at_its_tick_not_before() {
@@ -401,6 +456,87 @@ mod tests {
         let mut out = Vec::new();
         assert_eq!(wheel.advance(10, &mut out), 1);
         assert_eq!(out, vec!['a']);
+    }
+
+    /// Checks every bucket list (links agree both ways, each entry names its bucket) and
+    /// returns how many entries are linked in all.
+    fn linked_entries<T>(wheel: &Wheel<T>) -> usize {
+        let mut linked = 0;
+        for (id, bucket) in wheel.buckets.iter().enumerate() {
+            let mut prev = NIL;
+            let mut at = bucket.head;
+            while at != NIL {
+                let entry = &wheel.slab.entries[at as usize];
+                assert_eq!(entry.bucket, id as u32, "entry {at} names another bucket");
+                assert_eq!(entry.prev, prev, "entry {at} has a wrong back link");
+                prev = at;
+                at = entry.next;
+                linked += 1;
+            }
+        }
+        linked
+    }
+
+    #[test]
+    fn deferred_unlinks_keep_lists_whole_and_free_every_slot() {
+        let mut wheel = Wheel::new(4, 0);
+        // 120 tasks over a few buckets of two levels, so lists are long and cancelled
+        // entries often sit next to each other.
+        let keys: Vec<_> = (0..120u64).map(|i| wheel.insert(1 + i % 7, i)).collect();
+        let mut order: Vec<usize> = (0..keys.len()).collect();
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for i in (1..order.len()).rev() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            order.swap(i, (x % (i as u64 + 1)) as usize);
+        }
+        let (cancel, keep) = order.split_at(90);
+        for (n, &i) in cancel.iter().enumerate() {
+            assert_eq!(wheel.cancel(keys[i]), Some(i as u64));
+            assert_eq!(
+                wheel.cancel(keys[i]),
+                None,
+                "a cancelled key is dead at once"
+            );
+            assert!(!wheel.contains(keys[i]));
+            let cancelled = n + 1;
+            assert_eq!(wheel.len(), keys.len() - cancelled);
+            let waiting = cancelled.min(CAPACITY);
+            assert_eq!(linked_entries(&wheel), wheel.len() + waiting);
+            assert_eq!(
+                wheel.slab.free.len(),
+                cancelled - waiting,
+                "slots freed so far"
+            );
+        }
+        let mut fired = Vec::new();
+        wheel.advance(10, &mut fired);
+        fired.sort_unstable();
+        let mut expected: Vec<u64> = keep.iter().map(|&i| i as u64).collect();
+        expected.sort_unstable();
+        assert_eq!(fired, expected, "exactly the tasks not cancelled fire");
+        assert!(wheel.is_empty());
+        assert_eq!(linked_entries(&wheel), 0);
+        assert_eq!(
+            wheel.slab.free.len(),
+            keys.len(),
+            "every slot is free again"
+        );
+    }
+
+    #[test]
+    fn cancel_then_add_reuses_all_but_the_waiting_slots() {
+        let mut wheel = Wheel::new(20, 0);
+        let keys: Vec<_> = (0..1_000u64).map(|i| wheel.insert(5 + i % 50, i)).collect();
+        for key in keys {
+            assert!(wheel.cancel(key).is_some());
+        }
+        for i in 0..1_000u64 {
+            wheel.insert(5 + i % 50, i);
+        }
+        assert_eq!(wheel.len(), 1_000);
+        assert_eq!(wheel.slab.entries.len(), 1_000 + CAPACITY);
     }
 
     #[test]
