@@ -369,12 +369,13 @@ fn ticks_strategy() -> impl Strategy<Value = u64> {
     ]
 }
 
-fn wheel_op_strategy() -> impl Strategy<Value = WheelOp> {
+/// Inserts, cancels and advances in the proportions `insert : cancel : advance`.
+fn wheel_op_strategy(insert: u32, cancel: u32, advance: u32) -> impl Strategy<Value = WheelOp> {
     prop_oneof![
-        5 => (ticks_strategy(), prop::bool::weighted(0.1))
+        insert => (ticks_strategy(), prop::bool::weighted(0.1))
             .prop_map(|(delta, past)| WheelOp::Insert { delta, past }),
-        2 => any::<usize>().prop_map(|pick| WheelOp::Cancel { pick }),
-        3 => (ticks_strategy(), prop::bool::weighted(0.1))
+        cancel => any::<usize>().prop_map(|pick| WheelOp::Cancel { pick }),
+        advance => (ticks_strategy(), prop::bool::weighted(0.1))
             .prop_map(|(delta, back)| WheelOp::Advance { delta, back }),
     ]
 }
@@ -523,7 +524,19 @@ proptest! {
             2 => 0u64..1_000_000,
             1 => (u64::MAX - (1 << 41))..=u64::MAX,
         ],
-        ops in prop::collection::vec(wheel_op_strategy(), 1..150),
+        ops in prop::collection::vec(wheel_op_strategy(5, 2, 3), 1..150),
+    ) {
+        check_wheel_against_model(wheel_size, start, &ops)?;
+    }
+
+    /// Long runs of cancels between advances: a cancel leaves its unlink to a later one
+    /// once 8 are waiting (`deferred_unlinks.rs`), and neighbours of waiting entries get
+    /// cancelled and unlinked in every order.
+    #[test]
+    fn wheel_matches_the_model_under_cancel_bursts(
+        wheel_size in prop_oneof![2u32..=5, Just(20)],
+        start in prop_oneof![Just(0u64), 0u64..1_000_000],
+        ops in prop::collection::vec(wheel_op_strategy(6, 6, 1), 1..200),
     ) {
         check_wheel_against_model(wheel_size, start, &ops)?;
     }
