@@ -45,9 +45,8 @@ impl Bucket {
         self.head = index;
     }
 
-    /// Closes the gap an entry leaves in this bucket's list, given the entry's old links.
-    /// The caller has already cleared the entry's own fields (it reads them once, for the
-    /// generation check too, to keep cancel short).
+    /// Closes the gap an entry leaves in this bucket's list, given the entry's links as
+    /// the caller read them just before clearing the entry's own fields.
     #[inline]
     pub(crate) fn unlink_between<T>(&mut self, prev: u32, next: u32, slab: &mut Slab<T>) {
         if prev == NIL {

@@ -16,8 +16,11 @@
 //! - No index is held twice.
 //! - The wheel empties it before anything walks a bucket list (`advance`), and on a
 //!   push that finds it full it hands back the oldest index to unlink then. So at most
-//!   `CAPACITY` slots per wheel wait, and each waits for at most `CAPACITY` later cancels
-//!   or the next advance, whichever comes first.
+//!   `CAPACITY` slots per wheel wait. Each waits until `CAPACITY` more single cancels
+//!   (`Wheel::cancel`) on the same wheel or its next `advance`, whichever comes first;
+//!   batch cancels unlink their own entries at once and push nothing out, and a timer
+//!   shard is only advanced when one of its buckets is due, so a waiting slot can stay
+//!   until then. The bound on memory holds throughout: `CAPACITY` slots per wheel.
 
 /// Most cancelled slots that wait to be unlinked, per wheel.
 pub(crate) const CAPACITY: usize = 8;

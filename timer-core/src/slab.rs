@@ -18,7 +18,9 @@
 //!   is `Some`) or *cancelled*: its task was taken by a cancel that left the unlink for
 //!   later (see `deferred_unlinks.rs`), so it is still linked into its bucket list. Only
 //!   occupied slots are linked (see `bucket.rs`); `occupied` counts both kinds.
-//! - A slot's `generation` changes every time the slot is freed. A [`SlotKey`] names a
+//! - A slot's `generation` changes exactly once per task it held: when the task leaves
+//!   (it fired, or was cancelled; a cancelled slot changes at the cancel, before it is
+//!   freed). A [`SlotKey`] names a
 //!   slot *and* the generation it was handed out with, so a key to a task that has since
 //!   fired or been cancelled never matches again, even after the slot is reused.
 //!   (After 2^32 reuses of one slot a generation repeats; a key would have to be held
@@ -98,7 +100,10 @@ impl<T> Slab<T> {
         self.occupied += 1;
         if let Some(index) = self.free.pop() {
             let entry = self.get_mut(index);
-            debug_assert!(entry.task.is_none(), "free stack named an occupied slot");
+            debug_assert!(
+                entry.task.is_none() && entry.bucket == NIL,
+                "the free set named an occupied slot"
+            );
             entry.next = NIL;
             entry.prev = NIL;
             entry.bucket = NIL;
@@ -134,12 +139,12 @@ impl<T> Slab<T> {
         (entry.generation == key.generation && entry.task.is_some()).then_some(entry)
     }
 
-    /// Asks for the cache line of slot `index` (if it exists) with intent to write, without
-    /// waiting for it: a hint for a write that comes later.
+    /// Starts bringing the cache line of slot `index` (if it exists) into the cache,
+    /// without waiting for it: a hint for an access that comes later.
     #[inline]
-    pub(crate) fn prefetch_for_write(&self, index: u32) {
+    pub(crate) fn prefetch(&self, index: u32) {
         if let Some(entry) = self.entries.get(index as usize) {
-            prefetch_for_write(entry);
+            prefetch(entry);
         }
     }
 
@@ -185,16 +190,19 @@ impl<T> Slab<T> {
     }
 }
 
-/// Starts fetching the cache line of `value` for writing and returns at once.
+/// Starts fetching the cache line of `value` into every cache level and returns at once
+/// (`prefetcht0`). A read prefetch: with no other core holding the line it arrives
+/// exclusive, so a later write to it needs no second trip. (The write-intent hint,
+/// `PREFETCHW`, needs a target feature the default x86_64 target does not enable.)
 #[inline(always)]
-fn prefetch_for_write<V>(value: &V) {
+fn prefetch<V>(value: &V) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch reads no memory the program can observe and never faults, so any
     // address is fine (here, a live reference). `_mm_prefetch` needs SSE, which every
-    // x86_64 CPU has. CPUs without PREFETCHW treat the write hint as a NOP.
+    // x86_64 CPU has.
     unsafe {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0};
-        _mm_prefetch::<_MM_HINT_ET0>((value as *const V).cast::<i8>());
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>((value as *const V).cast::<i8>());
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = value;

@@ -216,13 +216,13 @@ impl<T> Wheel<T> {
     /// `deferred_unlinks.rs` for why). So at most 8 slots (256 bytes for pointer-sized
     /// tasks) per wheel wait to be reused.
     pub fn cancel(&mut self, key: SlotKey) -> Option<T> {
-        // Bound by cache misses: reads the entry (one miss), asks for its neighbours'
-        // lines without waiting, and unlinks an entry cancelled 8 cancels ago, whose
+        // Bound by cache misses: reads the entry (one miss), prefetches its neighbours'
+        // lines without waiting for them, and unlinks an entry cancelled 8 cancels ago, whose
         // neighbours have arrived by now. Kept short so the CPU overlaps the misses of
         // consecutive cancels.
         let (task, prev, next) = self.take_task(key)?;
-        self.slab.prefetch_for_write(prev);
-        self.slab.prefetch_for_write(next);
+        self.slab.prefetch(prev);
+        self.slab.prefetch(next);
         if let Some(oldest) = self.cancelled.push(key.index) {
             self.unlink_cancelled(oldest);
         }
@@ -247,8 +247,9 @@ impl<T> Wheel<T> {
         if entry.generation != key.generation {
             return None;
         }
-        debug_assert_ne!(entry.bucket, NIL, "a live entry is linked");
+        // A key of another wheel may match a vacant slot's generation: no task, `None`.
         let task = entry.task.take()?;
+        debug_assert_ne!(entry.bucket, NIL, "a live entry is linked");
         entry.generation = entry.generation.wrapping_add(1);
         Some((task, entry.prev, entry.next))
     }
@@ -533,10 +534,37 @@ mod tests {
             assert!(wheel.cancel(key).is_some());
         }
         for i in 0..1_000u64 {
-            wheel.insert(5 + i % 50, i);
+            wheel.insert(5 + i % 50, 1_000 + i);
         }
         assert_eq!(wheel.len(), 1_000);
         assert_eq!(wheel.slab.entries.len(), 1_000 + CAPACITY);
+        // New entries were pushed onto lists whose heads may be waiting cancelled ones.
+        assert_eq!(linked_entries(&wheel), 1_000 + CAPACITY);
+        let mut fired = Vec::new();
+        wheel.advance(60, &mut fired);
+        fired.sort_unstable();
+        assert_eq!(fired, (1_000..2_000).collect::<Vec<u64>>());
+        assert_eq!(wheel.slab.free.len(), 1_000 + CAPACITY);
+    }
+
+    #[test]
+    fn drain_forgets_waiting_cancelled_entries() {
+        let mut wheel = Wheel::new(20, 0);
+        let keys: Vec<_> = (0..20u64).map(|i| wheel.insert(3 + i % 4, i)).collect();
+        for key in &keys[..5] {
+            assert!(wheel.cancel(*key).is_some());
+        }
+        let mut drained = wheel.drain();
+        drained.sort_unstable();
+        assert_eq!(drained, (5..20).collect::<Vec<u64>>());
+        assert!(wheel.is_empty());
+        // The wheel works on: nothing of the waiting entries is left to unlink.
+        let key = wheel.insert(4, 99);
+        assert!(wheel.contains(key));
+        let mut fired = Vec::new();
+        assert_eq!(wheel.advance(10, &mut fired), 1);
+        assert_eq!(fired, vec![99]);
+        assert!(wheel.is_empty());
     }
 
     #[test]

@@ -492,6 +492,12 @@ fn a_stale_handle_cancels_nothing() {
 
     assert_eq!(timer.cancel(second).map(|t| t.0), Some(2));
     assert!(timer.cancel(second).is_none(), "cancelled handle");
+    // A cancelled slot is freed once 8 more cancels have come after it (the wheel defers
+    // the unlink); then, lowest free slot first, the next add takes `second`'s slot.
+    for filler in 10..18 {
+        let handle = timer.add(5 * MS, noop(filler)).unwrap();
+        assert!(timer.cancel(handle).is_some());
+    }
     let fourth = timer.add(5 * MS, noop(4)).unwrap();
     assert!(
         timer.cancel(second).is_none(),
@@ -504,7 +510,7 @@ fn a_stale_handle_cancels_nothing() {
     clock.advance(5 * MS);
     assert_eq!(timer.advance_clock(Duration::ZERO), 2);
     let stats = timer.stats();
-    assert_eq!((stats.added, stats.cancelled, stats.expired), (4, 1, 3));
+    assert_eq!((stats.added, stats.cancelled, stats.expired), (12, 9, 3));
 }
 
 #[test]

@@ -529,9 +529,9 @@ proptest! {
         check_wheel_against_model(wheel_size, start, &ops)?;
     }
 
-    /// Long runs of cancels between advances: a cancel leaves its unlink to a later one
-    /// once 8 are waiting (`deferred_unlinks.rs`), and neighbours of waiting entries get
-    /// cancelled and unlinked in every order.
+    /// Long runs of cancels between advances: every cancel leaves its entry linked, and
+    /// once 8 are waiting each cancel unlinks the oldest (`deferred_unlinks.rs`), so
+    /// neighbours of waiting entries get cancelled and unlinked in every order.
     #[test]
     fn wheel_matches_the_model_under_cancel_bursts(
         wheel_size in prop_oneof![2u32..=5, Just(20)],
