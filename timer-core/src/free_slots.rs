@@ -99,14 +99,6 @@ impl FreeSlots {
             group += 1;
         }
     }
-
-    /// Forgets every free slot (and every covered one: the slab is empty after this).
-    pub(crate) fn clear(&mut self) {
-        self.words.clear();
-        self.summary.clear();
-        self.low = 0;
-        self.len = 0;
-    }
 }
 
 #[cfg(test)]

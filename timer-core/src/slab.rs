@@ -175,11 +175,24 @@ impl<T> Slab<T> {
         task
     }
 
-    /// Takes every task out, leaving the slab empty (used at shutdown).
+    /// Takes every task out and frees every occupied slot, unlinked (the caller empties
+    /// the bucket lists). Slots are kept, with their generations moved on, so a key to a
+    /// drained task never matches a task added later.
     pub(crate) fn drain(&mut self) -> Vec<T> {
         let mut tasks = Vec::with_capacity(self.occupied);
-        tasks.extend(self.entries.drain(..).filter_map(|e| e.task));
-        self.free.clear();
+        for (index, entry) in self.entries.iter_mut().enumerate() {
+            if entry.bucket == NIL && entry.task.is_none() {
+                continue; // vacant, already free
+            }
+            if let Some(task) = entry.task.take() {
+                tasks.push(task);
+                entry.generation = entry.generation.wrapping_add(1);
+            }
+            entry.next = NIL;
+            entry.prev = NIL;
+            entry.bucket = NIL;
+            self.free.push(index as u32);
+        }
         self.occupied = 0;
         tasks
     }

@@ -333,7 +333,7 @@ impl<T> Wheel<T> {
 
     /// Takes every task out, in no particular order, leaving the wheel empty.
     pub fn drain(&mut self) -> Vec<T> {
-        // Cancelled entries hold no task; the slab forgets their slots with the rest.
+        // Cancelled entries hold no task; the slab frees their slots with the rest.
         let _ = self.cancelled.take_all();
         for bucket in &mut self.buckets {
             *bucket = Bucket::EMPTY;
@@ -558,9 +558,14 @@ mod tests {
         drained.sort_unstable();
         assert_eq!(drained, (5..20).collect::<Vec<u64>>());
         assert!(wheel.is_empty());
-        // The wheel works on: nothing of the waiting entries is left to unlink.
+        // The wheel works on: nothing of the waiting entries is left to unlink, and no
+        // key from before the drain reaches a task added after it.
         let key = wheel.insert(4, 99);
         assert!(wheel.contains(key));
+        for old in &keys {
+            assert!(!wheel.contains(*old));
+            assert_eq!(wheel.cancel(*old), None);
+        }
         let mut fired = Vec::new();
         assert_eq!(wheel.advance(10, &mut fired), 1);
         assert_eq!(fired, vec![99]);
