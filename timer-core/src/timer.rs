@@ -379,6 +379,10 @@ impl<T: TimerTask> Timer<T> {
     /// Cancels the task `handle` names and gives it back. Returns `None` if the task
     /// already expired (it has run or is running), was already cancelled, or the timer
     /// was shut down: exactly one of cancel and expiry wins. O(1).
+    ///
+    /// The task is out of the timer when this returns. Its slot is reused a
+    /// little later: up to 8 cancelled slots per shard wait to be unlinked, by later
+    /// cancels or the shard's next advance ([`Wheel::cancel`] says why).
     pub fn cancel(&self, handle: TimerHandle) -> Option<T> {
         let shard = self.shard_of(handle)?;
         let mut state = shard.state.lock();
