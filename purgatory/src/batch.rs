@@ -7,8 +7,9 @@
 //! many waiters). Watched one by one, each operation takes the lock of every key's shard
 //! and of a timer shard, and reads the clock. In a batch, the watcher shards are locked
 //! once per run of entries that fall in them (entries sorted by shard), the clock is read
-//! once and the timer shard is locked once per 64 operations. Force-completions cancel their timers in one
-//! [`Timer::cancel_batch`](timer_core::Timer::cancel_batch) and count once per batch.
+//! once and the timer shard is locked once per 64 operations. Force-completions cancel
+//! their timers in one [`Timer::cancel_batch`](timer_core::Timer::cancel_batch) and count
+//! once per batch.
 //!
 //! # Invariants (the same as one at a time, see `purgatory.rs`)
 //! - The batch holds the lock of each of its operations from its first `try_complete`

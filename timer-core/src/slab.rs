@@ -19,10 +19,10 @@
 //!   later (see `deferred_unlinks.rs`), so it is still linked into its bucket list. Only
 //!   occupied slots are linked (see `bucket.rs`); `occupied` counts both kinds.
 //! - A slot's `generation` changes exactly once per task it held: when the task leaves
-//!   (it fired, or was cancelled; a cancelled slot changes at the cancel, before it is
-//!   freed). A [`SlotKey`] names a
-//!   slot *and* the generation it was handed out with, so a key to a task that has since
-//!   fired or been cancelled never matches again, even after the slot is reused.
+//!   (it fired, was cancelled, or was drained; a cancelled slot changes at the cancel,
+//!   before it is freed). A [`SlotKey`] names a slot *and* the generation it was handed
+//!   out with, so a key to a task that has since left never matches again, even after
+//!   the slot is reused.
 //!   (After 2^32 reuses of one slot a generation repeats; a key would have to be held
 //!   across all of them to be confused.)
 //! - Every slot in `free` is below `entries.len()` and vacant, and every vacant slot is

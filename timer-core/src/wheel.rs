@@ -217,9 +217,9 @@ impl<T> Wheel<T> {
     /// tasks) per wheel wait to be reused.
     pub fn cancel(&mut self, key: SlotKey) -> Option<T> {
         // Bound by cache misses: reads the entry (one miss), prefetches its neighbours'
-        // lines without waiting for them, and unlinks an entry cancelled 8 cancels ago, whose
-        // neighbours have arrived by now. Kept short so the CPU overlaps the misses of
-        // consecutive cancels.
+        // lines without waiting for them, and unlinks an entry cancelled 8 cancels ago,
+        // whose neighbours have arrived by now. Kept short so the CPU overlaps the misses
+        // of consecutive cancels.
         let (task, prev, next) = self.take_task(key)?;
         self.slab.prefetch(prev);
         self.slab.prefetch(next);
