@@ -324,6 +324,29 @@ where
         }
     }
 
+    /// Takes the operation `handle` names back, uncompleted: its timeout is disarmed at
+    /// once, its watcher entries are left stale (dropped by the next check of their key
+    /// or a purge), and no callback runs: the caller now owns answering it (or dropping
+    /// it, for a request whose client left). `None` if it already completed, expired or
+    /// was cancelled, or if the handle is another purgatory's.
+    ///
+    /// The one-operation counterpart of [`cancel_for_key`](Self::cancel_for_key); where
+    /// [`force_complete`](Self::force_complete) answers the operation, this does not.
+    pub fn cancel(&self, handle: &OperationHandle<O>) -> Option<O> {
+        let inner = &*self.inner;
+        if handle.purgatory != inner.id {
+            return None;
+        }
+        let taken = inner.table.take(handle.at)?;
+        if let Some(timer) = taken.timer {
+            inner.timer.cancel(timer);
+        }
+        inner.counters.add_stale(i64::from(taken.keys));
+        inner.counters.add(Count::Cancelled, 1);
+        tracing::debug!(target: "purgatory", purgatory = %inner.name, "cancel");
+        Some(taken.op)
+    }
+
     /// Whether the operation `handle` names has been completed, expired or cancelled.
     /// A handle of another purgatory names nothing here and reads as completed.
     pub fn is_completed(&self, handle: &OperationHandle<O>) -> bool {

@@ -1,0 +1,112 @@
+//! `Purgatory::cancel`: one operation taken back by its handle, uncompleted, with its
+//! timeout disarmed, exactly once against completion, force and expiry.
+
+mod probe;
+
+use std::time::Duration;
+
+use probe::{flags, manual_purgatory, never, Ledger, Probe};
+use purgatory::{ManualClock, Purgatory, Watched};
+
+fn pending<O>(watched: Watched<O>) -> purgatory::OperationHandle<O> {
+    match watched {
+        Watched::Pending(handle) => handle,
+        Watched::Completed => panic!("a never-ready operation must wait"),
+    }
+}
+
+#[test]
+fn cancel_hands_the_operation_back_and_it_never_expires() {
+    let clock = ManualClock::new();
+    let ledger = Ledger::new(2);
+    let purgatory: Purgatory<u32, Probe> = manual_purgatory(&clock);
+    let a = pending(
+        purgatory
+            .watch(
+                Probe::new(0, Duration::from_millis(10), &ledger, &never()),
+                [1, 2],
+            )
+            .unwrap(),
+    );
+    let _b = pending(
+        purgatory
+            .watch(
+                Probe::new(1, Duration::from_millis(10), &ledger, &never()),
+                [1],
+            )
+            .unwrap(),
+    );
+    let back = purgatory.cancel(&a).expect("a is waiting");
+    assert_eq!(ledger.completions(0), 0, "a cancel runs no callback");
+    assert!(purgatory.is_completed(&a));
+    assert!(purgatory.cancel(&a).is_none(), "taken back once");
+    assert!(
+        !purgatory.force_complete(&a),
+        "a cancelled handle forces nothing"
+    );
+    assert_eq!(purgatory.pending(), 1, "its timeout is disarmed at once");
+    let stats = purgatory.stats();
+    assert_eq!(stats.cancelled, 1);
+    drop(back);
+    assert_eq!(ledger.drops(0), 1, "the caller owned it and dropped it");
+    clock.advance(Duration::from_millis(20));
+    purgatory.advance_clock(Duration::ZERO);
+    assert_eq!(
+        ledger.completions(0),
+        0,
+        "a cancelled operation never expires"
+    );
+    assert_eq!(ledger.how(1), Some(purgatory::Completion::Expired));
+    // Its stale entries go with the next check of their key.
+    assert_eq!(purgatory.check_and_complete(&2), 0);
+    assert_eq!(purgatory.check_and_complete(&1), 0);
+    assert_eq!(purgatory.watched(), 0);
+}
+
+#[test]
+fn cancel_after_completion_returns_none() {
+    let clock = ManualClock::new();
+    let ledger = Ledger::new(1);
+    let (ready, readiness) = flags(1);
+    let purgatory: Purgatory<u32, Probe> = manual_purgatory(&clock);
+    let a = pending(
+        purgatory
+            .watch(
+                Probe::new(0, Duration::from_secs(60), &ledger, &readiness),
+                [7],
+            )
+            .unwrap(),
+    );
+    ready[0].store(true, std::sync::atomic::Ordering::Release);
+    assert_eq!(purgatory.check_and_complete(&7), 1);
+    assert!(purgatory.cancel(&a).is_none());
+    assert_eq!(ledger.completions(0), 1);
+    assert_eq!(purgatory.stats().cancelled, 0);
+}
+
+#[test]
+fn a_handle_of_another_purgatory_cancels_nothing() {
+    let clock = ManualClock::new();
+    let ledger = Ledger::new(2);
+    let produce: Purgatory<u32, Probe> = manual_purgatory(&clock);
+    let fetch: Purgatory<u32, Probe> = manual_purgatory(&clock);
+    let a = pending(
+        produce
+            .watch(
+                Probe::new(0, Duration::from_secs(60), &ledger, &never()),
+                [1],
+            )
+            .unwrap(),
+    );
+    let _b = pending(
+        fetch
+            .watch(
+                Probe::new(1, Duration::from_secs(60), &ledger, &never()),
+                [1],
+            )
+            .unwrap(),
+    );
+    assert!(fetch.cancel(&a).is_none());
+    assert_eq!(fetch.pending(), 1);
+    assert!(produce.cancel(&a).is_some());
+}
