@@ -37,15 +37,10 @@
 
 #![warn(missing_docs)]
 
-mod bucket;
-mod bucket_queue;
 mod builder;
 mod clock;
-mod deferred_unlinks;
 mod error;
 mod executor;
-mod free_slots;
-mod slab;
 mod sleeper;
 pub mod sync;
 mod timer;
@@ -55,8 +50,8 @@ pub use builder::TimerBuilder;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{AddError, BuildError};
 pub use executor::Executor;
-pub use slab::SlotKey;
 pub use timer::{Timer, TimerHandle, TimerStats};
+pub use wheel::SlotKey;
 pub use wheel::Wheel;
 
 /// Work the timer runs once, when its delay has passed.

@@ -29,9 +29,9 @@ use std::time::{Duration, Instant};
 
 use crate::clock::{saturating_nanos, Clock};
 use crate::executor::Executor;
-use crate::slab::SlotKey;
 use crate::sleeper::Sleeper;
 use crate::sync::{AtomicBool, AtomicU64, Mutex};
+use crate::wheel::SlotKey;
 use crate::wheel::Wheel;
 use crate::TimerTask;
 

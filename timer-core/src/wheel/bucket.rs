@@ -14,7 +14,7 @@
 //! - A bucket may be queued and empty (all its entries were cancelled); flushing it then
 //!   costs one queue pop and nothing else.
 
-use crate::slab::{Slab, NIL};
+use super::slab::{Slab, NIL};
 
 /// `Bucket::expiration` of a bucket that is not in the bucket queue.
 pub(crate) const NOT_QUEUED: u64 = u64::MAX;

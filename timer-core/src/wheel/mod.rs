@@ -34,10 +34,18 @@
 //!   `LAST_TICK`: a later start, expiration or `advance` target counts as that tick (the value
 //!   `u64::MAX` marks a bucket that is not queued, so no bucket may start there).
 
-use crate::bucket::{Bucket, NOT_QUEUED};
-use crate::bucket_queue::BucketQueue;
-use crate::deferred_unlinks::DeferredUnlinks;
-use crate::slab::{Slab, SlotKey, NIL};
+mod bucket;
+mod bucket_queue;
+mod deferred_unlinks;
+mod free_slots;
+mod slab;
+
+pub use self::slab::SlotKey;
+
+use self::bucket::{Bucket, NOT_QUEUED};
+use self::bucket_queue::BucketQueue;
+use self::deferred_unlinks::DeferredUnlinks;
+use self::slab::{Slab, NIL};
 
 /// Largest interval a level may have: keeps a level's interval and its bucket arithmetic
 /// far from overflow. `current + interval` can still pass `u64::MAX` near the end of
@@ -416,8 +424,8 @@ impl<T> Wheel<T> {
 
 #[cfg(test)]
 mod tests {
+    use super::deferred_unlinks::CAPACITY;
     use super::*;
-    use crate::deferred_unlinks::CAPACITY;
 
     #[test]
     fn fires_each_task_at_its_tick_not_before() {

@@ -28,7 +28,7 @@
 //! - Every slot in `free` is below `entries.len()` and vacant, and every vacant slot is
 //!   in `free`.
 
-use crate::free_slots::FreeSlots;
+use super::free_slots::FreeSlots;
 
 /// "No slot": the end of a list, or a slot that is not linked anywhere.
 pub(crate) const NIL: u32 = u32::MAX;
