@@ -1,27 +1,49 @@
 //! Configuration of a [`Purgatory`].
 
 use std::hash::Hash;
-use std::time::Duration;
 
-use timer_core::{Clock, Executor, TimerBuilder};
+use timer_core::TimerBuilder;
 
 use crate::error::BuildError;
 use crate::operation::DelayedOperation;
-use crate::purgatory::{Inner, Purgatory};
+use crate::purgatory::Purgatory;
+use crate::purge::PurgePolicy;
+use crate::state::State;
 use crate::watchers::Watchers;
 
 /// Builds a [`Purgatory`]. Defaults follow Kafka's: tick 1 ms, wheel size 20, purge
 /// interval 1,000 completed entries still listed; plus watcher shards scaled to the
 /// machine (see [`default_shards`]), one timer shard per core, expirations run inline
 /// on the reaper thread, the system clock.
+///
+/// The timer's settings (geometry, clock, executor, reaper) come as one value, a
+/// [`TimerBuilder`]; the reaper thread is named `<name>-reaper` unless the timer
+/// builder names it.
+///
+/// ```
+/// use std::time::Duration;
+/// use purgatory::{ManualClock, PurgatoryBuilder, TimerBuilder};
+/// # use purgatory::{Completion, DelayedOperation};
+/// # struct Op;
+/// # impl DelayedOperation for Op {
+/// #     fn timeout(&self) -> Duration { Duration::from_secs(1) }
+/// #     fn try_complete(&mut self) -> bool { false }
+/// #     fn on_complete(&mut self, _: Completion) {}
+/// # }
+/// let clock = ManualClock::new();
+/// let purgatory = PurgatoryBuilder::new()
+///     .name("fetch")
+///     .timer(TimerBuilder::new().tick(Duration::from_millis(5)).clock(clock.clone()).reaper(false))
+///     .build::<u32, Op>()
+///     .unwrap();
+/// # drop(purgatory);
+/// ```
 #[derive(Debug)]
 pub struct PurgatoryBuilder {
     name: String,
     timer: TimerBuilder,
     purge_interval: usize,
     shards: usize,
-    executor: Executor,
-    reaper: bool,
 }
 
 impl Default for PurgatoryBuilder {
@@ -31,8 +53,6 @@ impl Default for PurgatoryBuilder {
             timer: TimerBuilder::new(),
             purge_interval: 1000,
             shards: default_shards(),
-            executor: Executor::Inline,
-            reaper: true,
         }
     }
 }
@@ -63,15 +83,13 @@ impl PurgatoryBuilder {
         self
     }
 
-    /// The timer's tick: the granularity of timeouts (1 us ..= 1 h).
-    pub fn tick(mut self, tick: Duration) -> Self {
-        self.timer = self.timer.tick(tick);
-        self
-    }
-
-    /// The timer's buckets per level (2 ..= 65,536).
-    pub fn wheel_size(mut self, size: u32) -> Self {
-        self.timer = self.timer.wheel_size(size);
+    /// The timer's settings: tick, wheel size, timer shards, clock (a
+    /// [`ManualClock`](timer_core::ManualClock) for tests, with `reaper(false)`, driving
+    /// expiry through `Purgatory::advance_clock`), executor (where expired operations'
+    /// callbacks run: inline on the reaper thread, the default, or on a pool; inline, an
+    /// `on_complete` that blocks holds up every later expiry) and reaper.
+    pub fn timer(mut self, timer: TimerBuilder) -> Self {
+        self.timer = timer;
         self
     }
 
@@ -88,32 +106,6 @@ impl PurgatoryBuilder {
         self
     }
 
-    /// Timer shards (1 ..= 1,024).
-    pub fn timer_shards(mut self, shards: usize) -> Self {
-        self.timer = self.timer.shards(shards);
-        self
-    }
-
-    /// Where expired operations' callbacks run: inline on the reaper thread (default) or
-    /// on a pool.
-    pub fn executor(mut self, executor: Executor) -> Self {
-        self.executor = executor;
-        self
-    }
-
-    /// The time source; a [`ManualClock`](timer_core::ManualClock) for tests (with
-    /// `reaper(false)`, driving expiry through `Purgatory::advance_clock`).
-    pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.timer = self.timer.clock(clock);
-        self
-    }
-
-    /// Whether to start the reaper thread (default true).
-    pub fn reaper(mut self, reaper: bool) -> Self {
-        self.reaper = reaper;
-        self
-    }
-
     /// Checks the configuration and builds the purgatory, starting its reaper if asked.
     pub fn build<K, O>(self) -> Result<Purgatory<K, O>, BuildError>
     where
@@ -126,16 +118,15 @@ impl PurgatoryBuilder {
         if self.purge_interval == 0 {
             return Err(BuildError::InvalidPurgeInterval);
         }
-        let timer = self.timer.reaper(false).build()?;
-        // Counters are i64; an interval beyond that means "practically never".
-        let purge_interval = self.purge_interval.min(i64::MAX as usize);
-        let inner = Inner::new(
+        let (timer, driver) = self.timer.build_parts()?;
+        let state = State::new(
             self.name,
             timer,
             Watchers::new(self.shards),
-            purge_interval,
-            self.executor,
+            PurgePolicy::new(self.purge_interval),
         );
-        Purgatory::from_parts(inner, self.reaper).map_err(BuildError::Spawn)
+        let reaper = format!("{}-reaper", state.name);
+        let driver = driver.start(state, &reaper).map_err(BuildError::Spawn)?;
+        Ok(Purgatory::from_driver(driver))
     }
 }

@@ -22,7 +22,7 @@
 //!   never across a timer call or user code (so loom models need not see them).
 
 use smallvec::SmallVec;
-use timer_core::{Timer, TimerHandle, TimerTask};
+use timer_core::{TimerCore, TimerHandle};
 
 use crate::counters::stripe_index;
 
@@ -46,24 +46,27 @@ pub(crate) struct DeferredCancels {
 type Batch = SmallVec<[TimerHandle; FLUSH_AT]>;
 
 impl DeferredCancels {
-    /// Queues `handle` for cancelling; applies the calling thread's queue once it holds
-    /// [`FLUSH_AT`] handles.
-    pub(crate) fn push<T: TimerTask>(&self, handle: TimerHandle, timer: &Timer<T>) {
+    /// Queues `handles` for cancelling (under one lock); applies the calling thread's
+    /// queue once it holds [`FLUSH_AT`] handles or more.
+    pub(crate) fn push_many<T>(&self, handles: &[TimerHandle], timer: &TimerCore<T>) {
+        if handles.is_empty() {
+            return;
+        }
         let stripe = &self.stripes[stripe_index()];
         let mut batch = Batch::new();
         {
-            let mut handles = stripe.handles.lock();
-            handles.push(handle);
-            if handles.len() < FLUSH_AT {
+            let mut queued = stripe.handles.lock();
+            queued.extend_from_slice(handles);
+            if queued.len() < FLUSH_AT {
                 return;
             }
-            batch.extend(handles.drain(..));
+            batch.extend(queued.drain(..));
         }
         cancel(timer, &mut batch);
     }
 
     /// Applies every queued cancel now.
-    pub(crate) fn flush<T: TimerTask>(&self, timer: &Timer<T>) {
+    pub(crate) fn flush<T>(&self, timer: &TimerCore<T>) {
         for stripe in &self.stripes {
             loop {
                 let mut batch = Batch::new();
@@ -83,7 +86,7 @@ impl DeferredCancels {
 }
 
 /// Cancels `batch` on `timer` and drops the cancelled tasks after every lock is released.
-fn cancel<T: TimerTask>(timer: &Timer<T>, batch: &mut Batch) {
+fn cancel<T>(timer: &TimerCore<T>, batch: &mut Batch) {
     let mut cancelled: SmallVec<[T; FLUSH_AT]> = SmallVec::new();
     timer.cancel_batch(batch, &mut cancelled);
 }
@@ -119,7 +122,7 @@ mod tests {
             .map(|_| timer.add(Duration::from_secs(1), Nop).unwrap())
             .collect();
         for (i, handle) in handles.iter().enumerate() {
-            cancels.push(*handle, &timer);
+            cancels.push_many(&[*handle], &timer);
             let applied = if i + 1 >= FLUSH_AT { FLUSH_AT } else { 0 };
             assert_eq!(timer.len(), total - applied, "after {} pushes", i + 1);
         }
@@ -141,7 +144,7 @@ mod tests {
                 std::thread::spawn(move || {
                     for _ in 0..5 {
                         let h = timer.add(Duration::from_secs(1), Nop).unwrap();
-                        cancels.push(h, &timer);
+                        cancels.push_many(&[h], &timer);
                     }
                 })
             })

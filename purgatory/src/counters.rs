@@ -4,14 +4,10 @@
 //! # Invariants
 //! - Each thread increments the stripe picked by its thread index; readers sum every
 //!   stripe. A sum read while others count is a recent value, not a snapshot.
-//! - `stale` counts watcher entries whose operation is already completed (they wait for a
-//!   check on their key or a purge). It is incremented by an operation's key count when
-//!   the operation completes and decremented by one for each such entry removed, so it
-//!   can dip below zero for a moment between the two.
-//! - `listed` counts all watcher entries (incremented on watch, decremented on every
-//!   removal); with `stale` it tells the reaper whether a purge pays for itself.
+//! - The counts of watcher entries (listed, stale) are the watcher lists' own
+//!   (`watchers.rs`); these are the totals of what happened to operations.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
 pub(crate) const STRIPES: usize = 16;
 
@@ -36,8 +32,6 @@ struct Stripe {
     cancelled: AtomicU64,
     purged: AtomicU64,
     panicked: AtomicU64,
-    stale: AtomicI64,
-    listed: AtomicI64,
 }
 
 /// Which total to bump.
@@ -65,7 +59,6 @@ pub(crate) struct Totals {
     pub(crate) cancelled: u64,
     pub(crate) purged: u64,
     pub(crate) panicked: u64,
-    pub(crate) stale: i64,
 }
 
 impl Counters {
@@ -88,30 +81,6 @@ impl Counters {
         counter.fetch_add(n, Relaxed);
     }
 
-    #[inline]
-    pub(crate) fn add_stale(&self, delta: i64) {
-        if delta != 0 {
-            self.stripe().stale.fetch_add(delta, Relaxed);
-        }
-    }
-
-    /// Records `delta` watcher entries added (positive) or removed (negative).
-    #[inline]
-    pub(crate) fn add_listed(&self, delta: i64) {
-        if delta != 0 {
-            self.stripe().listed.fetch_add(delta, Relaxed);
-        }
-    }
-
-    /// Watcher entries, all of them (a recent estimate).
-    pub(crate) fn listed(&self) -> i64 {
-        self.stripes.iter().map(|s| s.listed.load(Relaxed)).sum()
-    }
-
-    pub(crate) fn stale(&self) -> i64 {
-        self.stripes.iter().map(|s| s.stale.load(Relaxed)).sum()
-    }
-
     pub(crate) fn totals(&self) -> Totals {
         let mut t = Totals::default();
         for s in &self.stripes {
@@ -121,7 +90,6 @@ impl Counters {
             t.cancelled += s.cancelled.load(Relaxed);
             t.purged += s.purged.load(Relaxed);
             t.panicked += s.panicked.load(Relaxed);
-            t.stale += s.stale.load(Relaxed);
         }
         t
     }

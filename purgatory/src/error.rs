@@ -9,13 +9,21 @@ pub enum WatchError<O> {
     NoKeys(O),
     /// The purgatory has been shut down.
     Shutdown(O),
+    /// A key's `Hash` or `Eq` panicked while the operation was being listed (caught and
+    /// reported; nothing of the operation stays listed or armed).
+    KeyPanicked(O),
+    /// The operation's `timeout()` panicked (caught and reported).
+    TimeoutPanicked(O),
 }
 
 impl<O> WatchError<O> {
     /// The refused operation.
     pub fn into_operation(self) -> O {
         match self {
-            WatchError::NoKeys(op) | WatchError::Shutdown(op) => op,
+            WatchError::NoKeys(op)
+            | WatchError::Shutdown(op)
+            | WatchError::KeyPanicked(op)
+            | WatchError::TimeoutPanicked(op) => op,
         }
     }
 }
@@ -25,6 +33,8 @@ impl<O> fmt::Debug for WatchError<O> {
         match self {
             WatchError::NoKeys(_) => f.write_str("WatchError::NoKeys(..)"),
             WatchError::Shutdown(_) => f.write_str("WatchError::Shutdown(..)"),
+            WatchError::KeyPanicked(_) => f.write_str("WatchError::KeyPanicked(..)"),
+            WatchError::TimeoutPanicked(_) => f.write_str("WatchError::TimeoutPanicked(..)"),
         }
     }
 }
@@ -36,6 +46,10 @@ impl<O> fmt::Display for WatchError<O> {
                 f.write_str("an operation must be watched on at least one key")
             }
             WatchError::Shutdown(_) => f.write_str("the purgatory has been shut down"),
+            WatchError::KeyPanicked(_) => {
+                f.write_str("a key's Hash or Eq panicked while the operation was watched")
+            }
+            WatchError::TimeoutPanicked(_) => f.write_str("the operation's timeout() panicked"),
         }
     }
 }

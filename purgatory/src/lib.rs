@@ -54,18 +54,27 @@
 
 #![warn(missing_docs)]
 
-mod batch;
 mod builder;
 mod cancels;
+mod completion;
 mod counters;
 mod error;
+mod expiry;
+mod handle;
 mod op_table;
 mod operation;
 mod purgatory;
+mod purge;
+mod state;
+mod stats;
+mod sync;
+mod watch;
 mod watchers;
 
 pub use builder::{default_shards, PurgatoryBuilder};
 pub use error::{BuildError, WatchError};
+pub use handle::{CancelOnDrop, OperationHandle, WatchOutcome};
 pub use operation::{Completion, DelayedOperation};
-pub use purgatory::{OperationHandle, Purgatory, PurgatoryStats, Watched};
-pub use timer_core::{Clock, Executor, ManualClock, SystemClock};
+pub use purgatory::Purgatory;
+pub use stats::PurgatoryStats;
+pub use timer_core::{Clock, Executor, ManualClock, SystemClock, TimerBuilder};

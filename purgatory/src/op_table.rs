@@ -14,8 +14,11 @@
 //!   slot lock, before the lock is released), so an `OpRef` names its operation from
 //!   insertion until it is taken, and nothing ever after: a stale `OpRef` (in a list, a
 //!   timer entry or a handle) finds another generation and touches nothing. Generations
-//!   wrap after 2^32 operations in one slot; an entry that survived that long would only
-//!   make one more `try_complete` call on the slot's current operation.
+//!   never wrap: a slot whose generation reaches [`RETIRED`] (after 2^32 - 1 operations)
+//!   is retired instead of freed and never handed out again, so a stale `OpRef` can never
+//!   match a later operation, at any uptime. (The cost: one slot per 2^32 - 1 operations
+//!   of one slot. A retired slot's tag is `RETIRED as u8`; a stale entry whose tag equals
+//!   it is dropped by the full check of a `check_and_complete` on its key, not by purges.)
 //! - The operation lives in `state.op` until exactly one thread takes it out, under the
 //!   slot lock, with the matching generation. Whoever takes it completes it (or hands it
 //!   back, for a cancel); every later attempt finds another generation. So `on_complete`
@@ -37,8 +40,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU32 as StdAtomicU32, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
-use timer_core::sync::{AtomicU32, Mutex, MutexGuard};
-use timer_core::TimerHandle;
+use crate::sync::{AtomicU32, Mutex, MutexGuard};
+use timer_core::{panic_message, TimerHandle};
 
 use crate::counters::{stripe_index, STRIPES};
 use crate::operation::DelayedOperation;
@@ -48,6 +51,9 @@ use crate::operation::DelayedOperation;
 const FIRST_SEGMENT: usize = 1024;
 #[cfg(loom)]
 const FIRST_SEGMENT: usize = 8;
+
+/// The generation of a retired slot: no operation ever holds it, so no `OpRef` names it.
+const RETIRED: u32 = u32::MAX;
 
 /// Enough segments for every `u32` index.
 const SEGMENTS: usize = 33 - FIRST_SEGMENT.trailing_zeros() as usize;
@@ -109,6 +115,7 @@ struct FreeList {
 pub(crate) struct Vacated {
     index: u32,
     tag: u8,
+    retired: bool,
 }
 
 /// A locked slot holding the operation an [`OpRef`] names.
@@ -230,10 +237,11 @@ impl<O: DelayedOperation> OpTable<O> {
         self.free[stripe_index()]
             .indices
             .lock()
-            .extend(vacated.iter().map(|v| v.index));
+            .extend(vacated.iter().filter(|v| !v.retired).map(|v| v.index));
     }
 
     /// Puts `op` in a free slot (not listed yet) and returns it locked.
+    #[cfg(test)]
     pub(crate) fn insert(&self, op: O) -> Locked<'_, O> {
         let mut index = smallvec::SmallVec::<[u32; 1]>::new();
         self.allocate(1, &mut index);
@@ -354,7 +362,9 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
             timer: self.state.timer.take(),
             keys: self.state.keys,
         };
-        let generation = self.at.generation.wrapping_add(1);
+        // No occupant has generation `RETIRED` (a slot that reaches it is never handed out
+        // again), so this never wraps.
+        let generation = self.at.generation + 1;
         self.table
             .slot(self.at.index)
             .generation
@@ -362,6 +372,7 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
         let vacated = Vacated {
             index: self.at.index,
             tag: generation as u8,
+            retired: generation == RETIRED,
         };
         drop(self);
         (taken, vacated)
@@ -389,12 +400,17 @@ fn try_complete_caught<O: DelayedOperation>(op: &mut O) -> Result<bool, ()> {
     })
 }
 
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
-    payload
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("non-string panic payload")
+/// Test support: makes the next operation put in slot `index` (vacant, never handed
+/// out again before this) occupy it with `generation`, as if it had been reused that
+/// many times.
+#[cfg(all(test, not(loom)))]
+impl<O: DelayedOperation> OpTable<O> {
+    pub(crate) fn age_slot(&self, index: u32, generation: u32) {
+        let slot = self.slot(index);
+        let _state = slot.state.lock();
+        slot.generation.store(generation, Ordering::Release);
+        self.tag(index).store(generation as u8, Ordering::Release);
+    }
 }
 
 #[cfg(all(test, not(loom)))]
@@ -435,6 +451,34 @@ mod tests {
         assert!(table.take(a).is_none());
         assert_eq!(table.take(b).map(|t| t.op.0), Some("b"));
         assert!(table.take(b).is_none(), "taken once");
+    }
+
+    #[test]
+    fn a_slot_whose_generation_is_used_up_is_retired_and_never_matches_again() {
+        let table = OpTable::new();
+        let first = table.insert(Named("first")).at();
+        table.take(first).expect("first is there");
+        table.age_slot(first.index, RETIRED - 1);
+        let last = table.insert(Named("last")).at();
+        assert_eq!(
+            last,
+            OpRef {
+                index: first.index,
+                generation: RETIRED - 1
+            }
+        );
+        assert_eq!(table.take(last).map(|t| t.op.0), Some("last"));
+        // Retired: every later operation gets another slot, and no name the old slot was
+        // ever given (the last occupant's, the first one's) matches anything.
+        for name in ["a", "b", "c"] {
+            let next = table.insert(Named(name)).at();
+            assert_ne!(next.index, first.index, "{name} got the retired slot");
+        }
+        for stale in [first, last] {
+            assert!(!table.is_waiting(stale));
+            assert!(table.lock(stale).is_none());
+            assert!(table.take(stale).is_none());
+        }
     }
 
     #[test]

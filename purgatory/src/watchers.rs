@@ -11,16 +11,29 @@
 //!   follows the keys in use, not the keys ever seen or the peak.
 //! - `entries` of a shard equals the total length of its lists.
 //! - An entry names an operation by [`OpRef`]; it may name one that was completed (through
-//!   another key, or by force or expiry), which the op table tells without a lock. Such
-//!   entries are dropped by the next check of their key or by a purge, and are counted as
-//!   stale (see `counters.rs`) until then. Dropping an entry is a plain memory operation.
+//!   another key, or by force, expiry or cancel), which the op table tells without a lock.
+//!   Such entries are dropped by the next check of their key or by a purge. Dropping an
+//!   entry is a plain memory operation.
+//! - The lists own their counts ([`EntryCounts`]): `listed` moves with every entry added
+//!   or removed here, `stale` goes up by an operation's key count when whoever takes the
+//!   operation says so ([`Watchers::mark_stale`]) and down with every removal of an entry
+//!   whose operation was already taken. Every entry a removal drops is such an entry,
+//!   except in [`Watchers::take`], whose caller marks the live ones it takes stale at once;
+//!   so `stale` may dip below zero for a moment, never for long.
+//! - A key's `Hash` or `Eq` that panics while an entry is listed is caught per entry: that
+//!   entry is not listed, the shard is left consistent, and the caller is told which
+//!   entries failed. Elsewhere (a check, a cancel by key) the panic reaches the caller
+//!   before anything was changed, or after a change already complete.
 
 use std::hash::{BuildHasher, Hash};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 
+use crate::sync::Mutex;
 use foldhash::fast::RandomState;
 use smallvec::{smallvec, SmallVec};
-use timer_core::sync::Mutex;
 
+use crate::counters::{stripe_index, STRIPES};
 use crate::op_table::OpRef;
 
 type Map<K> = std::collections::HashMap<K, Vec<OpRef>, RandomState>;
@@ -77,9 +90,72 @@ struct Shard<K> {
     state: Mutex<ShardState<K>>,
 }
 
+/// One stripe of [`EntryCounts`], on its own cache line.
+#[repr(align(128))]
+#[derive(Default)]
+struct CountStripe {
+    listed: AtomicI64,
+    stale: AtomicI64,
+}
+
+/// Watcher entries, all of them and those whose operation is already taken, striped by
+/// thread; a sum read while others count is a recent value, not a snapshot. They tell
+/// the reaper when a purge pays for itself.
+#[derive(Default)]
+struct EntryCounts {
+    stripes: [CountStripe; STRIPES],
+}
+
+impl EntryCounts {
+    #[inline]
+    fn add(&self, listed: i64, stale: i64) {
+        let stripe = &self.stripes[stripe_index()];
+        if listed != 0 {
+            stripe.listed.fetch_add(listed, Relaxed);
+        }
+        if stale != 0 {
+            stripe.stale.fetch_add(stale, Relaxed);
+        }
+    }
+
+    fn sum(&self, read: impl Fn(&CountStripe) -> &AtomicI64) -> i64 {
+        self.stripes.iter().map(|s| read(s).load(Relaxed)).sum()
+    }
+}
+
 pub(crate) struct Watchers<K> {
     shards: Box<[Shard<K>]>,
     hasher: RandomState,
+    counts: EntryCounts,
+}
+
+/// Entries of a [`Watchers::watch_many`] call that were not listed because their key's
+/// `Hash` or `Eq` panicked: their positions in the call's input.
+pub(crate) type Unlisted = SmallVec<[usize; 4]>;
+
+impl<K> Watchers<K> {
+    /// Records that an operation listed on `keys` entries was taken (completed, expired
+    /// or cancelled): its entries are stale from now on.
+    #[inline]
+    pub(crate) fn mark_stale(&self, keys: u32) {
+        self.counts.add(0, i64::from(keys));
+    }
+
+    /// Entries listed, stale ones included (a recent estimate).
+    pub(crate) fn listed(&self) -> i64 {
+        self.counts.sum(|s| &s.listed)
+    }
+
+    /// Entries whose operation was taken (a recent estimate).
+    pub(crate) fn stale(&self) -> i64 {
+        self.counts.sum(|s| &s.stale)
+    }
+
+    /// Records the removal of `removed` entries whose operations were taken.
+    fn removed_stale(&self, removed: usize) {
+        let removed = removed as i64;
+        self.counts.add(-removed, -removed);
+    }
 }
 
 impl<K: Hash + Eq + Clone> Watchers<K> {
@@ -95,6 +171,7 @@ impl<K: Hash + Eq + Clone> Watchers<K> {
                 })
                 .collect(),
             hasher,
+            counts: EntryCounts::default(),
         }
     }
 
@@ -118,29 +195,31 @@ impl<K: Hash + Eq + Clone> Watchers<K> {
         }
     }
 
-    /// Appends `at` to the list of `key`.
-    pub(crate) fn watch(&self, key: K, at: OpRef) {
-        let mut shard = self.shard(&key).state.lock();
-        shard.lists.entry(key).or_default().push(at);
-        shard.entries += 1;
-    }
-
     /// Appends each `(key, operation)` of `entries` to the list of its key, keeping the
-    /// order of `entries` per key; `entries` is left empty. Takes each shard lock once:
-    /// the entries are first bucketed by shard (a counting sort, stable), then each
-    /// shard's entries are listed under one lock.
-    pub(crate) fn watch_many(&self, entries: &mut Vec<(Option<K>, OpRef)>) {
-        let shards = self.shards.len();
+    /// order of `entries` per key; every key is taken out of `entries`. Takes each shard
+    /// lock once: the entries are first bucketed by shard (a counting sort, stable), then
+    /// each shard's entries are listed under one lock. Returns the positions of the
+    /// entries not listed because their key's `Hash` or `Eq` panicked (each caught and
+    /// reported; the other entries are listed).
+    pub(crate) fn watch_many(&self, entries: &mut [(Option<K>, OpRef)]) -> Unlisted {
+        let mut unlisted = Unlisted::new();
+        let shards = self.shards.len() as u32;
+        // Hashed before any lock is taken: a key's `Hash` is user code.
         let shard_of: SmallVec<[u32; 256]> = entries
             .iter()
-            .map(|(key, _)| {
+            .enumerate()
+            .map(|(i, (key, _))| {
                 let key = key.as_ref().expect("not yet listed");
-                self.shard_index(self.hasher.hash_one(key)) as u32
+                caught(|| self.shard_index(self.hasher.hash_one(key)) as u32).unwrap_or_else(|| {
+                    unlisted.push(i);
+                    shards
+                })
             })
             .collect();
         // Counting sort: `ends[s]` first counts shard s's entries, then (prefix sums) is
-        // where its run in `order` starts, and after the placement where it ends.
-        let mut ends: SmallVec<[u32; 512]> = smallvec![0; shards];
+        // where its run in `order` starts, and after the placement where it ends. Entries
+        // whose hash panicked sort last, into a run of their own that is never listed.
+        let mut ends: SmallVec<[u32; 512]> = smallvec![0; shards as usize + 1];
         for &s in &shard_of {
             ends[s as usize] += 1;
         }
@@ -156,7 +235,8 @@ impl<K: Hash + Eq + Clone> Watchers<K> {
             ends[s as usize] += 1;
         }
         let mut begin = 0;
-        for (s, &end) in ends.iter().enumerate() {
+        let mut listed = 0;
+        for (s, &end) in ends.iter().take(shards as usize).enumerate() {
             let run = &order[begin as usize..end as usize];
             begin = end;
             if run.is_empty() {
@@ -164,14 +244,21 @@ impl<K: Hash + Eq + Clone> Watchers<K> {
             }
             let mut guard = self.shards[s].state.lock();
             let shard = &mut *guard;
-            shard.entries += run.len();
             for &i in run {
                 let (key, at) = &mut entries[i as usize];
                 let key = key.take().expect("listed once");
-                shard.lists.entry(key).or_default().push(*at);
+                let at = *at;
+                let lists = &mut shard.lists;
+                if caught(|| lists.entry(key).or_default().push(at)).is_some() {
+                    shard.entries += 1;
+                    listed += 1;
+                } else {
+                    unlisted.push(i as usize);
+                }
             }
         }
-        entries.clear();
+        self.counts.add(listed, 0);
+        unlisted
     }
 
     /// Copies the entries of `key` into `out`, in arrival order. (The caller tells the
@@ -196,14 +283,21 @@ impl<K: Hash + Eq + Clone> Watchers<K> {
             shard.remove_key(key);
         }
         shard.entries -= removed;
+        drop(guard);
+        self.removed_stale(removed);
         removed
     }
 
-    /// Removes the whole list of `key`.
+    /// Removes the whole list of `key`. Its entries are counted as stale ones removed:
+    /// the caller marks the operations it takes from them stale ([`mark_stale`]).
+    ///
+    /// [`mark_stale`]: Self::mark_stale
     pub(crate) fn take(&self, key: &K) -> Vec<OpRef> {
         let mut shard = self.shard(key).state.lock();
         let list = shard.remove_key(key).unwrap_or_default();
         shard.entries -= list.len();
+        drop(shard);
+        self.removed_stale(list.len());
         list
     }
 
@@ -221,15 +315,20 @@ impl<K: Hash + Eq + Clone> Watchers<K> {
         });
         shard.entries -= removed;
         shard.shrink_if_sparse();
+        drop(guard);
+        self.removed_stale(removed);
         removed
     }
 
-    /// Empties every list (used at shutdown).
+    /// Empties every list (used at shutdown, when every operation has been taken).
     pub(crate) fn clear(&self) {
         for shard in self.shards.iter() {
             let mut shard = shard.state.lock();
-            shard.entries = 0;
-            shard.lists = Map::with_hasher(self.hasher);
+            let removed = std::mem::take(&mut shard.entries);
+            let lists = std::mem::replace(&mut shard.lists, Map::with_hasher(self.hasher));
+            drop(shard);
+            drop(lists);
+            self.removed_stale(removed);
         }
     }
 
@@ -242,4 +341,17 @@ impl<K: Hash + Eq + Clone> Watchers<K> {
     pub(crate) fn keys(&self) -> usize {
         self.shards.iter().map(|s| s.state.lock().lists.len()).sum()
     }
+}
+
+/// Runs `f`, catching a panic (reported through `tracing`): a key's `Hash` or `Eq`.
+fn caught<R>(f: impl FnOnce() -> R) -> Option<R> {
+    catch_unwind(AssertUnwindSafe(f))
+        .map_err(|payload| {
+            tracing::error!(
+                target: "purgatory",
+                panic = timer_core::panic_message(&*payload),
+                "a key's Hash or Eq panicked; its operation is handed back"
+            );
+        })
+        .ok()
 }

@@ -12,15 +12,15 @@ use std::time::Duration;
 
 use probe::{flags, manual_purgatory, never, Ledger, Probe, Readiness};
 use purgatory::{
-    Completion, DelayedOperation, ManualClock, OperationHandle, Purgatory, WatchError, Watched,
+    Completion, DelayedOperation, ManualClock, OperationHandle, Purgatory, WatchError, WatchOutcome,
 };
 
 const LONG: Duration = Duration::from_secs(200);
 
-fn pending<O>(result: Result<Watched<O>, WatchError<O>>) -> OperationHandle<O> {
+fn pending<O>(result: Result<WatchOutcome<O>, WatchError<O>>) -> OperationHandle<O> {
     match result {
-        Ok(Watched::Pending(handle)) => handle,
-        Ok(Watched::Completed) => panic!("completed on watch"),
+        Ok(WatchOutcome::Pending(handle)) => handle,
+        Ok(WatchOutcome::Completed) => panic!("completed on watch"),
         Err(e) => panic!("refused: {e}"),
     }
 }
@@ -42,7 +42,10 @@ fn each_operation_gets_the_outcome_watch_would_give_in_input_order() {
     assert_eq!(results.len(), 4);
     let mut results = results.into_iter();
     let h0 = pending(results.next().unwrap());
-    assert!(matches!(results.next().unwrap(), Ok(Watched::Completed)));
+    assert!(matches!(
+        results.next().unwrap(),
+        Ok(WatchOutcome::Completed)
+    ));
     match results.next().unwrap() {
         Err(WatchError::NoKeys(op)) => assert_eq!(op.id, 2),
         other => panic!("operation 2: {:?}", other.map(|_| ())),
@@ -102,7 +105,9 @@ fn operations_on_one_key_are_listed_in_input_order_across_chunks() {
         })
         .collect();
     let results = purgatory.watch_batch(batch);
-    assert!(results.iter().all(|r| matches!(r, Ok(Watched::Pending(_)))));
+    assert!(results
+        .iter()
+        .all(|r| matches!(r, Ok(WatchOutcome::Pending(_)))));
     log.lock().unwrap().clear();
     assert_eq!(purgatory.check_and_complete(&7), 0);
     assert_eq!(*log.lock().unwrap(), (0..150).collect::<Vec<_>>());

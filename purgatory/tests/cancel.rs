@@ -6,12 +6,12 @@ mod probe;
 use std::time::Duration;
 
 use probe::{flags, manual_purgatory, never, Ledger, Probe};
-use purgatory::{ManualClock, Purgatory, Watched};
+use purgatory::{ManualClock, Purgatory, WatchOutcome};
 
-fn pending<O>(watched: Watched<O>) -> purgatory::OperationHandle<O> {
+fn pending<O>(watched: WatchOutcome<O>) -> purgatory::OperationHandle<O> {
     match watched {
-        Watched::Pending(handle) => handle,
-        Watched::Completed => panic!("a never-ready operation must wait"),
+        WatchOutcome::Pending(handle) => handle,
+        WatchOutcome::Completed => panic!("a never-ready operation must wait"),
     }
 }
 

@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use probe::{splitmix, wait_until, Ledger, Probe, Readiness, Rng};
-use purgatory::{Completion, Executor, OperationHandle, Purgatory, PurgatoryBuilder, Watched};
+use purgatory::{
+    Completion, Executor, OperationHandle, Purgatory, PurgatoryBuilder, TimerBuilder, WatchOutcome,
+};
 
 /// 100 operations, each on its own key, each ready only at its 20th `try_complete`;
 /// 20 threads fire events on random keys at random moments while the operations are
@@ -123,7 +125,7 @@ fn chaos(threads: usize, ops: usize, keys: u64, executor: Executor, calls: Calls
     let purgatory: Arc<Purgatory<u64, Probe>> = Arc::new(
         PurgatoryBuilder::new()
             .name("chaos")
-            .executor(executor)
+            .timer(TimerBuilder::new().executor(executor))
             .build()
             .unwrap(),
     );
@@ -183,7 +185,7 @@ fn chaos(threads: usize, ops: usize, keys: u64, executor: Executor, calls: Calls
                     };
                     for (id, result) in results {
                         match result {
-                            Ok(Watched::Pending(handle)) => {
+                            Ok(WatchOutcome::Pending(handle)) => {
                                 if recent.len() < 64 {
                                     recent.push((id, handle));
                                 } else {
@@ -191,7 +193,7 @@ fn chaos(threads: usize, ops: usize, keys: u64, executor: Executor, calls: Calls
                                     recent[slot] = (id, handle);
                                 }
                             }
-                            Ok(Watched::Completed) => {}
+                            Ok(WatchOutcome::Completed) => {}
                             Err(e) => panic!("operation {id} refused: {e}"),
                         }
                     }

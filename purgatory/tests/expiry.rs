@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use probe::{manual_purgatory, never, wait_until, Ledger, Probe};
 use purgatory::{
     Completion, DelayedOperation, ManualClock, Purgatory, PurgatoryBuilder, SystemClock,
+    TimerBuilder,
 };
 
 /// Records when and where its callbacks ran.
@@ -153,7 +154,7 @@ fn a_zero_timeout_expires_at_the_next_advance_not_on_the_watching_thread() {
 
     // Real clock with a reaper: it expires on the reaper thread.
     let purgatory: Purgatory<&str, Timed> = PurgatoryBuilder::new()
-        .clock(SystemClock::new())
+        .timer(TimerBuilder::new().clock(SystemClock::new()))
         .build()
         .unwrap();
     let (tx, rx) = crossbeam_channel::unbounded();

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
 use probe::{flags, never, Ledger, Probe};
-use purgatory::{Completion, Purgatory, PurgatoryBuilder, Watched};
+use purgatory::{Completion, Purgatory, PurgatoryBuilder, WatchOutcome};
 
 const LONG: Duration = Duration::from_secs(200);
 
@@ -82,10 +82,10 @@ fn completed_entries_are_dropped_by_checks_of_each_of_their_keys() {
     let r2 = Probe::new(1, LONG, &ledger, &no);
     let r3 = Probe::new(2, LONG, &ledger, &no);
     assert!(!purgatory.try_complete_else_watch(r1, ["k1"]).unwrap());
-    let Watched::Pending(h2) = purgatory.watch(r2, ["k1", "k2"]).unwrap() else {
+    let WatchOutcome::Pending(h2) = purgatory.watch(r2, ["k1", "k2"]).unwrap() else {
         panic!("r2 is not ready, it must wait");
     };
-    let Watched::Pending(h3) = purgatory.watch(r3, ["k1", "k2", "k3"]).unwrap() else {
+    let WatchOutcome::Pending(h3) = purgatory.watch(r3, ["k1", "k2", "k3"]).unwrap() else {
         panic!("r3 is not ready, it must wait");
     };
     let stats = purgatory.stats();

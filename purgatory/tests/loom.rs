@@ -12,7 +12,7 @@
 //! - nothing is left armed in the timer.
 //!
 //! The purgatory's op-table slot locks, watcher shard locks and the timer's locks and atomics
-//! come from `timer_core::sync`, which are loom's under `--cfg loom`. Run with
+//! come from each crate's private `sync` module, which is loom's under `--cfg loom`. Run with
 //! `RUSTFLAGS="--cfg loom" cargo test -p purgatory --test loom --release`. Without
 //! `LOOM_MAX_PREEMPTIONS` the exploration is exhaustive (4,588 interleavings with the op
 //! table, under a second in release).
@@ -23,7 +23,9 @@ use std::time::Duration;
 
 use loom::sync::atomic::AtomicBool;
 use loom::sync::Arc;
-use purgatory::{Completion, DelayedOperation, ManualClock, Purgatory, PurgatoryBuilder};
+use purgatory::{
+    Completion, DelayedOperation, ManualClock, Purgatory, PurgatoryBuilder, TimerBuilder,
+};
 
 const KEY: u8 = 7;
 
@@ -76,9 +78,12 @@ fn model() {
         PurgatoryBuilder::new()
             .name("loom")
             .shards(1)
-            .timer_shards(1)
-            .clock(clock.clone())
-            .reaper(false)
+            .timer(
+                TimerBuilder::new()
+                    .shards(1)
+                    .clock(clock.clone())
+                    .reaper(false),
+            )
             .build()
             .expect("valid configuration"),
     );

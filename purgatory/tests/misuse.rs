@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use probe::{never, wait_until, Ledger, Probe};
-use purgatory::{Purgatory, PurgatoryBuilder, Watched};
+use purgatory::{Purgatory, PurgatoryBuilder, TimerBuilder, WatchOutcome};
 
 #[test]
 fn a_second_driver_beside_the_reaper_does_not_make_it_miss_a_timeout() {
@@ -33,13 +33,13 @@ fn a_handle_from_another_purgatory_completes_nothing() {
     let build = |name: &str| -> Purgatory<u32, Probe> {
         PurgatoryBuilder::new()
             .name(name)
-            .reaper(false)
+            .timer(TimerBuilder::new().reaper(false))
             .build()
             .unwrap()
     };
     let produce = build("produce");
     let fetch = build("fetch");
-    let Watched::Pending(handle) = produce
+    let WatchOutcome::Pending(handle) = produce
         .watch(
             Probe::new(0, Duration::from_secs(60), &ledger, &never()),
             [1],
@@ -48,7 +48,7 @@ fn a_handle_from_another_purgatory_completes_nothing() {
     else {
         panic!("a never-ready operation must wait");
     };
-    let Watched::Pending(_) = fetch
+    let WatchOutcome::Pending(_) = fetch
         .watch(
             Probe::new(1, Duration::from_secs(60), &ledger, &never()),
             [1],
@@ -76,7 +76,10 @@ fn a_handle_from_another_purgatory_completes_nothing() {
 #[test]
 fn a_panicking_key_iterator_leaves_nothing_behind() {
     let ledger = Ledger::new(1);
-    let purgatory: Purgatory<u32, Probe> = PurgatoryBuilder::new().reaper(false).build().unwrap();
+    let purgatory: Purgatory<u32, Probe> = PurgatoryBuilder::new()
+        .timer(TimerBuilder::new().reaper(false))
+        .build()
+        .unwrap();
     let keys = (0..3).map(|k| if k == 2 { panic!("bad key") } else { k });
     let op = Probe::new(0, Duration::from_millis(1), &ledger, &never());
     let result = catch_unwind(AssertUnwindSafe(|| {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use probe::{flags, never, wait_until, Ledger, Probe, Readiness};
-use purgatory::{Completion, Purgatory, Watched};
+use purgatory::{Completion, Purgatory, WatchOutcome};
 
 const LONG: Duration = Duration::from_secs(200);
 
@@ -20,7 +20,7 @@ fn a_panicking_try_complete_counts_as_not_ready_and_harms_nobody_else() {
     let panicky: Readiness = Arc::new(|id, _| panic!("try_complete of {id} panics (on purpose)"));
     let (ready, readiness) = flags(2);
 
-    let Watched::Pending(handle) = purgatory
+    let WatchOutcome::Pending(handle) = purgatory
         .watch(Probe::new(0, LONG, &ledger, &panicky), ["shared"])
         .unwrap()
     else {

@@ -9,7 +9,7 @@ mod probe;
 use std::time::Duration;
 
 use probe::{never, wait_until, Ledger, Probe};
-use purgatory::{Purgatory, PurgatoryBuilder, Watched};
+use purgatory::{Purgatory, PurgatoryBuilder, WatchOutcome};
 
 const LONG: Duration = Duration::from_secs(200);
 
@@ -30,8 +30,8 @@ fn purge_drops_completed_entries_of_every_key() {
             .watch(Probe::new(id, LONG, &ledger, &no), keys)
             .unwrap()
         {
-            Watched::Pending(handle) => handles.push(handle),
-            Watched::Completed => panic!("never ready"),
+            WatchOutcome::Pending(handle) => handles.push(handle),
+            WatchOutcome::Completed => panic!("never ready"),
         }
     }
     assert!(purgatory.force_complete(&handles[1]));
@@ -62,8 +62,8 @@ fn the_reaper_purges_once_enough_completed_entries_accumulate() {
             .watch(Probe::new(id, LONG, &ledger, &no), [id, OPS + id])
             .unwrap()
         {
-            Watched::Pending(handle) => handles.push(handle),
-            Watched::Completed => panic!("never ready"),
+            WatchOutcome::Pending(handle) => handles.push(handle),
+            WatchOutcome::Completed => panic!("never ready"),
         }
     }
     for handle in &handles[..FORCED] {

@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use probe::{never, wait_until, Ledger, Probe, Rng};
-use purgatory::{Clock, Completion, Purgatory, PurgatoryBuilder, SystemClock, WatchError};
+use purgatory::{
+    Clock, Completion, Purgatory, PurgatoryBuilder, SystemClock, TimerBuilder, WatchError,
+};
 
 const LONG: Duration = Duration::from_secs(200);
 
@@ -219,7 +221,7 @@ fn shutdown_wakes_a_reaper_that_is_about_to_sleep() {
     };
     let purgatory: Purgatory<u32, Probe> = PurgatoryBuilder::new()
         .name("gate")
-        .clock(clock)
+        .timer(TimerBuilder::new().clock(clock))
         .build()
         .unwrap();
     assert!(

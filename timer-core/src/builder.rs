@@ -4,23 +4,27 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
+use crate::core::TimerCore;
+use crate::driver::DriverConfig;
 use crate::error::BuildError;
 use crate::executor::Executor;
-use crate::timer::{reaper_loop, Inner, Timer};
+use crate::timer::{RunTasks, Timer};
 use crate::TimerTask;
 
-/// Builds a [`Timer`]. Defaults: tick 1 ms, wheel size 20 (Kafka's), one shard per
-/// available core (at least 2), the system clock, expired tasks run inline on a reaper
-/// thread named `timer-reaper`.
+/// Builds a [`Timer`], or the parts of one for an owner that drives its own expiry.
+///
+/// Two groups of settings, as the timer has two parts: the core's geometry and clock
+/// (`tick`, `wheel_size`, `shards`, `clock`; [`build_core`](Self::build_core)), and how
+/// it is driven (`executor`, `reaper`, `thread_name`: a [`DriverConfig`]). Defaults: tick
+/// 1 ms, wheel size 20 (Kafka's), one shard per available core (at least 2), the system
+/// clock, expired tasks run inline on a reaper thread named `timer-reaper`.
 #[derive(Clone)]
 pub struct TimerBuilder {
     tick: Duration,
     wheel_size: u32,
     shards: Option<usize>,
     clock: Option<Arc<dyn Clock>>,
-    executor: Executor,
-    reaper: bool,
-    name: String,
+    driver: DriverConfig,
 }
 
 impl Default for TimerBuilder {
@@ -30,9 +34,7 @@ impl Default for TimerBuilder {
             wheel_size: 20,
             shards: None,
             clock: None,
-            executor: Executor::Inline,
-            reaper: true,
-            name: "timer-reaper".to_owned(),
+            driver: DriverConfig::new(),
         }
     }
 }
@@ -67,27 +69,44 @@ impl TimerBuilder {
         self
     }
 
-    /// Where expired tasks run.
+    /// Where expired tasks run (see [`DriverConfig::executor`]).
     pub fn executor(mut self, executor: Executor) -> Self {
-        self.executor = executor;
+        self.driver = self.driver.executor(executor);
         self
     }
 
     /// Whether to start a reaper thread that drives the clock (default true). Without
     /// one, the owner calls [`Timer::advance_clock`].
     pub fn reaper(mut self, reaper: bool) -> Self {
-        self.reaper = reaper;
+        self.driver = self.driver.reaper(reaper);
         self
     }
 
     /// The reaper thread's name.
     pub fn thread_name(mut self, name: impl Into<String>) -> Self {
-        self.name = name.into();
+        self.driver = self.driver.thread_name(name);
         self
     }
 
     /// Checks the configuration and builds the timer (starting its reaper if asked).
     pub fn build<T: TimerTask>(self) -> Result<Timer<T>, BuildError> {
+        let (core, driver) = self.build_parts()?;
+        let driver = driver
+            .start(RunTasks::new(core), "timer-reaper")
+            .map_err(BuildError::Spawn)?;
+        Ok(Timer::from_driver(driver))
+    }
+
+    /// Checks the geometry and builds the core alone: no thread, nothing runs tasks (the
+    /// driver settings are ignored).
+    pub fn build_core<T>(self) -> Result<TimerCore<T>, BuildError> {
+        self.build_parts().map(|(core, _)| core)
+    }
+
+    /// Checks the geometry and builds the core, and gives back the driver settings, for
+    /// an owner that starts a [`Driver`](crate::Driver) over its own
+    /// [`Expire`](crate::Expire) target holding the core.
+    pub fn build_parts<T>(self) -> Result<(TimerCore<T>, DriverConfig), BuildError> {
         if self.tick < Duration::from_micros(1) || self.tick > Duration::from_secs(3600) {
             return Err(BuildError::InvalidTick(self.tick));
         }
@@ -104,27 +123,8 @@ impl TimerBuilder {
             return Err(BuildError::InvalidShards(shards));
         }
         let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock::new()));
-        let inner = Arc::new(Inner::new(
-            self.wheel_size,
-            shards,
-            self.tick,
-            clock,
-            self.executor,
-        ));
-        let reaper = if self.reaper {
-            let inner = Arc::clone(&inner);
-            let handle = std::thread::Builder::new()
-                .name(self.name)
-                .spawn(move || reaper_loop(inner))
-                .map_err(BuildError::Spawn)?;
-            Some(handle)
-        } else {
-            None
-        };
-        Ok(Timer {
-            inner,
-            reaper: parking_lot::Mutex::new(reaper),
-        })
+        let core = TimerCore::new(self.wheel_size, shards, self.tick, clock);
+        Ok((core, self.driver))
     }
 }
 
@@ -134,8 +134,7 @@ impl std::fmt::Debug for TimerBuilder {
             .field("tick", &self.tick)
             .field("wheel_size", &self.wheel_size)
             .field("shards", &self.shards)
-            .field("executor", &self.executor)
-            .field("reaper", &self.reaper)
+            .field("driver", &self.driver)
             .finish_non_exhaustive()
     }
 }

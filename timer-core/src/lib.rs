@@ -6,8 +6,14 @@
 //! - [`Wheel`]: the pure data structure, single-threaded, time in integer ticks. O(1)
 //!   insert and O(1) cancel by generation-checked key; overflow levels created on demand;
 //!   entries cascade down as their coarse buckets come due.
-//! - [`Timer`]: thread-safe, sharded wheels behind `parking_lot` locks, a [`Clock`], and a
-//!   reaper thread that sleeps until the earliest bucket is due. Built by [`TimerBuilder`].
+//! - [`TimerCore`]: thread-safe and thread-free: sharded wheels behind `parking_lot`
+//!   locks and a [`Clock`]; add, cancel, and advance into a buffer.
+//! - [`Driver`]: runs a core: a reaper thread that sleeps until the earliest bucket is
+//!   due, the [`Executor`], caught panics, and a shutdown that waits for all of it. What
+//!   expiry means is the owner's ([`Expire`]).
+//! - [`Timer`]: a core and a driver whose expired tasks run themselves ([`TimerTask`]).
+//!   Built by [`TimerBuilder`], which also builds the parts for other owners (a
+//!   purgatory drives its own core this way).
 //!
 //! # Guarantees
 //! - Every added task either runs exactly once or is handed back (by a winning `cancel`,
@@ -39,20 +45,25 @@
 
 mod builder;
 mod clock;
+mod core;
+mod driver;
 mod error;
 mod executor;
+mod panics;
 mod sleeper;
-pub mod sync;
+mod sync;
 mod timer;
 mod wheel;
 
 pub use builder::TimerBuilder;
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use core::{TimerCore, TimerHandle, TimerStats};
+pub use driver::{Driver, DriverConfig, Expire};
 pub use error::{AddError, BuildError};
 pub use executor::Executor;
-pub use timer::{Timer, TimerHandle, TimerStats};
-pub use wheel::SlotKey;
-pub use wheel::Wheel;
+pub use panics::panic_message;
+pub use timer::Timer;
+pub use wheel::{SlotKey, Wheel};
 
 /// Work the timer runs once, when its delay has passed.
 ///

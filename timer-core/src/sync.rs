@@ -1,7 +1,7 @@
 //! The synchronisation primitives the timer uses, swapped for loom's under `cfg(loom)`.
 //!
-//! Public so that crates layered on the timer (the purgatory) model their own locks with
-//! the same switch; it is not part of the timer's API proper.
+//! Private to this crate: a crate layered on the timer (the purgatory) keeps its own
+//! switch for its own locks.
 //!
 //! Normal builds use `parking_lot` (small, fast uncontended locks, no poisoning) and std
 //! atomics. Under `RUSTFLAGS="--cfg loom"` every lock, condition variable and atomic the
@@ -10,7 +10,7 @@
 
 #[cfg(not(loom))]
 mod imp {
-    pub use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+    pub use std::sync::atomic::{AtomicBool, AtomicU64};
     use std::time::Instant;
 
     /// The guard of a locked [`Mutex`].
@@ -63,7 +63,7 @@ mod imp {
 #[cfg(loom)]
 #[allow(missing_docs)]
 mod imp {
-    pub use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+    pub use loom::sync::atomic::{AtomicBool, AtomicU64};
     use std::time::Instant;
 
     pub type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;

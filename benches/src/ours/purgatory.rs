@@ -5,7 +5,7 @@
 //! - A refused watch (only possible after shutdown) completes nothing and returns `None`;
 //!   the run then reports fewer completions than requests.
 
-use purgatory::{DelayedOperation, OperationHandle, Purgatory, Watched};
+use purgatory::{DelayedOperation, OperationHandle, Purgatory, WatchOutcome};
 
 use crate::w3::LoadPurgatory;
 
@@ -18,8 +18,8 @@ impl<O: DelayedOperation> LoadPurgatory<O> for Purgatory<u64, O> {
     #[inline]
     fn watch(&self, op: O, keys: &[u64]) -> Option<OperationHandle<O>> {
         match Purgatory::watch(self, op, keys.iter().copied()) {
-            Ok(Watched::Pending(handle)) => Some(handle),
-            Ok(Watched::Completed) | Err(_) => None,
+            Ok(WatchOutcome::Pending(handle)) => Some(handle),
+            Ok(WatchOutcome::Completed) | Err(_) => None,
         }
     }
 
@@ -29,8 +29,8 @@ impl<O: DelayedOperation> LoadPurgatory<O> for Purgatory<u64, O> {
             batch.drain(..).map(|(op, keys)| (op, keys.iter().copied())),
         );
         out.extend(results.into_iter().map(|r| match r {
-            Ok(Watched::Pending(handle)) => Some(handle),
-            Ok(Watched::Completed) | Err(_) => None,
+            Ok(WatchOutcome::Pending(handle)) => Some(handle),
+            Ok(WatchOutcome::Completed) | Err(_) => None,
         }));
     }
 

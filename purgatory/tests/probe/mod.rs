@@ -18,7 +18,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
-use purgatory::{Completion, DelayedOperation, ManualClock, Purgatory, PurgatoryBuilder};
+use purgatory::{
+    Completion, DelayedOperation, ManualClock, Purgatory, PurgatoryBuilder, TimerBuilder,
+};
 
 /// `Slot::how` before any `on_complete`.
 const NOT_COMPLETED: u8 = 0;
@@ -250,8 +252,7 @@ where
     O: DelayedOperation,
 {
     PurgatoryBuilder::new()
-        .clock(clock.clone())
-        .reaper(false)
+        .timer(TimerBuilder::new().clock(clock.clone()).reaper(false))
         .build()
         .expect("valid configuration")
 }

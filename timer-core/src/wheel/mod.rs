@@ -258,7 +258,7 @@ impl<T> Wheel<T> {
         // A key of another wheel may match a vacant slot's generation: no task, `None`.
         let task = entry.task.take()?;
         debug_assert_ne!(entry.bucket, NIL, "a live entry is linked");
-        entry.generation = entry.generation.wrapping_add(1);
+        Slab::<T>::bump_generation(entry);
         Some((task, entry.prev, entry.next))
     }
 

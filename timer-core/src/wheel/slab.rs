@@ -23,15 +23,19 @@
 //!   before it is freed). A [`SlotKey`] names a slot *and* the generation it was handed
 //!   out with, so a key to a task that has since left never matches again, even after
 //!   the slot is reused.
-//!   (After 2^32 reuses of one slot a generation repeats; a key would have to be held
-//!   across all of them to be confused.)
-//! - Every slot in `free` is below `entries.len()` and vacant, and every vacant slot is
-//!   in `free`.
+//!   Generations never wrap: a slot whose generation reaches [`RETIRED`] (after
+//!   2^32 - 1 tasks) is retired instead of freed, and never handed out again, so no key
+//!   ever issued matches it. That costs one entry per 2^32 - 1 tasks of one slot.
+//! - Every slot in `free` is below `entries.len()` and vacant; every vacant slot is in
+//!   `free` or retired (counted in `retired`).
 
 use super::free_slots::FreeSlots;
 
 /// "No slot": the end of a list, or a slot that is not linked anywhere.
 pub(crate) const NIL: u32 = u32::MAX;
+
+/// The generation of a retired slot: no task ever holds it, so no key names it.
+pub(crate) const RETIRED: u32 = u32::MAX;
 
 /// A generation-checked reference to one live slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -66,6 +70,8 @@ pub(crate) struct Slab<T> {
     pub(crate) entries: Vec<Entry<T>>,
     pub(crate) free: FreeSlots,
     pub(crate) occupied: usize,
+    /// Slots retired because their generation reached [`RETIRED`].
+    pub(crate) retired: usize,
 }
 
 impl<T> Slab<T> {
@@ -74,12 +80,16 @@ impl<T> Slab<T> {
             entries: Vec::new(),
             free: FreeSlots::default(),
             occupied: 0,
+            retired: 0,
         }
     }
 
     /// Number of occupied slots.
     pub(crate) fn occupied(&self) -> usize {
-        debug_assert_eq!(self.occupied + self.free.len(), self.entries.len());
+        debug_assert_eq!(
+            self.occupied + self.free.len() + self.retired,
+            self.entries.len()
+        );
         self.occupied
     }
 
@@ -156,7 +166,25 @@ impl<T> Slab<T> {
             self.entries[index as usize].task.is_none(),
             "releasing a live slot"
         );
-        self.free.push(index);
+        self.vacate(index);
+    }
+
+    /// Moves a vacated slot's generation on, making every key to it stale.
+    #[inline]
+    pub(crate) fn bump_generation(entry: &mut Entry<T>) {
+        debug_assert_ne!(entry.generation, RETIRED, "a retired slot held a task");
+        entry.generation += 1;
+    }
+
+    /// Returns a slot whose task has left (generation already moved on) to the free set,
+    /// or retires it if its generation is used up.
+    #[inline]
+    fn vacate(&mut self, index: u32) {
+        if self.entries[index as usize].generation == RETIRED {
+            self.retired += 1;
+        } else {
+            self.free.push(index);
+        }
         self.occupied -= 1;
     }
 
@@ -169,9 +197,8 @@ impl<T> Slab<T> {
             "removing a slot still linked in a bucket"
         );
         let task = entry.task.take().expect("removing a vacant slot");
-        entry.generation = entry.generation.wrapping_add(1);
-        self.free.push(index);
-        self.occupied -= 1;
+        Self::bump_generation(entry);
+        self.vacate(index);
         task
     }
 
@@ -186,12 +213,16 @@ impl<T> Slab<T> {
             }
             if let Some(task) = entry.task.take() {
                 tasks.push(task);
-                entry.generation = entry.generation.wrapping_add(1);
+                Self::bump_generation(entry);
             }
             entry.next = NIL;
             entry.prev = NIL;
             entry.bucket = NIL;
-            self.free.push(index as u32);
+            if entry.generation == RETIRED {
+                self.retired += 1;
+            } else {
+                self.free.push(index as u32);
+            }
         }
         self.occupied = 0;
         tasks
@@ -230,6 +261,29 @@ mod tests {
         assert_eq!(std::mem::size_of::<Entry<Box<u8>>>(), 32);
         assert_eq!(std::mem::size_of::<Entry<std::sync::Arc<u8>>>(), 32);
         assert_eq!(std::mem::size_of::<Entry<u32>>(), 32);
+    }
+
+    #[test]
+    fn a_slot_whose_generation_is_used_up_is_retired_not_reused() {
+        let mut slab = Slab::new();
+        let a = slab.insert(1, "a");
+        // As if the slot had held 2^32 - 2 tasks already.
+        slab.entries[a.index as usize].generation = RETIRED - 1;
+        let last = SlotKey {
+            index: a.index,
+            generation: RETIRED - 1,
+        };
+        assert_eq!(slab.remove(last.index), "a");
+        assert_eq!(slab.entries[a.index as usize].generation, RETIRED);
+        let b = slab.insert(2, "b");
+        assert_ne!(b.index, a.index, "a retired slot is never handed out again");
+        assert!(slab.lookup(last).is_none() && slab.lookup(a).is_none());
+        assert_eq!(slab.occupied(), 1);
+        // Drained and refilled: still retired.
+        slab.drain();
+        let c = slab.insert(3, "c");
+        assert_eq!(c.index, b.index);
+        assert_eq!(slab.occupied(), 1);
     }
 
     #[test]

@@ -1,0 +1,124 @@
+//! Completing operations: the one path every completion takes, whoever completes
+//! (an event, a force, a timeout, shutdown), for one operation or a batch.
+//!
+//! # Invariants
+//! - Exactly-once is decided before this: the operation was taken out of its slot
+//!   (`op_table.rs`) by exactly one thread, which alone calls here with it.
+//! - Callbacks run with no lock held; each is caught on its own (`on_complete`,
+//!   `on_expiration`, the drop), so one panic neither skips the others nor unwinds into
+//!   the purgatory. Panics are counted and reported through `tracing`.
+//! - A taken operation's armed timer is queued for cancelling (`cancels.rs`) and its
+//!   watcher entries are marked stale before its callbacks run.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use smallvec::SmallVec;
+use timer_core::{panic_message, TimerHandle};
+
+use crate::counters::Count;
+use crate::expiry::Expiry;
+use crate::op_table::{Locked, Taken};
+use crate::operation::{Completion, DelayedOperation};
+use crate::state::State;
+
+impl<K, O: DelayedOperation> State<K, O> {
+    /// `try_complete` on a locked operation, keeping the lock (a panic is counted and
+    /// means "not ready").
+    pub(crate) fn is_ready(&self, locked: &mut Locked<'_, O>) -> bool {
+        match locked.try_complete() {
+            Ok(ready) => ready,
+            Err(()) => {
+                self.counters.add(Count::Panicked, 1);
+                false
+            }
+        }
+    }
+
+    /// Completes every taken operation of `taken` (leaving it empty): queues their
+    /// timers' cancels, marks their entries stale, counts them once, runs their
+    /// callbacks. Returns how many it completed.
+    pub(crate) fn complete<const N: usize>(
+        &self,
+        taken: &mut SmallVec<[Taken<O>; N]>,
+        how: Completion,
+    ) -> usize {
+        let n = taken.len();
+        if n == 0 {
+            return 0;
+        }
+        let mut timers: SmallVec<[TimerHandle; N]> = SmallVec::new();
+        let mut keys = 0u32;
+        for t in taken.iter_mut() {
+            timers.extend(t.timer.take());
+            keys = keys.saturating_add(t.keys);
+        }
+        self.cancels.push_many(&timers, &self.timer);
+        self.watchers.mark_stale(keys);
+        let count = match how {
+            Completion::Ready => Count::Completed,
+            Completion::Forced => Count::Forced,
+            Completion::Expired => Count::Expired,
+        };
+        self.counters.add(count, n as u64);
+        let mut panics = 0;
+        for t in taken.drain(..) {
+            panics += run_callbacks(t.op, how);
+        }
+        if panics > 0 {
+            self.counters.add(Count::Panicked, panics);
+        }
+        if how != Completion::Expired {
+            tracing::debug!(target: "purgatory", purgatory = %self.name, ?how, completed = n, "complete");
+        }
+        n
+    }
+
+    /// Completes one taken operation (a batch of one).
+    pub(crate) fn complete_one(&self, taken: Taken<O>, how: Completion) {
+        let mut one: SmallVec<[Taken<O>; 1]> = SmallVec::new();
+        one.push(taken);
+        self.complete(&mut one, how);
+    }
+
+    /// Expires every operation of `expired` still in the table (their timers have fired
+    /// or were drained, so there is none to cancel); returns how many.
+    pub(crate) fn expire_all(&self, expired: impl IntoIterator<Item = Expiry>) -> usize {
+        let mut taken: SmallVec<[Taken<O>; 16]> = SmallVec::new();
+        let mut count = 0;
+        for expiry in expired {
+            if let Some(mut t) = self.table.take(expiry.0) {
+                t.timer = None;
+                taken.push(t);
+                if taken.len() == taken.inline_size() {
+                    count += self.complete(&mut taken, Completion::Expired);
+                }
+            }
+        }
+        count += self.complete(&mut taken, Completion::Expired);
+        if count > 0 {
+            tracing::debug!(target: "purgatory", purgatory = %self.name, count, "expire");
+        }
+        count
+    }
+}
+
+/// Runs `on_complete` (and `on_expiration` for an expiry), catching panics; returns how
+/// many panicked. Drops the operation afterwards, catching that too.
+fn run_callbacks<O: DelayedOperation>(mut op: O, how: Completion) -> u64 {
+    let mut panics = 0;
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(|| op.on_complete(how))) {
+        panics += 1;
+        tracing::error!(target: "purgatory", panic = panic_message(&*payload), "on_complete panicked");
+    }
+    if how == Completion::Expired {
+        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| op.on_expiration())) {
+            panics += 1;
+            tracing::error!(target: "purgatory", panic = panic_message(&*payload), "on_expiration panicked");
+        }
+    }
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(move || drop(op))) {
+        panics += 1;
+        tracing::error!(target: "purgatory", panic = panic_message(&*payload), "dropping an operation panicked");
+    }
+    panics
+}

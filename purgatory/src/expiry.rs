@@ -1,0 +1,84 @@
+//! Expiry and the reaper's rounds: the purgatory is the [`Expire`] target of its timer's
+//! [`Driver`](timer_core::Driver), which owns the reaper thread, the executor and the
+//! shutdown protocol.
+//!
+//! # Invariants
+//! - A timer task ([`Expiry`]) only names an operation. Firing it takes the operation out
+//!   of its slot if it is still there (exactly once, see `op_table.rs`) and completes it
+//!   as expired; if an event, a force or a cancel took it first, firing does nothing.
+//! - Every round starts by applying the queued timer cancels of completed operations
+//!   (`cancels.rs`), and ends with a purge step if one is due (`purge.rs`), which also
+//!   says how long the next round may sleep: `REAPER_WAIT` at most while operations are
+//!   pending or a purge is due (Kafka's reaper wait), without limit when nothing is.
+//! - Pending operations still there at shutdown (or when the last handle is dropped) are
+//!   expired, so every waiting request is answered.
+
+use std::hash::Hash;
+use std::time::Duration;
+
+use timer_core::{Expire, TimerCore, TimerTask};
+
+use crate::op_table::OpRef;
+use crate::operation::DelayedOperation;
+use crate::state::State;
+
+/// Longest the reaper sleeps while operations are pending or a purge is due, so stale
+/// entries are looked at even when the next timeout is far away.
+pub(crate) const REAPER_WAIT: Duration = Duration::from_millis(200);
+
+/// The timer task of one watched operation: the name of the operation to expire.
+pub(crate) struct Expiry(pub(crate) OpRef);
+
+impl TimerTask for Expiry {
+    /// Never called: the purgatory's driver hands expiries to [`State::expire`], which
+    /// needs the op table and counters a task does not carry.
+    fn run(self) {}
+}
+
+impl<K, O> Expire for State<K, O>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    O: DelayedOperation,
+{
+    type Task = Expiry;
+
+    fn core(&self) -> &TimerCore<Expiry> {
+        &self.timer
+    }
+
+    fn expire(&self, expired: &mut Vec<Expiry>) {
+        self.expire_all(expired.drain(..));
+    }
+
+    fn before_round(&self) {
+        self.cancels.flush(&self.timer);
+    }
+
+    fn after_round(&self) -> Duration {
+        if self.purge_some() {
+            Duration::ZERO
+        } else if self.timer.next_expiration().is_some() || self.purge_due() {
+            REAPER_WAIT
+        } else {
+            Duration::MAX
+        }
+    }
+
+    fn at_drop(&self, pending: Vec<Expiry>) {
+        self.expire_pending(pending);
+    }
+}
+
+impl<K, O: DelayedOperation> State<K, O> {
+    /// Shutdown's last step: expires what was still pending and empties the lists.
+    /// Returns how many it expired.
+    pub(crate) fn expire_pending(&self, pending: Vec<Expiry>) -> usize
+    where
+        K: Hash + Eq + Clone,
+    {
+        let expired = self.expire_all(pending);
+        self.watchers.clear();
+        tracing::debug!(target: "purgatory", purgatory = %self.name, expired, "shutdown");
+        expired
+    }
+}

@@ -1,0 +1,27 @@
+//! A snapshot of one purgatory's figures, for metrics.
+
+/// Counters of one purgatory, for metrics. Each figure is read on its own while others
+/// may be counting: a recent value, not a consistent snapshot of all of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PurgatoryStats {
+    /// Operations waiting for their timeout (armed timers).
+    pub pending: usize,
+    /// Watcher entries, including completed operations not yet dropped from their lists
+    /// (Kafka's `PurgatorySize`).
+    pub watched: usize,
+    /// Keys with a watcher list.
+    pub keys: usize,
+    /// Operations completed because `try_complete` returned true (on watch or on an event).
+    pub completed: u64,
+    /// Operations completed by `force_complete`.
+    pub forced: u64,
+    /// Operations completed by their timeout (or by shutdown).
+    pub expired: u64,
+    /// Operations handed back by `cancel` or `cancel_for_key`.
+    pub cancelled: u64,
+    /// Completed entries dropped from lists by purges (not by checks of their key).
+    pub purged: u64,
+    /// User code that panicked (callbacks, `timeout()`, a key's `Hash` or `Eq` while
+    /// being watched), caught and reported.
+    pub panicked: u64,
+}

@@ -1,0 +1,540 @@
+//! The timer's thread-free core (Kafka's `SystemTimer` without its threads): sharded
+//! wheels behind locks, a clock, and the logic that advances them.
+//!
+//! # Design
+//! - The core holds `shards` independent [`Wheel`]s, each behind its own mutex. A thread
+//!   adds to "its" shard (picked once per thread, round robin), so threads that add at the
+//!   same time do not share a lock or a cache line. A handle records its shard, so cancel
+//!   goes straight to the right wheel. One global lock would put every add and cancel of
+//!   every thread through one cache line.
+//! - Each shard publishes the expiration of its earliest queued bucket in
+//!   `next_expiration`, so an advance finds the next due tick without taking any lock, and
+//!   skips shards with nothing due.
+//! - Deadlines are rounded *up* to a tick and the clock is rounded *down*, so a task never
+//!   expires before its deadline; it expires at most one tick (plus scheduling delay)
+//!   after it.
+//! - The core owns no thread and runs no task: [`TimerCore::advance_into`] hands expired
+//!   tasks to its caller. The reaper thread, the executor and panic containment are the
+//!   driver's (`driver.rs`).
+//!
+//! # Invariants
+//! - A task is in exactly one place: a wheel (pending), the batch being handed out
+//!   (expired), or back with the caller (cancelled, or refused at add, or returned by
+//!   shutdown). Moving it between these happens under its shard lock, so cancel and
+//!   expiry racing on two threads have exactly one winner: `cancel` returns `Some` only
+//!   if it won.
+//! - `shard.next_expiration` is only lowered by add and only recomputed by advance, both
+//!   under the shard lock; it is never later than the shard's earliest queued bucket.
+//! - Once closed, an advance fires nothing and adds are refused; once a shard is
+//!   drained it refuses adds itself, so no task can slip in after the drain.
+
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::clock::{saturating_nanos, Clock};
+use crate::error::AddError;
+use crate::sleeper::Sleeper;
+use crate::sync::{AtomicBool, AtomicU64, Mutex};
+use crate::wheel::{SlotKey, Wheel};
+
+/// `Shard::next_expiration` of a shard with no queued bucket.
+const IDLE: u64 = u64::MAX;
+
+/// Most cancels [`Timer::cancel_batch`] makes under one shard lock.
+const CANCEL_BATCH: usize = 64;
+
+/// Most adds [`Timer::add_batch`] makes under one shard lock.
+const ADD_BATCH: usize = 64;
+
+/// Names one added task. Cheap to copy; stale handles, and handles of another timer, are
+/// harmless: they cancel nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TimerHandle {
+    pub(crate) timer: u32,
+    pub(crate) shard: u32,
+    pub(crate) key: SlotKey,
+}
+
+/// Source of timer identities, so a handle is only honoured by the timer that issued it.
+static NEXT_TIMER_ID: AtomicU32 = AtomicU32::new(0);
+
+/// Counters of one timer, summed over its shards.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TimerStats {
+    /// Tasks currently waiting.
+    pub pending: usize,
+    /// Tasks ever accepted by `add`.
+    pub added: u64,
+    /// Tasks removed by a successful `cancel`.
+    pub cancelled: u64,
+    /// Tasks that expired and were handed to the executor.
+    pub expired: u64,
+    /// Expired tasks that panicked while running (counted by [`Timer`](crate::Timer);
+    /// always 0 from a bare [`TimerCore`]).
+    pub panicked: u64,
+}
+
+struct ShardState<T> {
+    wheel: Wheel<T>,
+    closed: bool,
+    added: u64,
+    cancelled: u64,
+    expired: u64,
+}
+
+#[repr(align(128))]
+struct Shard<T> {
+    state: Mutex<ShardState<T>>,
+    next_expiration: AtomicU64,
+}
+
+/// The timer without threads: sharded wheels behind locks and a clock. Every method
+/// takes `&self` and runs on the caller's thread; nothing runs an expired task, it is
+/// handed to whoever advances the clock ([`advance_into`](Self::advance_into)).
+///
+/// Built by [`TimerBuilder::build_core`](crate::TimerBuilder::build_core). A
+/// [`Driver`](crate::Driver) adds a reaper thread and an executor; [`Timer`](crate::Timer)
+/// is a core with a driver that runs tasks.
+pub struct TimerCore<T> {
+    id: u32,
+    shards: Box<[Shard<T>]>,
+    clock: Arc<dyn Clock>,
+    tick_nanos: u64,
+    closed: AtomicBool,
+    sleeper: Sleeper,
+}
+
+static NEXT_THREAD_HINT: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static THREAD_HINT: usize = NEXT_THREAD_HINT.fetch_add(1, Ordering::Relaxed);
+}
+
+/// After adds to a locked shard: if its earliest expiration moved earlier than the one
+/// published, publishes it and returns it, for the caller to wake the driver once the
+/// lock is released.
+fn publish_earlier<T>(shard: &Shard<T>, state: &ShardState<T>) -> Option<u64> {
+    let next = state.wheel.next_expiration().unwrap_or(IDLE);
+    // Under loom, read with a read-modify-write: loom's DPOR remembers only the last
+    // access to an atomic, so a plain load here would hide this thread's store below
+    // from the driver's earlier loads, and the add-versus-sleep race would go unexplored.
+    #[cfg(loom)]
+    let published = shard.next_expiration.fetch_add(0, Ordering::Relaxed);
+    #[cfg(not(loom))]
+    let published = shard.next_expiration.load(Ordering::Relaxed);
+    (next < published).then(|| {
+        shard.next_expiration.store(next, Ordering::SeqCst);
+        next
+    })
+}
+
+impl<T> TimerCore<T> {
+    pub(crate) fn new(
+        wheel_size: u32,
+        shards: usize,
+        tick: Duration,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        let tick_nanos = saturating_nanos(tick);
+        let start = clock.now_nanos() / tick_nanos;
+        let shards = (0..shards)
+            .map(|_| Shard {
+                state: Mutex::new(ShardState {
+                    wheel: Wheel::new(wheel_size, start),
+                    closed: false,
+                    added: 0,
+                    cancelled: 0,
+                    expired: 0,
+                }),
+                next_expiration: AtomicU64::new(IDLE),
+            })
+            .collect();
+        TimerCore {
+            id: NEXT_TIMER_ID.fetch_add(1, Ordering::Relaxed),
+            shards,
+            clock,
+            tick_nanos,
+            closed: AtomicBool::new(false),
+            sleeper: Sleeper::new(),
+        }
+    }
+
+    fn now_nanos(&self) -> u64 {
+        self.clock.now_nanos()
+    }
+
+    /// Moves a locked shard's wheel up to `now` (ns) if the clock has passed its tick;
+    /// divides only then.
+    #[inline]
+    fn catch_up(&self, state: &mut ShardState<T>, now: u64) {
+        let next_tick_nanos = (state.wheel.current_tick() + 1).saturating_mul(self.tick_nanos);
+        if now >= next_tick_nanos {
+            state.wheel.catch_up(now / self.tick_nanos);
+        }
+    }
+
+    fn add_at_nanos(&self, now: u64, deadline: u64, task: T) -> Result<TimerHandle, AddError<T>> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(AddError::Shutdown(task));
+        }
+        let expiration = deadline.div_ceil(self.tick_nanos);
+        let shard_index = self.local_shard();
+        let shard = &self.shards[shard_index];
+        let mut state = shard.state.lock();
+        if state.closed {
+            return Err(AddError::Shutdown(task));
+        }
+        self.catch_up(&mut state, now);
+        let key = state.wheel.insert(expiration, task);
+        state.added += 1;
+        let earlier = publish_earlier(shard, &state);
+        drop(state);
+        if let Some(next) = earlier {
+            self.sleeper.wake_if_later_than(next);
+        }
+        Ok(TimerHandle {
+            timer: self.id,
+            shard: shard_index as u32,
+            key,
+        })
+    }
+
+    /// Adds every `(deadline, task)` of `tasks` to the calling thread's shard, taking its
+    /// lock once per [`ADD_BATCH`] tasks (after bringing the slab entries those adds will
+    /// fill into the cache); appends one result per task to `out`, in order.
+    fn add_many(
+        &self,
+        now: u64,
+        mut tasks: impl ExactSizeIterator<Item = (u64, T)>,
+        out: &mut Vec<Result<TimerHandle, AddError<T>>>,
+    ) {
+        loop {
+            if tasks.len() == 0 {
+                return;
+            }
+            if self.closed.load(Ordering::Relaxed) {
+                break;
+            }
+            let shard_index = self.local_shard();
+            let shard = &self.shards[shard_index];
+            let mut state = shard.state.lock();
+            if state.closed {
+                break;
+            }
+            self.catch_up(&mut state, now);
+            state.wheel.prefetch_inserts(tasks.len().min(ADD_BATCH));
+            let mut added = 0u64;
+            for (deadline, task) in tasks.by_ref().take(ADD_BATCH) {
+                let key = state.wheel.insert(deadline.div_ceil(self.tick_nanos), task);
+                out.push(Ok(TimerHandle {
+                    timer: self.id,
+                    shard: shard_index as u32,
+                    key,
+                }));
+                added += 1;
+            }
+            state.added += added;
+            let earlier = publish_earlier(shard, &state);
+            drop(state);
+            if let Some(next) = earlier {
+                self.sleeper.wake_if_later_than(next);
+            }
+        }
+        out.extend(tasks.map(|(_, task)| Err(AddError::Shutdown(task))));
+    }
+
+    /// The shard the calling thread adds to.
+    #[inline]
+    fn local_shard(&self) -> usize {
+        let hint = THREAD_HINT.with(|hint| *hint);
+        let n = self.shards.len();
+        if n.is_power_of_two() {
+            hint & (n - 1)
+        } else {
+            hint % n
+        }
+    }
+
+    fn earliest(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|s| s.next_expiration.load(Ordering::SeqCst))
+            .min()
+            .unwrap_or(IDLE)
+    }
+
+    /// Flushes every due bucket of every shard, handing each shard's expired tasks to
+    /// `sink` (outside the shard lock). Returns how many expired.
+    fn fire_due(&self, mut sink: impl FnMut(Vec<T>)) -> usize {
+        // Once closed, what is left is for `drain`: a round racing `close` fires nothing
+        // more, so every task is either fired before the close or handed back.
+        if self.closed.load(Ordering::SeqCst) {
+            return 0;
+        }
+        let now = self.now_nanos() / self.tick_nanos;
+        let mut fired = 0;
+        for shard in self.shards.iter() {
+            if shard.next_expiration.load(Ordering::Acquire) > now {
+                continue;
+            }
+            let mut batch = Vec::new();
+            let mut state = shard.state.lock();
+            let n = state.wheel.advance(now, &mut batch);
+            state.expired += n as u64;
+            let next = state.wheel.next_expiration().unwrap_or(IDLE);
+            shard.next_expiration.store(next, Ordering::SeqCst);
+            drop(state);
+            fired += n;
+            if n > 0 {
+                sink(batch);
+            }
+        }
+        fired
+    }
+
+    /// Fires what is due; if nothing was, waits up to `max_wait` for the earliest bucket
+    /// (or an earlier add, or shutdown) and fires what is due then.
+    fn advance_with(&self, max_wait: Duration, mut sink: impl FnMut(Vec<T>)) -> usize {
+        let fired = self.fire_due(&mut sink);
+        if fired > 0 || max_wait.is_zero() || self.closed.load(Ordering::SeqCst) {
+            return fired;
+        }
+        let now = self.now_nanos();
+        let limit = now.saturating_add(saturating_nanos(max_wait));
+        let earliest = self.earliest();
+        let wake_nanos = earliest.saturating_mul(self.tick_nanos).min(limit);
+        if wake_nanos <= now {
+            // A bucket came due since `fire_due` looked (an add raced it): fire it now
+            // rather than going through the condition variable.
+            return self.fire_due(sink);
+        }
+        let wake_tick = wake_nanos / self.tick_nanos;
+        let deadline = if wake_nanos == u64::MAX {
+            None
+        } else {
+            Instant::now().checked_add(Duration::from_nanos(wake_nanos.saturating_sub(now)))
+        };
+        self.sleeper.sleep(wake_tick, deadline, |wake_tick| {
+            self.closed.load(Ordering::SeqCst) || self.earliest() < wake_tick
+        });
+        self.fire_due(sink)
+    }
+}
+
+impl<T> TimerCore<T> {
+    /// Schedules `task` to run once `delay` has passed. A zero delay means due now (it
+    /// runs on the next clock advance, never on the calling thread). A deadline beyond the
+    /// wheel's range is clamped to its end: with wheel sizes up to 256 (the default is 20)
+    /// the range exceeds every deadline a `u64` of nanoseconds can hold, so nothing is
+    /// clamped; larger sizes cover less (at least `2^46.5` ticks: about 3 years at a 1 us
+    /// tick, 3,000 years at 1 ms), and a later deadline fires at the range's end.
+    ///
+    /// Returns a handle for [`cancel`](Self::cancel), or the task back if the timer has
+    /// been shut down.
+    pub fn add(&self, delay: Duration, task: T) -> Result<TimerHandle, AddError<T>> {
+        let now = self.now_nanos();
+        self.add_at_nanos(now, now.saturating_add(saturating_nanos(delay)), task)
+    }
+
+    /// Schedules `task` to run at `deadline`, a time on this timer's clock (see
+    /// [`now`](Self::now)). Lets a caller that adds many tasks read the clock once.
+    pub fn add_at(&self, deadline: Duration, task: T) -> Result<TimerHandle, AddError<T>> {
+        let now = self.now_nanos();
+        self.add_at_nanos(now, saturating_nanos(deadline), task)
+    }
+
+    /// Adds every `(delay, task)` of `tasks`, like [`add`](Self::add) on each, and
+    /// appends one result per task to `out`, in the order of `tasks` (which is left
+    /// empty). Cheaper per task than one `add` each: the clock is read once for the whole
+    /// batch (every delay counts from that reading) and the shard lock is taken once per
+    /// run of at most 64 tasks.
+    pub fn add_batch(
+        &self,
+        tasks: &mut Vec<(Duration, T)>,
+        out: &mut Vec<Result<TimerHandle, AddError<T>>>,
+    ) {
+        let now = self.now_nanos();
+        out.reserve(tasks.len());
+        let at = tasks
+            .drain(..)
+            .map(|(delay, task)| (now.saturating_add(saturating_nanos(delay)), task));
+        self.add_many(now, at, out);
+    }
+
+    /// The current time of this timer's clock.
+    pub fn now(&self) -> Duration {
+        self.clock.now()
+    }
+
+    /// Cancels the task `handle` names and gives it back. Returns `None` if the task
+    /// already expired (it has run or is running), was already cancelled, or the timer
+    /// was shut down: exactly one of cancel and expiry wins. O(1).
+    ///
+    /// The task is out of the timer when this returns. Its slot is reused a
+    /// little later: up to 8 cancelled slots per shard wait to be unlinked, by later
+    /// cancels or the shard's next advance ([`Wheel::cancel`] says why).
+    pub fn cancel(&self, handle: TimerHandle) -> Option<T> {
+        let shard = self.shard_of(handle)?;
+        let mut state = shard.state.lock();
+        let task = state.wheel.cancel(handle.key)?;
+        state.cancelled += 1;
+        Some(task)
+    }
+
+    /// Cancels every task `handles` names, like [`cancel`](Self::cancel) on each, and
+    /// appends the tasks whose cancel won to `cancelled`; returns how many that was.
+    /// Handles that are stale or from another timer cancel nothing.
+    ///
+    /// Cheaper per task than one `cancel` each: `handles` is sorted in place by shard and
+    /// slot, and each shard lock is taken once per run of at most 64 of its handles (so an
+    /// adder never waits behind a long batch), walking its slab in address order. The
+    /// tasks are appended after each lock is released.
+    pub fn cancel_batch(
+        &self,
+        handles: &mut [TimerHandle],
+        cancelled: &mut impl Extend<T>,
+    ) -> usize {
+        handles.sort_unstable_by_key(|h| (u64::from(h.shard) << 32) | u64::from(h.key.index));
+        let mut won = 0;
+        let mut run: Vec<T> = Vec::new();
+        let mut rest = &handles[..];
+        while let Some(first) = rest.first() {
+            let same = rest
+                .iter()
+                .take(CANCEL_BATCH)
+                .take_while(|h| h.shard == first.shard)
+                .count();
+            let (chunk, tail) = rest.split_at(same);
+            rest = tail;
+            // By index only: the timer id is checked per handle below, so a foreign
+            // handle heading the run does not make the run's other handles skip.
+            let Some(shard) = self.shards.get(first.shard as usize) else {
+                continue;
+            };
+            {
+                let mut state = shard.state.lock();
+                state.wheel.prefetch_cancels(chunk.iter().map(|h| h.key));
+                for handle in chunk {
+                    if handle.timer != self.id {
+                        continue;
+                    }
+                    if let Some(task) = state.wheel.cancel_prefetched(handle.key) {
+                        run.push(task);
+                    }
+                }
+                state.cancelled += run.len() as u64;
+            }
+            won += run.len();
+            cancelled.extend(run.drain(..));
+        }
+        won
+    }
+
+    /// Whether `handle` still names a pending task.
+    pub fn is_pending(&self, handle: TimerHandle) -> bool {
+        self.shard_of(handle)
+            .is_some_and(|s| s.state.lock().wheel.contains(handle.key))
+    }
+
+    /// The shard a handle names, if this timer issued it.
+    fn shard_of(&self, handle: TimerHandle) -> Option<&Shard<T>> {
+        if handle.timer != self.id {
+            return None;
+        }
+        self.shards.get(handle.shard as usize)
+    }
+
+    /// Moves every task that is due into `expired`; then, if none was, waits up to
+    /// `max_wait` for the earliest bucket to come due (or for an earlier one to be added,
+    /// or for [`shutdown`](Self::shutdown)) and moves what is due then. Returns how many
+    /// tasks expired. With `Duration::ZERO` it never waits; after shutdown it moves
+    /// nothing. The caller runs (or drops) the expired tasks: nothing here runs them.
+    pub fn advance_into(&self, max_wait: Duration, expired: &mut Vec<T>) -> usize {
+        self.advance_with(max_wait, |batch| expired.extend(batch))
+    }
+
+    /// Wakes a thread blocked in [`advance_into`](Self::advance_into).
+    pub fn wake(&self) {
+        self.sleeper.wake();
+    }
+
+    /// When the earliest queued bucket is due, on this timer's clock; `None` when idle.
+    pub fn next_expiration(&self) -> Option<Duration> {
+        match self.earliest() {
+            IDLE => None,
+            tick => Some(Duration::from_nanos(tick.saturating_mul(self.tick_nanos))),
+        }
+    }
+
+    /// Number of pending tasks.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.state.lock().wheel.len()).sum()
+    }
+
+    /// Whether no task is pending.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Counters summed over all shards.
+    pub fn stats(&self) -> TimerStats {
+        let mut stats = TimerStats::default();
+        for shard in self.shards.iter() {
+            let state = shard.state.lock();
+            stats.pending += state.wheel.len();
+            stats.added += state.added;
+            stats.cancelled += state.cancelled;
+            stats.expired += state.expired;
+        }
+        stats
+    }
+
+    /// Whether [`shutdown`](Self::shutdown) has been called.
+    pub fn is_shutdown(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Refuses every later add, wakes every thread waiting in
+    /// [`advance_into`](Self::advance_into) and hands back every task still pending,
+    /// unrun. A second call returns nothing. (A [`Driver`](crate::Driver) closes, then
+    /// waits for its rounds, then drains: use its shutdown when one drives this core.)
+    pub fn shutdown(&self) -> Vec<T> {
+        if self.close() {
+            self.drain()
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Refuses every later add and wakes every sleeping driver; a round that fires after
+    /// this fires nothing. Returns whether this call closed it.
+    pub(crate) fn close(&self) -> bool {
+        let first = !self.closed.swap(true, Ordering::SeqCst);
+        self.sleeper.wake();
+        first
+    }
+
+    /// Empties every shard of a closed core, handing back its tasks; every later add to a
+    /// shard is refused by the shard itself.
+    pub(crate) fn drain(&self) -> Vec<T> {
+        let mut pending = Vec::new();
+        for shard in self.shards.iter() {
+            let mut state = shard.state.lock();
+            state.closed = true;
+            pending.extend(state.wheel.drain());
+            shard.next_expiration.store(IDLE, Ordering::SeqCst);
+        }
+        pending
+    }
+}
+
+impl<T> std::fmt::Debug for TimerCore<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TimerCore")
+            .field("shards", &self.shards.len())
+            .field("tick_nanos", &self.tick_nanos)
+            .field("closed", &self.is_shutdown())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,306 @@
+//! The driver: what turns a thread-free [`TimerCore`] into a running timer. It owns the
+//! reaper thread, the executor choice, the containment of panics from expiry work, and
+//! the shutdown protocol, for every owner of a core: [`Timer`](crate::Timer) (whose
+//! expired tasks run themselves) and layers above it such as a purgatory (whose expired
+//! tasks name work the owner does).
+//!
+//! The owner says what expiry means by implementing [`Expire`]: the driver calls
+//! [`Expire::expire`] with each batch the core hands out, inline on the driving thread or
+//! on a pool, and [`Expire::before_round`] / [`Expire::after_round`] around each round,
+//! for bookkeeping of its own (the purgatory flushes queued cancels and purges there).
+//!
+//! # Invariants
+//! - A round is: `before_round`, one [`TimerCore::advance_into`], the batch to the
+//!   executor, `after_round`. Rounds run on the reaper thread (if started) and on any
+//!   thread that calls [`Driver::advance_clock`].
+//! - `rounds` counts rounds in progress plus pool batches not yet finished. A round is
+//!   counted before it takes anything out of the core, so a shutdown that sees the count
+//!   at zero after closing the core knows that every task fired before the close has
+//!   been expired, and that nothing fires after it.
+//! - A panic escaping `Expire::expire` is caught, reported through `tracing` (target
+//!   `timer_core`) and the driver goes on; the reaper thread never unwinds. (Owners catch
+//!   per task, so one panic does not skip the rest of a batch; this is the backstop.)
+//! - [`Driver::shutdown_with`] returns, to every caller, only after the core was closed,
+//!   the reaper joined, every round and pool batch finished, and the first caller's
+//!   `finish` ran on what was still pending. The exception is a caller inside this
+//!   driver's expiry work (a callback that shuts its own timer down): it cannot wait for
+//!   itself, so it does the first caller's work without waiting for rounds in progress,
+//!   or returns at once if another caller is already shutting down.
+
+use std::cell::Cell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::core::TimerCore;
+use crate::executor::Executor;
+use crate::panics::panic_message;
+use crate::sync::{Condvar, Mutex};
+
+/// What a driver drives: a core, and what to do with the tasks that expire from it.
+pub trait Expire: Send + Sync + 'static {
+    /// The core's task type.
+    type Task: Send + 'static;
+
+    /// The core the driver advances.
+    fn core(&self) -> &TimerCore<Self::Task>;
+
+    /// Handles a batch of expired tasks (leaving `expired` empty), inline on the driving
+    /// thread or on the pool. Catch panics per task here: a panic that escapes is caught
+    /// by the driver, but skips the rest of the batch.
+    fn expire(&self, expired: &mut Vec<Self::Task>);
+
+    /// Runs at the start of every round, before the core is advanced.
+    fn before_round(&self) {}
+
+    /// Runs at the end of every round; returns the longest the reaper's next round may
+    /// wait for a timeout (`Duration::ZERO` to come straight back, `Duration::MAX` to
+    /// wait for the earliest bucket however far away).
+    fn after_round(&self) -> Duration {
+        Duration::MAX
+    }
+
+    /// What becomes of the tasks still pending when the driver is dropped without an
+    /// explicit shutdown: dropped unrun, unless the owner overrides this.
+    fn at_drop(&self, pending: Vec<Self::Task>) {
+        drop(pending);
+    }
+}
+
+/// How a driver runs: the executor, whether to start a reaper thread, and its name.
+#[derive(Clone, Debug, Default)]
+pub struct DriverConfig {
+    executor: Executor,
+    manual: bool,
+    thread_name: Option<String>,
+}
+
+impl DriverConfig {
+    /// The defaults: expired work runs inline on a reaper thread.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Where expired work runs.
+    pub fn executor(mut self, executor: Executor) -> Self {
+        self.executor = executor;
+        self
+    }
+
+    /// Whether to start a reaper thread (default true). Without one, the owner calls
+    /// [`Driver::advance_clock`].
+    pub fn reaper(mut self, reaper: bool) -> Self {
+        self.manual = !reaper;
+        self
+    }
+
+    /// The reaper thread's name (default: the one the owner gives when it starts the
+    /// driver).
+    pub fn thread_name(mut self, name: impl Into<String>) -> Self {
+        self.thread_name = Some(name.into());
+        self
+    }
+
+    /// Starts a driver for `target` (and its reaper thread, named `default_name` unless a
+    /// name was set).
+    pub fn start<E: Expire>(self, target: E, default_name: &str) -> std::io::Result<Driver<E>> {
+        let shared = Arc::new(Shared {
+            target,
+            executor: self.executor,
+            rounds: Mutex::new(0),
+            rounds_done: Condvar::default(),
+        });
+        let reaper = if self.manual {
+            None
+        } else {
+            let for_thread = Arc::clone(&shared);
+            Some(
+                std::thread::Builder::new()
+                    .name(self.thread_name.unwrap_or_else(|| default_name.to_owned()))
+                    .spawn(move || reaper_loop(&for_thread))?,
+            )
+        };
+        Ok(Driver {
+            shared,
+            reaper: parking_lot::Mutex::new(reaper),
+            stop: Mutex::new(Stop::Open),
+            stopped: Condvar::default(),
+        })
+    }
+}
+
+/// Where a driver is in its shutdown.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stop {
+    Open,
+    Closing,
+    Done,
+}
+
+/// What the reaper thread and pool batches share with the driver.
+struct Shared<E> {
+    target: E,
+    executor: Executor,
+    /// Rounds in progress plus pool batches not yet finished.
+    rounds: Mutex<usize>,
+    rounds_done: Condvar,
+}
+
+thread_local! {
+    /// The driver (by the address of its shared state) whose expiry work runs on this
+    /// thread right now, if any.
+    static EXPIRING: Cell<usize> = const { Cell::new(0) };
+}
+
+/// A thread-free core made to run: a reaper thread (unless built without one), the
+/// executor, caught panics, and a shutdown that waits for all of it. See the module doc.
+pub struct Driver<E: Expire> {
+    shared: Arc<Shared<E>>,
+    reaper: parking_lot::Mutex<Option<std::thread::JoinHandle<()>>>,
+    stop: Mutex<Stop>,
+    stopped: Condvar,
+}
+
+impl<E: Expire> Driver<E> {
+    /// What this driver drives.
+    pub fn target(&self) -> &E {
+        &self.shared.target
+    }
+
+    /// Runs one round: expires what is due, or, if nothing is, waits up to `max_wait`
+    /// for the earliest bucket (or an earlier add, or shutdown) and expires what is due
+    /// then. Returns how many tasks expired. For owners without a reaper thread (for
+    /// example on a manual clock); harmless beside one.
+    pub fn advance_clock(&self, max_wait: Duration) -> usize {
+        self.shared.round(max_wait, &mut Vec::new()).0
+    }
+
+    /// Whether shutdown has begun.
+    pub fn is_shutdown(&self) -> bool {
+        self.shared.target.core().is_shutdown()
+    }
+
+    /// Shuts down: closes the core (later adds are refused, sleepers woken), joins the
+    /// reaper, waits for every round and pool batch in progress, then runs `finish` on
+    /// the tasks still pending and returns its result. Only the first caller runs
+    /// `finish` (`Some`); every later or concurrent caller waits until it has and gets
+    /// `None`. A caller inside this driver's own expiry work does not wait for the
+    /// rounds in progress (it is one of them).
+    pub fn shutdown_with<R>(&self, finish: impl FnOnce(Vec<E::Task>) -> R) -> Option<R> {
+        let inside = self.is_expiring_here();
+        {
+            let mut stop = self.stop.lock();
+            if *stop != Stop::Open {
+                while *stop != Stop::Done && !inside {
+                    stop = self.stopped.wait_until(stop, None);
+                }
+                return None;
+            }
+            *stop = Stop::Closing;
+        }
+        let core = self.shared.target.core();
+        core.close();
+        if let Some(reaper) = self.reaper.lock().take() {
+            if reaper.thread().id() != std::thread::current().id() {
+                let _ = reaper.join();
+            }
+        }
+        if !inside {
+            self.shared.wait_for_rounds();
+        }
+        let result = finish(core.drain());
+        *self.stop.lock() = Stop::Done;
+        self.stopped.notify_all();
+        Some(result)
+    }
+
+    fn is_expiring_here(&self) -> bool {
+        EXPIRING.with(Cell::get) == Arc::as_ptr(&self.shared) as usize
+    }
+}
+
+impl<E: Expire> Drop for Driver<E> {
+    /// Shuts down, handing what is still pending to [`Expire::at_drop`].
+    fn drop(&mut self) {
+        let target = &self.shared.target;
+        self.shutdown_with(|pending| target.at_drop(pending));
+    }
+}
+
+impl<E: Expire> std::fmt::Debug for Driver<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driver")
+            .field("executor", &self.shared.executor)
+            .field("shutdown", &self.is_shutdown())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<E: Expire> Shared<E> {
+    /// One round (see the module doc), with `batch` as the inline executor's buffer;
+    /// returns how many tasks expired and the next round's longest wait.
+    fn round(self: &Arc<Self>, max_wait: Duration, batch: &mut Vec<E::Task>) -> (usize, Duration) {
+        *self.rounds.lock() += 1;
+        let _done = RoundDone(self);
+        self.target.before_round();
+        let fired = self.target.core().advance_into(max_wait, batch);
+        if fired > 0 {
+            match &self.executor {
+                Executor::Inline => self.expire(batch),
+                Executor::Pool(pool) => {
+                    *self.rounds.lock() += 1;
+                    let shared = Arc::clone(self);
+                    let mut batch = std::mem::take(batch);
+                    pool.spawn(move || {
+                        let _done = RoundDone(&shared);
+                        shared.expire(&mut batch);
+                    });
+                }
+            }
+        }
+        (fired, self.target.after_round())
+    }
+
+    /// Hands `batch` to the target, marking this thread as inside this driver's expiry
+    /// and containing a panic that escapes.
+    fn expire(self: &Arc<Self>, batch: &mut Vec<E::Task>) {
+        let outer = EXPIRING.with(|e| e.replace(Arc::as_ptr(self) as usize));
+        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| self.target.expire(batch))) {
+            tracing::error!(
+                target: "timer_core",
+                panic = panic_message(&*payload),
+                "expiry handler panicked; the rest of its batch is dropped"
+            );
+            batch.clear();
+        }
+        EXPIRING.with(|e| e.set(outer));
+    }
+
+    fn wait_for_rounds(&self) {
+        let mut rounds = self.rounds.lock();
+        while *rounds > 0 {
+            rounds = self.rounds_done.wait_until(rounds, None);
+        }
+    }
+}
+
+/// Ends one counted round or pool batch when dropped (also when unwinding).
+struct RoundDone<'a, E>(&'a Shared<E>);
+
+impl<E> Drop for RoundDone<'_, E> {
+    fn drop(&mut self) {
+        let mut rounds = self.0.rounds.lock();
+        *rounds -= 1;
+        if *rounds == 0 {
+            self.0.rounds_done.notify_all();
+        }
+    }
+}
+
+fn reaper_loop<E: Expire>(shared: &Arc<Shared<E>>) {
+    let mut batch = Vec::new();
+    let mut wait = shared.target.after_round();
+    while !shared.target.core().is_shutdown() {
+        (_, wait) = shared.round(wait, &mut batch);
+    }
+}
