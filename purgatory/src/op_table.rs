@@ -65,6 +65,14 @@ pub(crate) struct OpRef {
     generation: u32,
 }
 
+impl OpRef {
+    /// The slot's index.
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn index(self) -> u32 {
+        self.index
+    }
+}
+
 struct OpState<O> {
     op: Option<O>,
     timer: Option<TimerHandle>,

@@ -392,3 +392,67 @@ where
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::{ManualClock, PurgatoryBuilder, TimerBuilder};
+
+    struct Named(&'static str);
+
+    impl DelayedOperation for Named {
+        fn timeout(&self) -> Duration {
+            Duration::from_secs(60)
+        }
+        fn try_complete(&mut self) -> bool {
+            false
+        }
+        fn on_complete(&mut self, _how: Completion) {}
+    }
+
+    fn pending(outcome: Result<WatchOutcome<Named>, WatchError<Named>>) -> OperationHandle<Named> {
+        match outcome {
+            Ok(WatchOutcome::Pending(handle)) => handle,
+            other => panic!("expected a waiting operation, got {:?}", other.map(|_| ())),
+        }
+    }
+
+    /// The scenario without 2^32 real reuses: operation A completes, its slot is
+    /// reused until its generation is used up; A's handle and A's stale entry must never
+    /// name anything again.
+    #[test]
+    fn a_stale_name_never_matches_however_often_its_slot_is_reused() {
+        let purgatory: Purgatory<&str, Named> = PurgatoryBuilder::new()
+            .timer(TimerBuilder::new().clock(ManualClock::new()).reaper(false))
+            .build()
+            .unwrap();
+        let state = purgatory.state();
+        let a = pending(purgatory.watch(Named("a"), ["only-a"]));
+        assert!(purgatory.force_complete(&a));
+        // As if the slot had been reused 2^32 - 2 times since.
+        state.table.age_slot(a.op.index(), u32::MAX - 1);
+        let last = pending(purgatory.watch(Named("last"), ["other"]));
+        assert_eq!(last.op.index(), a.op.index(), "the aged slot is reused");
+        assert!(purgatory.force_complete(&last));
+        // The slot is retired: later operations get other slots, and neither A's nor the
+        // last occupant's name matches them.
+        let later: Vec<_> = (0..4)
+            .map(|_| pending(purgatory.watch(Named("later"), ["other"])))
+            .collect();
+        for handle in &later {
+            assert_ne!(handle.op.index(), a.op.index());
+        }
+        for stale in [a, last] {
+            assert!(purgatory.is_completed(&stale));
+            assert!(purgatory.cancel(&stale).is_none());
+            assert!(!purgatory.force_complete(&stale));
+        }
+        assert!(purgatory.cancel_for_key(&"only-a").is_empty());
+        assert_eq!(purgatory.pending(), 4, "the later operations are untouched");
+        for handle in &later {
+            assert!(!purgatory.is_completed(handle));
+        }
+    }
+}

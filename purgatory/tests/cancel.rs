@@ -110,3 +110,44 @@ fn a_handle_of_another_purgatory_cancels_nothing() {
     assert_eq!(fetch.pending(), 1);
     assert!(produce.cancel(&a).is_some());
 }
+
+#[test]
+fn a_dropped_guard_takes_its_waiting_operation_back_and_a_disarmed_one_does_not() {
+    let clock = ManualClock::new();
+    let ledger = Ledger::new(3);
+    let purgatory: Purgatory<u32, Probe> = manual_purgatory(&clock);
+    let watch = |id| {
+        pending(
+            purgatory
+                .watch(
+                    Probe::new(id, Duration::from_millis(10), &ledger, &never()),
+                    [id as u32],
+                )
+                .unwrap(),
+        )
+    };
+    let (a, b, c) = (watch(0), watch(1), watch(2));
+    // A request future holding the guard is dropped (its client left).
+    let guard = purgatory.cancel_on_drop(a);
+    assert!(!purgatory.is_completed(&guard.handle()));
+    drop(guard);
+    assert!(purgatory.is_completed(&a));
+    assert_eq!(
+        (ledger.completions(0), ledger.drops(0)),
+        (0, 1),
+        "freed, not answered"
+    );
+    // Disarmed: the operation goes on waiting and expires as usual.
+    let kept = purgatory.cancel_on_drop(b).disarm();
+    assert!(!purgatory.is_completed(&kept));
+    // Already answered when the guard goes: nothing happens.
+    let late = purgatory.cancel_on_drop(c);
+    assert!(purgatory.force_complete(&c));
+    drop(late);
+    clock.advance(Duration::from_millis(20));
+    purgatory.advance_clock(Duration::ZERO);
+    assert_eq!(ledger.how(1), Some(purgatory::Completion::Expired));
+    assert_eq!(ledger.how(2), Some(purgatory::Completion::Forced));
+    assert_eq!(purgatory.stats().cancelled, 1);
+    assert_eq!(ledger.violations(), 0);
+}

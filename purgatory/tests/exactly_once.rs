@@ -98,6 +98,8 @@ struct Chaos {
     forced: Vec<AtomicU32>,
     /// Forced completions won by `force_complete_batch` (which reports a count only).
     forced_in_batches: AtomicU64,
+    /// Operations handed back by `cancel` (by handle).
+    cancelled_by_handle: AtomicU64,
 }
 
 impl Chaos {
@@ -140,6 +142,7 @@ fn chaos(threads: usize, ops: usize, keys: u64, executor: Executor, calls: Calls
         returned: (0..ops).map(|_| AtomicU32::new(0)).collect(),
         forced: (0..ops).map(|_| AtomicU32::new(0)).collect(),
         forced_in_batches: AtomicU64::new(0),
+        cancelled_by_handle: AtomicU64::new(0),
     });
     let readiness: Readiness = {
         let chaos = Arc::clone(&chaos);
@@ -222,6 +225,16 @@ fn chaos(threads: usize, ops: usize, keys: u64, executor: Executor, calls: Calls
                             if purgatory.force_complete(handle) {
                                 chaos.forced[*target].fetch_add(1, SeqCst);
                             }
+                        }
+                    }
+                    if rng.percent(3) && !recent.is_empty() {
+                        // Cancel by handle: the operation comes back uncompleted, unless
+                        // something else ended it first.
+                        let (target, handle) = &recent[rng.below(recent.len() as u64) as usize];
+                        if let Some(op) = purgatory.cancel(handle) {
+                            assert_eq!(op.id, *target, "a handle cancelled another operation");
+                            chaos.returned[op.id].fetch_add(1, SeqCst);
+                            chaos.cancelled_by_handle.fetch_add(1, SeqCst);
                         }
                     }
                     if rng.below(1000) < 5 {
@@ -329,6 +342,12 @@ fn chaos(threads: usize, ops: usize, keys: u64, executor: Executor, calls: Calls
     assert!(
         stats.completed > 0 && stats.forced > 0 && stats.expired > 0 && stats.cancelled > 0,
         "{stats:?}"
+    );
+    let by_handle = chaos.cancelled_by_handle.load(SeqCst);
+    assert!(
+        by_handle > 0 && by_handle < stats.cancelled,
+        "cancels by handle ({by_handle}) and by key ({}) both happened",
+        stats.cancelled - by_handle
     );
     eprintln!("chaos: {stats:?}");
 }

@@ -11,11 +11,15 @@
 //! - the watch call and the event report a completion exactly when theirs was the one;
 //! - nothing is left armed in the timer.
 //!
+//! A second model races a cancel by handle against the event and the expiry: the
+//! operation is handed back or completed, exactly one of the two.
+//!
 //! The purgatory's op-table slot locks, watcher shard locks and the timer's locks and atomics
 //! come from each crate's private `sync` module, which is loom's under `--cfg loom`. Run with
 //! `RUSTFLAGS="--cfg loom" cargo test -p purgatory --test loom --release`. Without
-//! `LOOM_MAX_PREEMPTIONS` the exploration is exhaustive (4,588 interleavings with the op
-//! table, under a second in release).
+//! `LOOM_MAX_PREEMPTIONS` the exploration is exhaustive (3,368 interleavings for the watch
+//! model and 305 for the cancel model, under a second in release; CI bounds preemptions
+//! at 3: 639 and 96).
 #![cfg(loom)]
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering::SeqCst};
@@ -25,6 +29,7 @@ use loom::sync::atomic::AtomicBool;
 use loom::sync::Arc;
 use purgatory::{
     Completion, DelayedOperation, ManualClock, Purgatory, PurgatoryBuilder, TimerBuilder,
+    WatchOutcome,
 };
 
 const KEY: u8 = 7;
@@ -71,36 +76,50 @@ impl DelayedOperation for Op {
     }
 }
 
+/// Stack of every model thread: the purgatory's calls keep their small buffers on the
+/// stack, more than a loom thread has by default.
+const STACK: usize = 1 << 20;
+
+fn spawn<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> loom::thread::JoinHandle<T> {
+    loom::thread::Builder::new()
+        .stack_size(STACK)
+        .spawn(f)
+        .expect("spawn a model thread")
+}
+
+fn purgatory(clock: &ManualClock) -> Purgatory<u8, Op> {
+    PurgatoryBuilder::new()
+        .name("loom")
+        .shards(1)
+        .timer(
+            TimerBuilder::new()
+                .shards(1)
+                .clock(clock.clone())
+                .reaper(false),
+        )
+        .build()
+        .expect("valid configuration")
+}
+
+/// Watch, event and expiry race; see the module doc.
 fn model() {
     EXPLORED.fetch_add(1, SeqCst);
     let clock = ManualClock::new();
-    let purgatory: Arc<Purgatory<u8, Op>> = Arc::new(
-        PurgatoryBuilder::new()
-            .name("loom")
-            .shards(1)
-            .timer(
-                TimerBuilder::new()
-                    .shards(1)
-                    .clock(clock.clone())
-                    .reaper(false),
-            )
-            .build()
-            .expect("valid configuration"),
-    );
+    let purgatory = purgatory(&clock);
     let ready = Arc::new(AtomicBool::new(false));
     let outcome = std::sync::Arc::new(Outcome::default());
 
     let event = {
-        let purgatory = Arc::clone(&purgatory);
+        let purgatory = purgatory.clone();
         let ready = Arc::clone(&ready);
-        loom::thread::spawn(move || {
+        spawn(move || {
             ready.store(true, SeqCst);
             purgatory.check_and_complete(&KEY)
         })
     };
     let expiry = {
-        let purgatory = Arc::clone(&purgatory);
-        loom::thread::spawn(move || {
+        let purgatory = purgatory.clone();
+        spawn(move || {
             clock.advance(TIMEOUT);
             purgatory.advance_clock(Duration::ZERO);
         })
@@ -140,13 +159,77 @@ fn model() {
     assert_eq!(stats.expired, u64::from(expired));
 }
 
-#[test]
-fn watch_event_and_expiry_complete_an_operation_exactly_once() {
+/// A waiting operation: an event, its expiry and a cancel by its handle race. Exactly
+/// one wins: the cancel hands it back uncompleted, or it is completed once (and then the
+/// cancel gets nothing).
+fn cancel_model() {
+    EXPLORED.fetch_add(1, SeqCst);
+    let clock = ManualClock::new();
+    let purgatory = purgatory(&clock);
+    let ready = Arc::new(AtomicBool::new(false));
+    let outcome = std::sync::Arc::new(Outcome::default());
+    let op = Op {
+        ready: Arc::clone(&ready),
+        outcome: std::sync::Arc::clone(&outcome),
+    };
+    let WatchOutcome::Pending(handle) = purgatory.watch(op, [KEY]).expect("accepted") else {
+        panic!("not ready yet, so it waits");
+    };
+    let event = {
+        let purgatory = purgatory.clone();
+        spawn(move || {
+            ready.store(true, SeqCst);
+            purgatory.check_and_complete(&KEY)
+        })
+    };
+    let expiry = {
+        let purgatory = purgatory.clone();
+        spawn(move || {
+            clock.advance(TIMEOUT);
+            purgatory.advance_clock(Duration::ZERO);
+        })
+    };
+    let cancelled = purgatory.cancel(&handle);
+    let completed_by_event = event.join().unwrap();
+    expiry.join().unwrap();
+
+    let completions = outcome.completions.load(SeqCst);
+    assert_eq!(
+        usize::from(cancelled.is_some()) + completions,
+        1,
+        "exactly one of: handed back, completed"
+    );
+    let how = outcome.how.load(SeqCst);
+    assert_eq!(completed_by_event == 1, how == 1);
+    assert_eq!(outcome.expirations.load(SeqCst), usize::from(how == 3));
+    let stats = purgatory.stats();
+    assert_eq!(stats.pending, 0, "no timer left armed");
+    assert_eq!(stats.cancelled, u64::from(cancelled.is_some()));
+    assert_eq!(
+        stats.completed + stats.expired + stats.cancelled,
+        1,
+        "{stats:?}"
+    );
+    assert!(purgatory.is_completed(&handle));
+}
+
+fn explore(name: &str, model: fn()) {
+    EXPLORED.store(0, SeqCst);
     let builder = loom::model::Builder::new();
-    builder.check(model);
+    builder.check(move || spawn(model).join().unwrap());
     eprintln!(
-        "loom: {} interleavings explored (preemption bound {:?})",
+        "loom {name}: {} interleavings explored (preemption bound {:?})",
         EXPLORED.load(SeqCst),
         builder.preemption_bound
     );
+}
+
+#[test]
+fn watch_event_and_expiry_complete_an_operation_exactly_once() {
+    explore("watch", model);
+}
+
+#[test]
+fn cancel_by_handle_races_event_and_expiry_with_one_winner() {
+    explore("cancel", cancel_model);
 }

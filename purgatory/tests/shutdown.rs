@@ -242,3 +242,153 @@ fn shutdown_wakes_a_reaper_that_is_about_to_sleep() {
         "shutdown is stuck joining a reaper that slept through its wake-up"
     );
 }
+
+/// An operation that takes a while to answer its expiry, counting answers.
+struct SlowAnswer {
+    answered: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl purgatory::DelayedOperation for SlowAnswer {
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(1)
+    }
+    fn try_complete(&mut self) -> bool {
+        false
+    }
+    fn on_complete(&mut self, _how: Completion) {
+        std::thread::sleep(Duration::from_micros(500));
+        self.answered.fetch_add(1, SeqCst);
+    }
+}
+
+#[test]
+fn with_a_pool_shutdown_returns_only_after_every_pending_operation_was_answered() {
+    let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let pool = purgatory::Executor::pool(2).unwrap();
+    let purgatory: Purgatory<u32, SlowAnswer> = PurgatoryBuilder::new()
+        .name("pool-shutdown")
+        .timer(TimerBuilder::new().executor(pool))
+        .build()
+        .unwrap();
+    for key in 0..200 {
+        let op = SlowAnswer {
+            answered: Arc::clone(&answered),
+        };
+        assert!(!purgatory.try_complete_else_watch(op, [key]).unwrap());
+    }
+    // Let the timeouts come due and batches reach the pool, then shut down while the
+    // pool is still answering.
+    assert!(wait_until(Duration::from_secs(10), || answered
+        .load(SeqCst)
+        > 0));
+    purgatory.shutdown();
+    assert_eq!(
+        answered.load(SeqCst),
+        200,
+        "shutdown returned before every answer"
+    );
+}
+
+#[test]
+fn a_second_concurrent_shutdown_waits_for_the_first() {
+    let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let purgatory: Purgatory<u32, Counted> = PurgatoryBuilder::new()
+        .name("two-shutdowns")
+        .build()
+        .unwrap();
+    const OPS: usize = 20_000;
+    for key in 0..OPS as u32 {
+        let op = Counted {
+            answered: Arc::clone(&answered),
+        };
+        assert!(!purgatory.try_complete_else_watch(op, [key]).unwrap());
+    }
+    let barrier = Arc::new(std::sync::Barrier::new(2));
+    let shutters: Vec<_> = (0..2)
+        .map(|_| {
+            let (purgatory, barrier, answered) = (
+                purgatory.clone(),
+                Arc::clone(&barrier),
+                Arc::clone(&answered),
+            );
+            std::thread::spawn(move || {
+                barrier.wait();
+                purgatory.shutdown();
+                answered.load(SeqCst)
+            })
+        })
+        .collect();
+    for shutter in shutters {
+        assert_eq!(shutter.join().unwrap(), OPS, "a shutdown returned early");
+    }
+}
+
+/// A never-ready, long-waiting operation that counts its answer.
+struct Counted {
+    answered: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl purgatory::DelayedOperation for Counted {
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(600)
+    }
+    fn try_complete(&mut self) -> bool {
+        false
+    }
+    fn on_complete(&mut self, _how: Completion) {
+        self.answered.fetch_add(1, SeqCst);
+    }
+}
+
+/// Shuts its own purgatory down from inside its expiry callback.
+struct ShutsDown {
+    purgatory: Arc<std::sync::OnceLock<Purgatory<u32, ShutsDown>>>,
+    answered: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl purgatory::DelayedOperation for ShutsDown {
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(1)
+    }
+    fn try_complete(&mut self) -> bool {
+        false
+    }
+    fn on_complete(&mut self, _how: Completion) {
+        self.answered.fetch_add(1, SeqCst);
+        if let Some(purgatory) = self.purgatory.get() {
+            purgatory.shutdown();
+        }
+    }
+}
+
+#[test]
+fn a_shutdown_from_inside_an_expiry_callback_does_not_hang() {
+    for executor in [
+        purgatory::Executor::Inline,
+        purgatory::Executor::pool(1).unwrap(),
+    ] {
+        let cell = Arc::new(std::sync::OnceLock::new());
+        let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let purgatory: Purgatory<u32, ShutsDown> = PurgatoryBuilder::new()
+            .name("self-shutdown")
+            .timer(TimerBuilder::new().executor(executor))
+            .build()
+            .unwrap();
+        cell.set(purgatory.clone()).ok().unwrap();
+        for key in 0..3 {
+            let op = ShutsDown {
+                purgatory: Arc::clone(&cell),
+                answered: Arc::clone(&answered),
+            };
+            assert!(!purgatory.try_complete_else_watch(op, [key]).unwrap());
+        }
+        assert!(
+            wait_until(Duration::from_secs(10), || purgatory.is_shutdown()
+                && answered.load(SeqCst) == 3),
+            "every operation is answered and the purgatory is shut down"
+        );
+        // Another caller's shutdown returns (the callback's did the work).
+        purgatory.shutdown();
+        assert_eq!(answered.load(SeqCst), 3);
+    }
+}

@@ -1,0 +1,235 @@
+//! User code that panics where the purgatory runs it before an operation is armed: a
+//! key's `Hash` or `Eq` while the operation is listed, the operation's `timeout()`. The
+//! operation must come back to the caller in an error (never be left unanswered), every
+//! other operation must keep its result, and the purgatory must stay consistent.
+
+mod probe;
+
+use std::hash::{Hash, Hasher};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering::SeqCst;
+use std::time::Duration;
+
+use probe::{flags, manual_purgatory, never, Ledger, Probe};
+use purgatory::{Completion, DelayedOperation, ManualClock, Purgatory, WatchError, WatchOutcome};
+
+/// A key whose `Hash` panics for `Key::HashBomb`, and whose `Eq` panics when it compares
+/// `Key::EqBomb` (all `EqBomb` and `Colliding` keys hash alike, so `Eq` runs).
+#[derive(Clone, Debug)]
+enum Key {
+    Fine(u32),
+    HashBomb,
+    EqBomb,
+    Colliding(u32),
+}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        match self {
+            Key::Fine(n) => n.hash(state),
+            Key::HashBomb => panic!("Hash of a hostile key (on purpose)"),
+            Key::EqBomb | Key::Colliding(_) => u32::MAX.hash(state),
+        }
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Key::EqBomb, _) | (_, Key::EqBomb) => panic!("Eq of a hostile key (on purpose)"),
+            (Key::Fine(a), Key::Fine(b)) | (Key::Colliding(a), Key::Colliding(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Key {}
+
+const LONG: Duration = Duration::from_secs(60);
+
+fn refused_for_key(result: Result<WatchOutcome<Probe>, WatchError<Probe>>) -> Probe {
+    match result {
+        Err(WatchError::KeyPanicked(op)) => op,
+        other => panic!("expected KeyPanicked, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_key_whose_hash_panics_hands_the_operation_back_and_leaves_nothing_behind() {
+    let clock = ManualClock::new();
+    let ledger = Ledger::new(2);
+    let purgatory: Purgatory<Key, Probe> = manual_purgatory(&clock);
+    // Listed on a fine key first, then the hostile one.
+    let op = Probe::new(0, LONG, &ledger, &never());
+    let back = refused_for_key(purgatory.watch(op, [Key::Fine(1), Key::HashBomb]));
+    assert_eq!(back.id, 0);
+    assert_eq!(ledger.completions(0), 0, "handed back, not answered");
+    let stats = purgatory.stats();
+    assert_eq!(stats.pending, 0, "nothing of it is armed");
+    assert_eq!(stats.panicked, 1);
+    // Its entry on the fine key is stale: a check drops it and completes nothing.
+    assert_eq!(purgatory.check_and_complete(&Key::Fine(1)), 0);
+    assert_eq!((purgatory.watched(), purgatory.stats().keys), (0, 0));
+    // The purgatory goes on: another operation on the same fine key works.
+    let (ready, readiness) = flags(2);
+    assert!(!purgatory
+        .try_complete_else_watch(Probe::new(1, LONG, &ledger, &readiness), [Key::Fine(1)])
+        .unwrap());
+    ready[1].store(true, SeqCst);
+    assert_eq!(purgatory.check_and_complete(&Key::Fine(1)), 1);
+    assert_eq!(ledger.how(1), Some(Completion::Ready));
+    drop(back);
+    assert_eq!(ledger.violations(), 0);
+}
+
+#[test]
+fn a_key_whose_eq_panics_hands_the_operation_back() {
+    let clock = ManualClock::new();
+    let ledger = Ledger::new(2);
+    let purgatory: Purgatory<Key, Probe> = manual_purgatory(&clock);
+    // A colliding key is listed first, so listing `EqBomb` compares against it.
+    let WatchOutcome::Pending(first) = purgatory
+        .watch(Probe::new(0, LONG, &ledger, &never()), [Key::Colliding(7)])
+        .unwrap()
+    else {
+        panic!("a never-ready operation waits");
+    };
+    let back =
+        refused_for_key(purgatory.watch(Probe::new(1, LONG, &ledger, &never()), [Key::EqBomb]));
+    assert_eq!(back.id, 1);
+    assert_eq!(purgatory.pending(), 1, "only the first operation is armed");
+    assert_eq!(purgatory.stats().panicked, 1);
+    // The first operation is intact and answerable.
+    assert!(purgatory.force_complete(&first));
+    assert_eq!(ledger.how(0), Some(Completion::Forced));
+    assert_eq!(ledger.completions(1), 0);
+}
+
+#[test]
+fn in_a_batch_only_the_operation_with_the_hostile_key_is_refused() {
+    let clock = ManualClock::new();
+    let ledger = Ledger::new(100);
+    let purgatory: Purgatory<Key, Probe> = manual_purgatory(&clock);
+    let batch = (0..100).map(|id| {
+        let key = if id == 69 {
+            Key::HashBomb
+        } else {
+            Key::Fine(id as u32 % 7)
+        };
+        (
+            Probe::new(id, LONG, &ledger, &never()),
+            vec![Key::Fine(100), key],
+        )
+    });
+    let results = purgatory.watch_batch(batch);
+    assert_eq!(results.len(), 100, "one result per operation");
+    for (id, result) in results.into_iter().enumerate() {
+        match result {
+            Err(WatchError::KeyPanicked(op)) => assert_eq!((id, op.id), (69, 69)),
+            Ok(WatchOutcome::Pending(_)) => assert_ne!(id, 69),
+            other => panic!("operation {id}: {other:?}"),
+        }
+    }
+    assert_eq!(purgatory.pending(), 99);
+    assert_eq!(purgatory.stats().panicked, 1);
+    // Every accepted operation is answered at its timeout, the refused one never.
+    clock.advance(LONG);
+    purgatory.advance_clock(Duration::ZERO);
+    for id in 0..100 {
+        let expected = u32::from(id != 69);
+        assert_eq!(ledger.completions(id), expected, "operation {id}");
+    }
+    assert_eq!(ledger.violations(), 0);
+}
+
+/// An operation whose `timeout()` panics.
+struct BadTimeout(Probe);
+
+impl DelayedOperation for BadTimeout {
+    fn timeout(&self) -> Duration {
+        if self.0.id == 69 {
+            panic!("timeout() of operation 69 (on purpose)");
+        }
+        self.0.timeout()
+    }
+    fn try_complete(&mut self) -> bool {
+        self.0.try_complete()
+    }
+    fn on_complete(&mut self, how: Completion) {
+        self.0.on_complete(how)
+    }
+    fn on_expiration(&mut self) {
+        self.0.on_expiration()
+    }
+}
+
+#[test]
+fn a_panicking_timeout_in_a_batch_refuses_that_operation_only() {
+    let clock = ManualClock::new();
+    let ledger = Ledger::new(100);
+    let purgatory: Purgatory<u32, BadTimeout> = manual_purgatory(&clock);
+    let batch = (0..100).map(|id| {
+        (
+            BadTimeout(Probe::new(id, LONG, &ledger, &never())),
+            [id as u32],
+        )
+    });
+    let results = purgatory.watch_batch(batch);
+    assert_eq!(results.len(), 100);
+    for (id, result) in results.into_iter().enumerate() {
+        match result {
+            Err(WatchError::TimeoutPanicked(op)) => assert_eq!((id, op.0.id), (69, 69)),
+            Ok(WatchOutcome::Pending(_)) => assert_ne!(id, 69),
+            other => panic!("operation {id}: {other:?}"),
+        }
+    }
+    assert_eq!(purgatory.pending(), 99);
+    assert_eq!(purgatory.stats().panicked, 1);
+    clock.advance(LONG);
+    purgatory.advance_clock(Duration::ZERO);
+    assert_eq!(ledger.count(Completion::Expired), 99);
+    assert_eq!(ledger.completions(69), 0);
+}
+
+impl std::fmt::Debug for BadTimeout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+#[test]
+fn checking_or_cancelling_a_hostile_key_panics_to_the_caller_and_changes_nothing() {
+    let clock = ManualClock::new();
+    let ledger = Ledger::new(2);
+    let purgatory: Purgatory<Key, Probe> = manual_purgatory(&clock);
+    let (ready, readiness) = flags(2);
+    for id in 0..2 {
+        assert!(!purgatory
+            .try_complete_else_watch(
+                Probe::new(id, LONG, &ledger, &readiness),
+                [Key::Colliding(1)]
+            )
+            .unwrap());
+    }
+    ready[0].store(true, SeqCst);
+    for bomb in [Key::HashBomb, Key::EqBomb] {
+        let check = catch_unwind(AssertUnwindSafe(|| purgatory.check_and_complete(&bomb)));
+        assert!(
+            check.is_err(),
+            "{bomb:?}: the key's panic reaches the caller"
+        );
+        let cancel = catch_unwind(AssertUnwindSafe(|| purgatory.cancel_for_key(&bomb)));
+        assert!(
+            cancel.is_err(),
+            "{bomb:?}: the key's panic reaches the caller"
+        );
+    }
+    let stats = purgatory.stats();
+    assert_eq!((stats.pending, stats.watched, stats.keys), (2, 2, 1));
+    assert_eq!(ledger.total_completions(), 0);
+    // Both operations are still answerable through their real key.
+    assert_eq!(purgatory.check_and_complete(&Key::Colliding(1)), 1);
+    let rest = purgatory.cancel_for_key(&Key::Colliding(1));
+    assert_eq!(rest.iter().map(|op| op.id).collect::<Vec<_>>(), [1]);
+    assert_eq!(ledger.violations(), 0);
+}
