@@ -400,7 +400,7 @@ mod tests {
     use super::*;
     use crate::{ManualClock, PurgatoryBuilder, TimerBuilder};
 
-    struct Named(&'static str);
+    struct Named;
 
     impl DelayedOperation for Named {
         fn timeout(&self) -> Duration {
@@ -429,17 +429,17 @@ mod tests {
             .build()
             .unwrap();
         let state = purgatory.state();
-        let a = pending(purgatory.watch(Named("a"), ["only-a"]));
+        let a = pending(purgatory.watch(Named, ["only-a"]));
         assert!(purgatory.force_complete(&a));
         // As if the slot had been reused 2^32 - 2 times since.
         state.table.age_slot(a.op.index(), u32::MAX - 1);
-        let last = pending(purgatory.watch(Named("last"), ["other"]));
+        let last = pending(purgatory.watch(Named, ["other"]));
         assert_eq!(last.op.index(), a.op.index(), "the aged slot is reused");
         assert!(purgatory.force_complete(&last));
         // The slot is retired: later operations get other slots, and neither A's nor the
         // last occupant's name matches them.
         let later: Vec<_> = (0..4)
-            .map(|_| pending(purgatory.watch(Named("later"), ["other"])))
+            .map(|_| pending(purgatory.watch(Named, ["other"])))
             .collect();
         for handle in &later {
             assert_ne!(handle.op.index(), a.op.index());
