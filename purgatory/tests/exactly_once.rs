@@ -27,14 +27,14 @@ fn no_completion_is_lost_when_many_threads_check_at_once() {
     const THREADS: usize = 20;
     const READY_AT: u32 = 20;
 
-    let purgatory: Arc<Purgatory<usize, Probe>> = Arc::new(Purgatory::new("contention"));
+    let purgatory: Purgatory<usize, Probe> = Purgatory::new("contention");
     let ledger = Ledger::new(OPS);
     let ready: Readiness = Arc::new(|_, attempt| attempt >= READY_AT);
     let deadline = Instant::now() + Duration::from_secs(60);
 
     let checkers: Vec<_> = (0..THREADS)
         .map(|t| {
-            let purgatory = Arc::clone(&purgatory);
+            let purgatory = purgatory.clone();
             let ledger = Arc::clone(&ledger);
             std::thread::spawn(move || {
                 let mut rng = Rng::new(t as u64);
@@ -124,13 +124,11 @@ enum Calls {
 }
 
 fn chaos(threads: usize, ops: usize, keys: u64, executor: Executor, calls: Calls) {
-    let purgatory: Arc<Purgatory<u64, Probe>> = Arc::new(
-        PurgatoryBuilder::new()
-            .name("chaos")
-            .timer(TimerBuilder::new().executor(executor))
-            .build()
-            .unwrap(),
-    );
+    let purgatory: Purgatory<u64, Probe> = PurgatoryBuilder::new()
+        .name("chaos")
+        .timer(TimerBuilder::new().executor(executor))
+        .build()
+        .unwrap();
     let ledger = Ledger::new(ops);
     let chaos = Arc::new(Chaos {
         ops,
@@ -151,7 +149,7 @@ fn chaos(threads: usize, ops: usize, keys: u64, executor: Executor, calls: Calls
 
     let workers: Vec<_> = (0..threads)
         .map(|t| {
-            let purgatory = Arc::clone(&purgatory);
+            let purgatory = purgatory.clone();
             let chaos = Arc::clone(&chaos);
             let readiness = Arc::clone(&readiness);
             std::thread::spawn(move || {

@@ -19,7 +19,7 @@ use probe::wait_until;
 use purgatory::{Completion, DelayedOperation, Purgatory};
 
 struct Shared {
-    purgatory: OnceLock<Arc<Purgatory<&'static str, RacyOp>>>,
+    purgatory: OnceLock<Purgatory<&'static str, RacyOp>>,
     ready: AtomicBool,
     tries: AtomicU32,
     completions: AtomicU32,
@@ -76,8 +76,8 @@ fn an_event_between_the_first_try_and_the_watch_is_not_lost() {
         event_completed: AtomicUsize::new(0),
         event_returned: AtomicBool::new(false),
     });
-    let purgatory = Arc::new(Purgatory::new("lost-wakeup"));
-    assert!(shared.purgatory.set(Arc::clone(&purgatory)).is_ok());
+    let purgatory = Purgatory::new("lost-wakeup");
+    assert!(shared.purgatory.set(purgatory.clone()).is_ok());
 
     let completed_by_watch = purgatory
         .try_complete_else_watch(

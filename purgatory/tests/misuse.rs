@@ -5,7 +5,6 @@
 mod probe;
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
 use std::time::Duration;
 
 use probe::{never, wait_until, Ledger, Probe};
@@ -14,7 +13,7 @@ use purgatory::{Purgatory, PurgatoryBuilder, TimerBuilder, WatchOutcome};
 #[test]
 fn a_second_driver_beside_the_reaper_does_not_make_it_miss_a_timeout() {
     let ledger = Ledger::new(1);
-    let purgatory: Arc<Purgatory<u32, Probe>> = Arc::new(Purgatory::new("two-drivers"));
+    let purgatory: Purgatory<u32, Probe> = Purgatory::new("two-drivers");
     // The reaper sleeps indefinitely (nothing pending); a caller drives the clock too and
     // leaves while the reaper still sleeps.
     purgatory.advance_clock(Duration::from_millis(20));

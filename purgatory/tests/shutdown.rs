@@ -37,7 +37,7 @@ fn within<T: Send + 'static>(
 
 #[test]
 fn shutdown_expires_every_pending_operation_promptly() {
-    let purgatory: Arc<Purgatory<&str, Probe>> = Arc::new(Purgatory::new("shutdown"));
+    let purgatory: Purgatory<&str, Probe> = Purgatory::new("shutdown");
     let ledger = Ledger::new(3);
     let no = never();
     for (id, keys) in [vec!["a"], vec!["a", "b"], vec!["c"]]
@@ -52,7 +52,7 @@ fn shutdown_expires_every_pending_operation_promptly() {
     std::thread::sleep(Duration::from_millis(20));
 
     let start = Instant::now();
-    let shut = Arc::clone(&purgatory);
+    let shut = purgatory.clone();
     within(Duration::from_secs(10), "shutdown", move || shut.shutdown());
     let took = start.elapsed();
     assert!(took < Duration::from_millis(500), "shutdown took {took:?}");
