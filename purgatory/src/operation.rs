@@ -60,8 +60,10 @@ pub enum Completion {
 /// }
 /// ```
 pub trait DelayedOperation: Send + 'static {
-    /// How long the operation may wait; read once, when it is watched. A zero timeout
-    /// expires it at the next clock advance; huge timeouts are clamped by the timer.
+    /// How long the operation may wait; read once, when it is watched. The deadline is
+    /// rounded up to the timer's tick (a zero timeout expires at the next tick boundary);
+    /// huge timeouts are clamped by the timer. A panic here refuses the operation
+    /// ([`WatchError::TimeoutPanicked`](crate::WatchError::TimeoutPanicked)).
     fn timeout(&self) -> Duration;
 
     /// Whether the operation can complete now. Keep it cheap and non-blocking: it runs on
