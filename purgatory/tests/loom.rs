@@ -101,6 +101,31 @@ fn purgatory(clock: &ManualClock) -> Purgatory<u8, Op> {
         .expect("valid configuration")
 }
 
+/// Starts the two racing threads: an event (the operation becomes ready, its key is
+/// checked) and the expiry (the clock passes its timeout and is advanced).
+fn event_and_expiry(
+    purgatory: &Purgatory<u8, Op>,
+    ready: Arc<AtomicBool>,
+    clock: ManualClock,
+) -> (
+    loom::thread::JoinHandle<usize>,
+    loom::thread::JoinHandle<()>,
+) {
+    let event = {
+        let purgatory = purgatory.clone();
+        spawn(move || {
+            ready.store(true, SeqCst);
+            purgatory.check_and_complete(&KEY)
+        })
+    };
+    let purgatory = purgatory.clone();
+    let expiry = spawn(move || {
+        clock.advance(TIMEOUT);
+        purgatory.advance_clock(Duration::ZERO);
+    });
+    (event, expiry)
+}
+
 /// Watch, event and expiry race; see the module doc.
 fn model() {
     EXPLORED.fetch_add(1, SeqCst);
@@ -109,21 +134,7 @@ fn model() {
     let ready = Arc::new(AtomicBool::new(false));
     let outcome = std::sync::Arc::new(Outcome::default());
 
-    let event = {
-        let purgatory = purgatory.clone();
-        let ready = Arc::clone(&ready);
-        spawn(move || {
-            ready.store(true, SeqCst);
-            purgatory.check_and_complete(&KEY)
-        })
-    };
-    let expiry = {
-        let purgatory = purgatory.clone();
-        spawn(move || {
-            clock.advance(TIMEOUT);
-            purgatory.advance_clock(Duration::ZERO);
-        })
-    };
+    let (event, expiry) = event_and_expiry(&purgatory, Arc::clone(&ready), clock);
     let op = Op {
         ready,
         outcome: std::sync::Arc::clone(&outcome),
@@ -175,20 +186,7 @@ fn cancel_model() {
     let WatchOutcome::Pending(handle) = purgatory.watch(op, [KEY]).expect("accepted") else {
         panic!("not ready yet, so it waits");
     };
-    let event = {
-        let purgatory = purgatory.clone();
-        spawn(move || {
-            ready.store(true, SeqCst);
-            purgatory.check_and_complete(&KEY)
-        })
-    };
-    let expiry = {
-        let purgatory = purgatory.clone();
-        spawn(move || {
-            clock.advance(TIMEOUT);
-            purgatory.advance_clock(Duration::ZERO);
-        })
-    };
+    let (event, expiry) = event_and_expiry(&purgatory, ready, clock);
     let cancelled = purgatory.cancel(&handle);
     let completed_by_event = event.join().unwrap();
     expiry.join().unwrap();
