@@ -7,13 +7,13 @@
 //!   design allows (one file each).
 //! - [`ours`]: thin adapters that put `timer_core::Timer` and `purgatory::Purgatory`
 //!   behind the same workload traits as the peers.
-//! - [`w1`], [`w2`], [`w3`]: one workload each: parameters, the run, and its result.
-//! - [`sampling`], [`histogram`], [`summary`], [`process`], [`stall_probe`]: pre-sampled
-//!   random tables, an atomic latency histogram, medians and percentiles, the process's
-//!   own CPU and memory counters, and a probe for machine stalls.
-//! - [`cli`], [`child`], [`report`], [`progress`], [`allocator`]: the `purgatory-perf`
-//!   binary's argument parsing, the one-process-per-measurement protocol, the tables it
-//!   prints, its progress line and its global allocator.
+//! - [`workloads`]: one workload each ([`workloads::w1`], [`workloads::w2`],
+//!   [`workloads::w3`]): parameters, the run, and its result.
+//! - [`harness`]: pre-sampled random tables, an atomic latency histogram, the process's
+//!   own CPU and memory counters, a probe for machine stalls, the one-process-per-
+//!   measurement protocol, the progress line and the global allocator.
+//! - [`report`]: medians and percentiles, and the tables the tool prints.
+//! - [`cli`]: the `purgatory-perf` binary's argument parsing.
 //!
 //! # Invariants
 //! - Every measurement of the load tool runs in a fresh child process, so CPU time and
@@ -21,18 +21,9 @@
 //! - Every random input comes from a fixed seed: two runs of one workload see the same
 //!   delays, arrivals, latencies and keys.
 
-pub mod allocator;
-pub mod child;
 pub mod cli;
-pub mod histogram;
+pub mod harness;
 pub mod ours;
 pub mod peers;
-pub mod process;
-pub mod progress;
 pub mod report;
-pub mod sampling;
-pub mod stall_probe;
-pub mod summary;
-pub mod w1;
-pub mod w2;
-pub mod w3;
+pub mod workloads;

@@ -1,5 +1,5 @@
 //! The `purgatory-perf` command line: subcommands `w1`, `w2`, `w3`, the default demo,
-//! and the parent side of the one-process-per-measurement protocol ([`crate::child`]).
+//! and the parent side of the one-process-per-measurement protocol ([`crate::harness::child`]).
 //!
 //! # Invariants
 //! - Bad arguments end in a message on stderr and a non-zero exit status (2), never a
@@ -14,12 +14,14 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use serde_json::{Map, Value};
 
-use crate::child::{run_here, run_in_child, ChildJob, W1_ALL_IMPLEMENTATIONS, W1_IMPLEMENTATIONS};
-use crate::progress::spinner;
+use crate::harness::child::{
+    run_here, run_in_child, ChildJob, W1_ALL_IMPLEMENTATIONS, W1_IMPLEMENTATIONS,
+};
+use crate::harness::progress::spinner;
 use crate::report::{summary_json, table, ImplRuns, W1_FIGURES, W2_FIGURES, W3_FIGURES};
-use crate::w1::W1Params;
-use crate::w2::W2Params;
-use crate::w3::{
+use crate::workloads::w1::W1Params;
+use crate::workloads::w2::W2Params;
+use crate::workloads::w3::{
     W3Params, ALL_IMPLEMENTATIONS as W3_ALL_IMPLEMENTATIONS, IMPLEMENTATIONS as W3_IMPLEMENTATIONS,
 };
 
@@ -339,7 +341,7 @@ fn w1(a: W1Args) -> Result<(), String> {
 
 fn add_speedups(
     run: &mut Value,
-    single: &std::collections::BTreeMap<String, crate::summary::Spread>,
+    single: &std::collections::BTreeMap<String, crate::report::statistics::Spread>,
 ) {
     let Value::Object(map) = run else { return };
     for (field, speedup) in [
@@ -361,8 +363,8 @@ fn add_speedups(
 fn w2(a: W2Args) -> Result<(), String> {
     let implementations = pick(
         &a.common.implementations,
-        &crate::w2::IMPLEMENTATIONS,
-        &crate::w2::IMPLEMENTATIONS,
+        &crate::workloads::w2::IMPLEMENTATIONS,
+        &crate::workloads::w2::IMPLEMENTATIONS,
         "w2",
     )?;
     let params = W2Params {

@@ -14,9 +14,9 @@ use std::process::{Command, Stdio};
 
 use serde::{Deserialize, Serialize};
 
-use crate::w1::{run_multi, run_single, W1Params};
-use crate::w2::W2Params;
-use crate::w3::W3Params;
+use crate::workloads::w1::{run_multi, run_single, W1Params};
+use crate::workloads::w2::W2Params;
+use crate::workloads::w3::W3Params;
 
 /// A single measurement.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -92,7 +92,7 @@ fn run_w1(name: &str, p: &W1Params) -> Result<serde_json::Value, String> {
         }
         "ours-batch" => {
             let timer = OurChurnTimer::new().map_err(|e| e.to_string())?;
-            crate::w1::run_single_batched(name, timer, p)
+            crate::workloads::w1::run_single_batched(name, timer, p)
         }
         "binaryheap" if multi => run_multi(name, &Mutex::new(LazyHeapTimer::new()), p, None),
         "binaryheap" => run_single(name, LazyHeapTimer::new(), p),
@@ -123,11 +123,15 @@ pub fn run_here(job: &ChildJob) -> Result<serde_json::Value, String> {
         ChildJob::W2 {
             implementation,
             params,
-        } => to_json(&crate::w2::run(implementation, params).map_err(|e| e.to_string())?),
+        } => {
+            to_json(&crate::workloads::w2::run(implementation, params).map_err(|e| e.to_string())?)
+        }
         ChildJob::W3 {
             implementation,
             params,
-        } => to_json(&crate::w3::run(implementation, params).map_err(|e| e.to_string())?),
+        } => {
+            to_json(&crate::workloads::w3::run(implementation, params).map_err(|e| e.to_string())?)
+        }
     }
 }
 
@@ -139,7 +143,7 @@ pub fn run_in_child(job: &ChildJob, allocator: &str) -> Result<serde_json::Value
     let output = Command::new(exe)
         .arg("--child")
         .arg(job_json)
-        .env(crate::allocator::ALLOCATOR_ENV, allocator)
+        .env(crate::harness::allocator::ALLOCATOR_ENV, allocator)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -9,12 +9,14 @@
 //!   (so `> 1` means the peer's number is larger); it is absent when ours is 0 or
 //!   missing.
 
+pub mod statistics;
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde_json::{Map, Value};
 
-use crate::summary::Spread;
+use crate::report::statistics::Spread;
 
 /// All runs of one implementation.
 #[derive(Clone, Debug)]

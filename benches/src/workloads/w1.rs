@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::process::{peak_resident_bytes, reset_peak_resident, resident_bytes};
-use crate::sampling::{shuffled_prefix, uniform};
+use crate::harness::process::{peak_resident_bytes, reset_peak_resident, resident_bytes};
+use crate::harness::sampling::{shuffled_prefix, uniform};
 
 /// What W1 needs of a single-threaded timer: add by delay, cancel by handle.
 pub trait ChurnTimer {

@@ -19,12 +19,12 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use timer_core::{TimerBuilder, TimerTask};
 
+use crate::harness::process::{cpu_time, peak_resident_bytes};
+use crate::harness::sampling::uniform;
+use crate::harness::stall_probe::{StallProbe, Stalls};
 use crate::ours::OriginClock;
 use crate::peers::{delay_queue_expiry_run, CondvarTimer};
-use crate::process::{cpu_time, peak_resident_bytes};
-use crate::sampling::uniform;
-use crate::stall_probe::{StallProbe, Stalls};
-use crate::summary::percentile_sorted;
+use crate::report::statistics::percentile_sorted;
 
 /// W2 parameters.
 #[derive(Clone, Debug, Serialize, Deserialize)]

@@ -23,11 +23,11 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::harness::process::{cpu_time, peak_resident_bytes};
+use crate::harness::progress::Progress;
+use crate::harness::sampling::{CyclicTable, KeyTable};
+use crate::harness::stall_probe::{StallProbe, Stalls};
 use crate::peers::NaivePurgatory;
-use crate::process::{cpu_time, peak_resident_bytes};
-use crate::progress::Progress;
-use crate::sampling::{CyclicTable, KeyTable};
-use crate::stall_probe::{StallProbe, Stalls};
 pub use op::{LoadContext, LoadOp};
 
 /// What the load tool needs of a purgatory (ours and the naive peer implement it).

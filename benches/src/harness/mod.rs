@@ -1,0 +1,12 @@
+//! What every measurement stands on: one process per measurement ([`child`]), the
+//! process's own counters ([`process`]), fixed-seed inputs ([`sampling`]), a latency
+//! histogram ([`histogram`]), a machine-stall probe ([`stall_probe`]), the progress line
+//! ([`progress`]) and the global allocator ([`allocator`]).
+
+pub mod allocator;
+pub mod child;
+pub mod histogram;
+pub mod process;
+pub mod progress;
+pub mod sampling;
+pub mod stall_probe;
