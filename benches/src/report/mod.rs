@@ -40,70 +40,20 @@ pub struct Figure {
     pub decimals: usize,
 }
 
-const fn fig(key: &'static str, label: &'static str, scale: f64, decimals: usize) -> Figure {
-    Figure {
-        key,
-        label,
-        scale,
-        decimals,
+impl Figure {
+    /// A row showing field `key` as `label`, multiplied by `scale`, with `decimals`.
+    pub const fn new(key: &'static str, label: &'static str, scale: f64, decimals: usize) -> Self {
+        Figure {
+            key,
+            label,
+            scale,
+            decimals,
+        }
     }
 }
 
-const MIB: f64 = 1.0 / (1024.0 * 1024.0);
-
-/// W1's table rows.
-pub const W1_FIGURES: &[Figure] = &[
-    fig("add_ns", "ns per add", 1.0, 1),
-    fig("cancel_ns", "ns per cancel", 1.0, 1),
-    fig("second_add_ns", "ns per 2nd-wave add", 1.0, 1),
-    fig("peak_bytes_per_task", "peak B/task (1st wave)", 1.0, 1),
-    fig("peak_delta_bytes", "peak MiB (1st wave)", MIB, 1),
-    fig("after_cancel_delta_bytes", "MiB after cancels", MIB, 1),
-    fig("second_peak_delta_bytes", "peak MiB after 2nd wave", MIB, 1),
-    fig(
-        "second_wave_growth_bytes",
-        "2nd-wave peak growth MiB",
-        MIB,
-        1,
-    ),
-    fig("speedup_add", "add speedup vs 1 thread", 1.0, 2),
-    fig("speedup_cancel", "cancel speedup vs 1 thread", 1.0, 2),
-    fig("speedup_second_add", "2nd add speedup vs 1 thread", 1.0, 2),
-];
-
-/// W2's table rows.
-pub const W2_FIGURES: &[Figure] = &[
-    fig("add_ms", "adds done (ms)", 1.0, 1),
-    fig("all_fired_ms", "all fired (ms)", 1.0, 1),
-    fig("lateness.p50_ms", "lateness p50 ms", 1.0, 3),
-    fig("lateness.p99_ms", "lateness p99 ms", 1.0, 3),
-    fig("lateness.max_ms", "lateness max ms", 1.0, 3),
-    fig("lateness.min_ms", "earliest (min) ms", 1.0, 3),
-    fig("lateness_after_adds.p50_ms", "after adds: p50 ms", 1.0, 3),
-    fig("lateness_after_adds.p99_ms", "after adds: p99 ms", 1.0, 3),
-    fig("lateness_after_adds.max_ms", "after adds: max ms", 1.0, 3),
-    fig("cpu_ms", "process CPU ms", 1.0, 0),
-    fig("peak_rss_bytes", "peak RSS MiB", MIB, 1),
-    fig("stall_count", "machine stalls > 5 ms", 1.0, 0),
-    fig("stall_max_ms", "longest stall ms", 1.0, 1),
-];
-
-/// W3's table rows.
-pub const W3_FIGURES: &[Figure] = &[
-    fig("elapsed_ms", "elapsed ms", 1.0, 0),
-    fig("target_rate", "target req/s", 1.0, 0),
-    fig("actual_rate", "actual req/s", 1.0, 0),
-    fig("cpu_ms", "process CPU ms", 1.0, 0),
-    fig("cpu_s_per_million", "CPU s per 1M requests", 1.0, 2),
-    fig("peak_rss_bytes", "peak RSS MiB", MIB, 1),
-    fig("completed", "completed", 1.0, 0),
-    fig("expired", "expired", 1.0, 0),
-    fig("expiry_late_p50_ms", "expiry late p50 ms", 1.0, 2),
-    fig("expiry_late_p99_ms", "expiry late p99 ms", 1.0, 2),
-    fig("expiry_late_max_ms", "expiry late max ms", 1.0, 2),
-    fig("stall_count", "machine stalls > 5 ms", 1.0, 0),
-    fig("stall_max_ms", "longest stall ms", 1.0, 1),
-];
+/// Scale from bytes to MiB.
+pub const MIB: f64 = 1.0 / (1024.0 * 1024.0);
 
 /// Flattens nested objects into dotted numeric fields.
 pub fn flatten(value: &Value) -> BTreeMap<String, f64> {
@@ -151,12 +101,7 @@ pub fn spreads(runs: &[Value]) -> BTreeMap<String, Spread> {
 
 /// The JSON summary object: one entry per implementation with every figure's median at
 /// top level, its min/max under `spread`, the raw runs, and ratios to ours.
-pub fn summary_json(
-    workload: &str,
-    params: Value,
-    all: &[ImplRuns],
-    extra: Map<String, Value>,
-) -> Value {
+pub fn summary_json(workload: &str, params: Value, all: &[ImplRuns]) -> Value {
     let ours = all
         .iter()
         .find(|r| r.name == "ours")
@@ -194,7 +139,6 @@ pub fn summary_json(
     top.insert("params".into(), params);
     top.insert("results".into(), Value::Array(results));
     top.insert("ratio_to_ours".into(), Value::Object(ratios));
-    top.extend(extra);
     Value::Object(top)
 }
 
@@ -287,10 +231,14 @@ mod tests {
                 runs: vec![json!({"add_ns": 40.0})],
             },
         ];
-        let s = summary_json("w1", json!({}), &all, Map::new());
+        let s = summary_json("w1", json!({}), &all);
         assert_eq!(s["results"][0]["add_ns"], json!(20.0));
         assert_eq!(s["ratio_to_ours"]["peer"]["add_ns"], json!(2.0));
-        let t = table("W1", W1_FIGURES, &all);
+        let figures = [
+            Figure::new("add_ns", "ns per add", 1.0, 1),
+            Figure::new("cancel_ns", "ns per cancel", 1.0, 1),
+        ];
+        let t = table("W1", &figures, &all);
         assert!(t.contains("ns per add"));
         assert!(t.contains("(2.00x)"));
         assert!(
