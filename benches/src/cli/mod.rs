@@ -23,7 +23,9 @@ use clap::{Parser, ValueEnum};
 
 use crate::harness::child::serve;
 use crate::harness::progress::spinner;
-use crate::report::{spreads, summary_json, table, ImplRuns};
+use crate::report::json::summary_json;
+use crate::report::table::table;
+use crate::report::{spreads, ImplRuns};
 use crate::workloads::w1::TimerChurn;
 use crate::workloads::w2::TimerExpiry;
 use crate::workloads::w3::{PurgatoryLoad, W3Params};

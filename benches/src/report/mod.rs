@@ -1,5 +1,6 @@
-//! Aggregating repeated runs and printing them: medians and spreads per figure, ratios
-//! to ours, a readable table, and the one-line JSON summary.
+//! What the load tool reports: the runs of each implementation, reduced to a median and
+//! a spread per figure and related to ours, then shown as a table ([`table`]) and as
+//! one JSON object ([`json`]); [`statistics`] has the order statistics underneath.
 //!
 //! # Invariants
 //! - Each run's result is flattened to `figure -> number` (nested objects become dotted
@@ -9,14 +10,18 @@
 //!   (so `> 1` means the peer's number is larger); it is absent when ours is 0 or
 //!   missing.
 
+pub mod json;
 pub mod statistics;
+pub mod table;
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::report::statistics::Spread;
+
+/// The implementation every other one is related to.
+pub const OURS: &str = "ours";
 
 /// All runs of one implementation.
 #[derive(Clone, Debug)]
@@ -25,6 +30,13 @@ pub struct ImplRuns {
     pub name: String,
     /// Each run's result object.
     pub runs: Vec<Value>,
+}
+
+impl ImplRuns {
+    /// Whether these are ours, the runs ratios are taken against.
+    pub fn is_ours(&self) -> bool {
+        self.name == OURS
+    }
 }
 
 /// A figure shown in the table.
@@ -99,115 +111,10 @@ pub fn spreads(runs: &[Value]) -> BTreeMap<String, Spread> {
         .collect()
 }
 
-/// The JSON summary object: one entry per implementation with every figure's median at
-/// top level, its min/max under `spread`, the raw runs, and ratios to ours.
-pub fn summary_json(workload: &str, params: Value, all: &[ImplRuns]) -> Value {
-    let ours = all
-        .iter()
-        .find(|r| r.name == "ours")
-        .map(|r| spreads(&r.runs));
-    let mut results = Vec::new();
-    let mut ratios = Map::new();
-    for runs in all {
-        let s = spreads(&runs.runs);
-        let mut entry = Map::new();
-        entry.insert("impl".into(), Value::from(runs.name.clone()));
-        entry.insert("run_count".into(), Value::from(runs.runs.len()));
-        let mut spread = Map::new();
-        let mut ratio = Map::new();
-        for (k, v) in &s {
-            entry.insert(k.clone(), json_number(v.median));
-            spread.insert(
-                k.clone(),
-                serde_json::json!({ "min": json_number(v.min), "max": json_number(v.max) }),
-            );
-            if let Some(o) = ours.as_ref().and_then(|o| o.get(k)) {
-                if o.median != 0.0 {
-                    ratio.insert(k.clone(), json_number(v.median / o.median));
-                }
-            }
-        }
-        entry.insert("spread".into(), Value::Object(spread));
-        entry.insert("runs".into(), Value::Array(runs.runs.clone()));
-        if runs.name != "ours" && ours.is_some() {
-            ratios.insert(runs.name.clone(), Value::Object(ratio));
-        }
-        results.push(Value::Object(entry));
-    }
-    let mut top = Map::new();
-    top.insert("workload".into(), Value::from(workload));
-    top.insert("params".into(), params);
-    top.insert("results".into(), Value::Array(results));
-    top.insert("ratio_to_ours".into(), Value::Object(ratios));
-    Value::Object(top)
-}
-
-fn json_number(v: f64) -> Value {
-    serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number)
-}
-
-/// A table: one row per figure present, one column per implementation, each cell the
-/// median, its spread when there were several runs, and the ratio to ours.
-pub fn table(title: &str, figures: &[Figure], all: &[ImplRuns]) -> String {
-    let stats: Vec<_> = all.iter().map(|r| spreads(&r.runs)).collect();
-    let ours = all.iter().position(|r| r.name == "ours");
-    let mut rows: Vec<Vec<String>> = Vec::new();
-    let mut header = vec!["figure".to_owned()];
-    header.extend(all.iter().map(|r| {
-        if r.runs.len() > 1 {
-            format!("{} (median of {})", r.name, r.runs.len())
-        } else {
-            r.name.clone()
-        }
-    }));
-    rows.push(header);
-    for f in figures {
-        if stats.iter().all(|s| !s.contains_key(f.key)) {
-            continue;
-        }
-        let mut row = vec![f.label.to_owned()];
-        for (i, s) in stats.iter().enumerate() {
-            let cell = match s.get(f.key) {
-                None => "-".to_owned(),
-                Some(v) => {
-                    let mut cell = format!("{:.*}", f.decimals, v.median * f.scale);
-                    if all[i].runs.len() > 1 {
-                        let _ = write!(cell, " ±{:.0}%", v.relative_range_pct() / 2.0);
-                    }
-                    if let Some(o) = ours.filter(|&o| o != i).and_then(|o| stats[o].get(f.key)) {
-                        if o.median != 0.0 {
-                            let _ = write!(cell, " ({:.2}x)", v.median / o.median);
-                        }
-                    }
-                    cell
-                }
-            };
-            row.push(cell);
-        }
-        rows.push(row);
-    }
-    let widths: Vec<usize> = (0..rows[0].len())
-        .map(|c| rows.iter().map(|r| r[c].len()).max().unwrap_or(0))
-        .collect();
-    let mut out = format!("{title}\n");
-    for (n, row) in rows.iter().enumerate() {
-        for (c, cell) in row.iter().enumerate() {
-            if c == 0 {
-                let _ = write!(out, "{cell:<w$}", w = widths[c]);
-            } else {
-                let _ = write!(out, "  {cell:>w$}", w = widths[c]);
-            }
-        }
-        out.push('\n');
-        if n == 0 {
-            out.push_str(&"-".repeat(widths.iter().sum::<usize>() + 2 * (widths.len() - 1)));
-            out.push('\n');
-        }
-    }
-    if ours.is_some() && all.len() > 1 {
-        out.push_str("(x) = that implementation's median divided by ours; ± = half the min-max range over runs\n");
-    }
-    out
+/// A peer's median of one figure divided by ours; none when ours is missing or 0.
+pub fn ratio_to_ours(peer: &Spread, ours: Option<&Spread>) -> Option<f64> {
+    ours.filter(|o| o.median != 0.0)
+        .map(|o| peer.median / o.median)
 }
 
 #[cfg(test)]
@@ -216,41 +123,21 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn medians_ratios_and_table() {
-        let all = vec![
-            ImplRuns {
-                name: "ours".into(),
-                runs: vec![
-                    json!({"add_ns": 10.0}),
-                    json!({"add_ns": 30.0}),
-                    json!({"add_ns": 20.0}),
-                ],
-            },
-            ImplRuns {
-                name: "peer".into(),
-                runs: vec![json!({"add_ns": 40.0})],
-            },
-        ];
-        let s = summary_json("w1", json!({}), &all);
-        assert_eq!(s["results"][0]["add_ns"], json!(20.0));
-        assert_eq!(s["ratio_to_ours"]["peer"]["add_ns"], json!(2.0));
-        let figures = [
-            Figure::new("add_ns", "ns per add", 1.0, 1),
-            Figure::new("cancel_ns", "ns per cancel", 1.0, 1),
-        ];
-        let t = table("W1", &figures, &all);
-        assert!(t.contains("ns per add"));
-        assert!(t.contains("(2.00x)"));
-        assert!(
-            !t.contains("ns per cancel"),
-            "absent figures are not printed"
-        );
-    }
-
-    #[test]
     fn flatten_nested() {
         let f = flatten(&json!({"a": 1, "b": {"c": 2.5}, "s": "x"}));
         assert_eq!(f.get("b.c"), Some(&2.5));
         assert_eq!(f.len(), 2);
+    }
+
+    #[test]
+    fn no_ratio_without_ours() {
+        let peer = Spread::of(&[4.0]).unwrap();
+        let zero = Spread::of(&[0.0]).unwrap();
+        assert_eq!(
+            ratio_to_ours(&peer, Some(&Spread::of(&[2.0]).unwrap())),
+            Some(2.0)
+        );
+        assert_eq!(ratio_to_ours(&peer, Some(&zero)), None);
+        assert_eq!(ratio_to_ours(&peer, None), None);
     }
 }
