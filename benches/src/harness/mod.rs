@@ -2,6 +2,11 @@
 //! process's own counters ([`process`]), fixed-seed inputs ([`sampling`]), a latency
 //! histogram ([`histogram`]), a machine-stall probe ([`stall_probe`]), the progress line
 //! ([`progress`]) and the global allocator ([`allocator`]).
+//!
+//! # Invariants
+//! - Nothing here knows a workload or an implementation: each part serves any of them.
+//! - What runs during a timed phase (the histogram, the stall probe, the progress line)
+//!   costs the measured process as little as it can, and says so in its own doc.
 
 pub mod allocator;
 pub mod child;

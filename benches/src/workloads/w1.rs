@@ -4,6 +4,9 @@
 //! same work split over threads that add and cancel concurrently.
 //!
 //! # Invariants
+//! - [`Implementation`] is the list of W1's implementations; [`run`] picks one with a
+//!   single `match` before any input is sampled, and the timed code is generic over
+//!   it (no dynamic call inside it).
 //! - Inputs (delays, cancel order) are sampled before the clock starts, and every handle
 //!   vector is allocated and written before the memory baseline, so the timed loops and
 //!   the memory figures contain only the timer's own work and memory.

@@ -3,6 +3,8 @@
 //! with the implementation's own driving thread.
 //!
 //! # Invariants
+//! - [`Implementation`] is the list of W2's implementations; [`run`] picks one with a
+//!   single `match` whose arms hold each one's add loop, statically dispatched.
 //! - All implementations measure against one origin `Instant`: ours through
 //!   [`OriginClock`], the peers through `origin + deadline`, so lateness means the same
 //!   thing for all of them.

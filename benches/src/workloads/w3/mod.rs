@@ -5,6 +5,9 @@
 //! `check_and_complete` on its first key instead of forcing it.
 //!
 //! # Invariants
+//! - [`Implementation`] is the list of W3's implementations; [`run`] picks one with a
+//!   single `match` before the run starts, and the timed code is generic over
+//!   it (no dynamic call inside it).
 //! - Every request is accounted once: at the end `completed + expired == num`, or the
 //!   run reports that some were still pending when the drain limit passed.
 //! - CPU time and peak memory are the whole process's (generator, completer, the
