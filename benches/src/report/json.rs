@@ -56,24 +56,8 @@ fn json_number(v: f64) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::test_runs::two_implementations;
     use serde_json::json;
-
-    fn two_implementations() -> Vec<ImplRuns> {
-        vec![
-            ImplRuns {
-                name: "ours".into(),
-                runs: vec![
-                    json!({"add_ns": 10.0}),
-                    json!({"add_ns": 30.0}),
-                    json!({"add_ns": 20.0}),
-                ],
-            },
-            ImplRuns {
-                name: "peer".into(),
-                runs: vec![json!({"add_ns": 40.0})],
-            },
-        ]
-    }
 
     #[test]
     fn medians_and_ratios() {

@@ -117,6 +117,31 @@ pub fn ratio_to_ours(peer: &Spread, ours: Option<&Spread>) -> Option<f64> {
         .map(|o| peer.median / o.median)
 }
 
+/// Runs to test the report with.
+#[cfg(test)]
+pub(crate) mod test_runs {
+    use super::ImplRuns;
+    use serde_json::json;
+
+    /// Ours with three runs (median 20, min 10, max 30) and a peer with one (40).
+    pub(crate) fn two_implementations() -> Vec<ImplRuns> {
+        vec![
+            ImplRuns {
+                name: "ours".into(),
+                runs: vec![
+                    json!({"add_ns": 10.0}),
+                    json!({"add_ns": 30.0}),
+                    json!({"add_ns": 20.0}),
+                ],
+            },
+            ImplRuns {
+                name: "peer".into(),
+                runs: vec![json!({"add_ns": 40.0})],
+            },
+        ]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -77,24 +77,7 @@ pub fn table(title: &str, figures: &[Figure], all: &[ImplRuns]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    fn two_implementations() -> Vec<ImplRuns> {
-        vec![
-            ImplRuns {
-                name: "ours".into(),
-                runs: vec![
-                    json!({"add_ns": 10.0}),
-                    json!({"add_ns": 30.0}),
-                    json!({"add_ns": 20.0}),
-                ],
-            },
-            ImplRuns {
-                name: "peer".into(),
-                runs: vec![json!({"add_ns": 40.0})],
-            },
-        ]
-    }
+    use crate::report::test_runs::two_implementations;
 
     #[test]
     fn medians_ratios_and_absent_figures() {
