@@ -22,9 +22,9 @@ use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 use timer_core::{TimerBuilder, TimerTask};
 
-use crate::harness::process::{cpu_time, peak_resident_bytes};
+use crate::harness::process::peak_resident_bytes;
 use crate::harness::sampling::uniform;
-use crate::harness::stall_probe::{StallProbe, Stalls};
+use crate::harness::stall_probe::{NetCpu, Stalls};
 use crate::ours::OriginClock;
 use crate::peers::{delay_queue_expiry_run, CondvarTimer};
 use crate::report::statistics::percentile_sorted;
@@ -233,8 +233,7 @@ impl std::error::Error for W2Error {}
 /// Runs W2 with `implementation`, in this process (once: see the module's invariants).
 pub fn run(implementation: Implementation, p: &W2Params) -> Result<W2Result, W2Error> {
     let deadlines: Vec<u64> = uniform(p.tasks, 0, p.max_deadline_ms * 1_000_000, p.seed);
-    let cpu_start = cpu_time();
-    let probe = StallProbe::start();
+    let cpu = NetCpu::start();
     let origin = Instant::now();
     let recorder = Recorder {
         origin,
@@ -283,9 +282,7 @@ pub fn run(implementation: Implementation, p: &W2Params) -> Result<W2Result, W2E
             add_done = adds.get();
         }
     }
-    let stalls = probe.finish();
-    let cpu =
-        (cpu_time() - cpu_start).saturating_sub(Duration::from_secs_f64(stalls.probe_cpu_ms / 1e3));
+    let (cpu, stalls) = cpu.finish();
     let remaining = rec.remaining.load(Ordering::Acquire);
     if remaining > 0 {
         return Err(W2Error::TimedOut { remaining });

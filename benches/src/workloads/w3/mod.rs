@@ -27,10 +27,10 @@ use std::time::{Duration, Instant};
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
-use crate::harness::process::{cpu_time, peak_resident_bytes};
+use crate::harness::process::peak_resident_bytes;
 use crate::harness::progress::Progress;
 use crate::harness::sampling::{CyclicTable, KeyTable};
-use crate::harness::stall_probe::{StallProbe, Stalls};
+use crate::harness::stall_probe::{NetCpu, Stalls};
 use crate::peers::NaivePurgatory;
 use crate::report::{Figure, MIB};
 use crate::workloads::{implementation_name, Job, Measurement, Workload};
@@ -318,8 +318,7 @@ pub fn run_with<P: LoadPurgatory<LoadOp>>(name: &str, purgatory: &P, p: &W3Param
     let ctx: &'static LoadContext = Box::leak(Box::new(LoadContext::new(p.num, timeout, p.events)));
     let inbox = completer::Inbox::default();
     let issued = AtomicU64::new(0);
-    let cpu_start = cpu_time();
-    let probe = StallProbe::start();
+    let cpu = NetCpu::start();
     let show_progress = std::io::stderr().is_terminal();
     let generated = std::thread::scope(|scope| {
         let completer = std::thread::Builder::new()
@@ -369,9 +368,7 @@ pub fn run_with<P: LoadPurgatory<LoadOp>>(name: &str, purgatory: &P, p: &W3Param
         generated
     });
     let drained_nanos = ctx.now_nanos();
-    let stalls = probe.finish();
-    let cpu =
-        (cpu_time() - cpu_start).saturating_sub(Duration::from_secs_f64(stalls.probe_cpu_ms / 1e3));
+    let (cpu, stalls) = cpu.finish();
     let peak = peak_resident_bytes();
     purgatory.shutdown();
     let elapsed_nanos = generated
