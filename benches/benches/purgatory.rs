@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use purgatory::{Completion, DelayedOperation, Purgatory};
 use purgatory_benches::peers::NaivePurgatory;
-use purgatory_benches::w3::LoadPurgatory;
+use purgatory_benches::workloads::w3::LoadPurgatory;
 
 const OPS_PER_THREAD: u64 = 20_000;
 const KEYS_PER_THREAD: u64 = 1_024;

@@ -8,10 +8,10 @@
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use purgatory_benches::harness::sampling::{shuffled_prefix, uniform};
 use purgatory_benches::ours::OurChurnTimer;
 use purgatory_benches::peers::{paused_runtime, BTreeTimer, DelayQueueTimer, LazyHeapTimer};
-use purgatory_benches::sampling::{shuffled_prefix, uniform};
-use purgatory_benches::w1::ChurnTimer;
+use purgatory_benches::workloads::w1::ChurnTimer;
 
 const TASKS: usize = 100_000;
 const CANCELS: usize = TASKS * 9 / 10;

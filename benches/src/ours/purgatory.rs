@@ -7,7 +7,7 @@
 
 use purgatory::{DelayedOperation, OperationHandle, Purgatory, WatchOutcome};
 
-use crate::w3::LoadPurgatory;
+use crate::workloads::w3::LoadPurgatory;
 
 /// Our purgatory with `u64` keys.
 pub type OurPurgatory<O> = Purgatory<u64, O>;

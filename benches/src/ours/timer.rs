@@ -12,7 +12,7 @@ use timer_core::{
     AddError, Clock, ManualClock, SlotKey, Timer, TimerBuilder, TimerHandle, TimerTask, Wheel,
 };
 
-use crate::w1::{BatchChurnTimer, ChurnTimer, SharedChurnTimer};
+use crate::workloads::w1::{BatchChurnTimer, ChurnTimer, SharedChurnTimer};
 
 /// The W1 payload: a task id; running it does nothing.
 #[derive(Debug)]

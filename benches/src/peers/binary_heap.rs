@@ -15,7 +15,7 @@
 
 use std::collections::BinaryHeap;
 
-use crate::w1::ChurnTimer;
+use crate::workloads::w1::ChurnTimer;
 
 use super::heap_entry::HeapEntry;
 

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::w1::ChurnTimer;
+use crate::workloads::w1::ChurnTimer;
 
 /// Names one added task: its map key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

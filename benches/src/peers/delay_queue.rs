@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use tokio_util::time::delay_queue::Key;
 use tokio_util::time::DelayQueue;
 
-use crate::w1::ChurnTimer;
+use crate::workloads::w1::ChurnTimer;
 
 /// A current-thread tokio runtime with time enabled and paused (W1). Enter it with
 /// `runtime.enter()` on every thread that touches a [`DelayQueueTimer`].

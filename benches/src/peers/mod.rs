@@ -1,6 +1,4 @@
-//! The implementations ours is measured against, one file each. Each is written as well
-//! as its design allows: no artificial locks, copies or clock reads that a careful user
-//! of that design would avoid.
+//! The implementations ours is measured against, one file each.
 //!
 //! | peer | workloads | design |
 //! |---|---|---|
@@ -9,6 +7,13 @@
 //! | [`DelayQueueTimer`] | W1, W2 | `tokio_util::time::DelayQueue` (tokio's slab-backed wheel) |
 //! | [`CondvarTimer`] | W2 | a dedicated thread over `Mutex<BinaryHeap>` + `Condvar` |
 //! | [`NaivePurgatory`] | W3 | `Mutex<HashMap<key, Vec<op>>>` + a `BinaryHeap` timer with a reaper thread |
+//!
+//! # Invariants
+//! - Each is written as well as its design allows: no artificial locks, copies or clock
+//!   reads that a careful user of that design would avoid.
+//! - A W1 or W3 peer implements the workload's trait that ours implements too (W1's
+//!   `ChurnTimer`, W3's `LoadPurgatory`), so both run the same timed loop; a W2 peer
+//!   drives itself and gets the same deadlines and the same firing callback as ours.
 
 mod binary_heap;
 mod btree_map;

@@ -394,7 +394,7 @@ fn reaper_loop<K: Hash + Eq, O: DelayedOperation>(s: &Shared<K, O>) {
     }
 }
 
-impl<O: DelayedOperation> crate::w3::LoadPurgatory<O> for NaivePurgatory<u64, O> {
+impl<O: DelayedOperation> crate::workloads::w3::LoadPurgatory<O> for NaivePurgatory<u64, O> {
     type Handle = NaiveHandle<O>;
 
     #[inline]

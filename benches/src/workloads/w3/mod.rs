@@ -5,6 +5,9 @@
 //! `check_and_complete` on its first key instead of forcing it.
 //!
 //! # Invariants
+//! - [`Implementation`] is the list of W3's implementations; [`run`] picks one with a
+//!   single `match` before the run starts, and the timed code is generic over
+//!   it (no dynamic call inside it).
 //! - Every request is accounted once: at the end `completed + expired == num`, or the
 //!   run reports that some were still pending when the drain limit passed.
 //! - CPU time and peak memory are the whole process's (generator, completer, the
@@ -21,13 +24,16 @@ use std::io::IsTerminal;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
+use crate::harness::process::peak_resident_bytes;
+use crate::harness::progress::Progress;
+use crate::harness::sampling::{CyclicTable, KeyTable};
+use crate::harness::stall_probe::{NetCpu, Stalls};
 use crate::peers::NaivePurgatory;
-use crate::process::{cpu_time, peak_resident_bytes};
-use crate::progress::Progress;
-use crate::sampling::{CyclicTable, KeyTable};
-use crate::stall_probe::{StallProbe, Stalls};
+use crate::report::{Figure, MIB};
+use crate::workloads::{implementation_name, Job, Measurement, Workload};
 pub use op::{LoadContext, LoadOp};
 
 /// What the load tool needs of a purgatory (ours and the naive peer implement it).
@@ -54,12 +60,73 @@ pub trait LoadPurgatory<O>: Send + Sync {
     fn shutdown(&self);
 }
 
-/// The implementations W3 runs by default.
-pub const IMPLEMENTATIONS: [&str; 2] = ["ours", "naive"];
+/// The implementations W3 runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Implementation {
+    /// Our `purgatory::Purgatory`.
+    Ours,
+    /// One mutex over a key map and a deadline heap, with a reaper thread
+    /// ([`NaivePurgatory`]).
+    Naive,
+    /// No purgatory: the tool's own cost (plain W3 only; see [`null`]).
+    Null,
+}
 
-/// Every W3 target: the defaults plus `null`, the tool's own cost with no purgatory
-/// (plain W3 only; see [`null`]).
-pub const ALL_IMPLEMENTATIONS: [&str; 3] = ["ours", "naive", "null"];
+/// W3 as the load tool runs it.
+#[derive(Debug)]
+pub struct PurgatoryLoad;
+
+impl Workload for PurgatoryLoad {
+    const NAME: &'static str = "w3";
+    const DEFAULT_IMPLEMENTATIONS: &'static [Implementation] =
+        &[Implementation::Ours, Implementation::Naive];
+    // With the system allocator the request generator itself saturates first.
+    const DEFAULT_ALLOCATOR: &'static str = "mimalloc";
+    const FIGURES: &'static [Figure] = &[
+        Figure::new("elapsed_ms", "elapsed ms", 1.0, 0),
+        Figure::new("target_rate", "target req/s", 1.0, 0),
+        Figure::new("actual_rate", "actual req/s", 1.0, 0),
+        Figure::new("cpu_ms", "process CPU ms", 1.0, 0),
+        Figure::new("cpu_s_per_million", "CPU s per 1M requests", 1.0, 2),
+        Figure::new("peak_rss_bytes", "peak RSS MiB", MIB, 1),
+        Figure::new("completed", "completed", 1.0, 0),
+        Figure::new("expired", "expired", 1.0, 0),
+        Figure::new("expiry_late_p50_ms", "expiry late p50 ms", 1.0, 2),
+        Figure::new("expiry_late_p99_ms", "expiry late p99 ms", 1.0, 2),
+        Figure::new("expiry_late_max_ms", "expiry late max ms", 1.0, 2),
+        Figure::new("stall_count", "machine stalls > 5 ms", 1.0, 0),
+        Figure::new("stall_max_ms", "longest stall ms", 1.0, 1),
+    ];
+    /// The child draws its own progress line (requests issued, rate, pending).
+    const PARENT_SPINNER: bool = false;
+
+    type Implementation = Implementation;
+    type Params = W3Params;
+    type Result = W3Result;
+
+    /// The parameters as command-line flags (Kafka's names).
+    fn title(p: &W3Params) -> String {
+        format!(
+            "W3{}: --num {} --rate {} --timeout {} --pct50 {} --pct75 {} --keys {} --key-space-size {}",
+            if p.events { "-events" } else { "" },
+            p.num,
+            p.rate,
+            p.timeout_ms,
+            p.pct50_ms,
+            p.pct75_ms,
+            p.keys,
+            p.key_space
+        )
+    }
+
+    fn run(implementation: Implementation, p: &W3Params) -> Result<W3Result, String> {
+        run(implementation, p).map_err(|e| e.to_string())
+    }
+
+    fn measurement(job: Job<Self>) -> Measurement {
+        Measurement::W3(job)
+    }
+}
 
 /// Largest `--timeout` accepted, in ms (the completer's ring covers one timeout).
 pub const MAX_TIMEOUT_MS: u64 = 600_000;
@@ -200,8 +267,6 @@ pub struct W3Result {
 pub enum W3Error {
     /// Bad parameters.
     Invalid(String),
-    /// The implementation name is not one of [`IMPLEMENTATIONS`].
-    UnknownImplementation(String),
     /// Building the purgatory failed.
     Setup(String),
 }
@@ -210,7 +275,6 @@ impl std::fmt::Display for W3Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             W3Error::Invalid(m) => f.write_str(m),
-            W3Error::UnknownImplementation(n) => write!(f, "unknown W3 implementation `{n}`"),
             W3Error::Setup(e) => write!(f, "setup failed: {e}"),
         }
     }
@@ -218,27 +282,28 @@ impl std::fmt::Display for W3Error {
 
 impl std::error::Error for W3Error {}
 
-/// Runs W3 with implementation `name` (one of [`IMPLEMENTATIONS`]).
-pub fn run(name: &str, p: &W3Params) -> Result<W3Result, W3Error> {
+/// Runs W3 with `implementation`, in this process.
+pub fn run(implementation: Implementation, p: &W3Params) -> Result<W3Result, W3Error> {
     p.validate().map_err(W3Error::Invalid)?;
-    match name {
-        "ours" => {
+    let name = implementation_name(&implementation);
+    let name = name.as_str();
+    match implementation {
+        Implementation::Ours => {
             let purgatory = purgatory::Purgatory::<u64, LoadOp>::builder()
                 .name("w3")
                 .build()
                 .map_err(|e| W3Error::Setup(e.to_string()))?;
             Ok(run_with(name, &purgatory, p))
         }
-        "naive" => {
+        Implementation::Naive => {
             let purgatory = NaivePurgatory::<u64, LoadOp>::start(1000)
                 .map_err(|e| W3Error::Setup(e.to_string()))?;
             Ok(run_with(name, &purgatory, p))
         }
-        "null" if p.events => Err(W3Error::Invalid(
+        Implementation::Null if p.events => Err(W3Error::Invalid(
             "`null` measures the tool alone and cannot run W3-events".into(),
         )),
-        "null" => Ok(run_with(name, &null::NullPurgatory, p)),
-        other => Err(W3Error::UnknownImplementation(other.to_owned())),
+        Implementation::Null => Ok(run_with(name, &null::NullPurgatory, p)),
     }
 }
 
@@ -253,8 +318,7 @@ pub fn run_with<P: LoadPurgatory<LoadOp>>(name: &str, purgatory: &P, p: &W3Param
     let ctx: &'static LoadContext = Box::leak(Box::new(LoadContext::new(p.num, timeout, p.events)));
     let inbox = completer::Inbox::default();
     let issued = AtomicU64::new(0);
-    let cpu_start = cpu_time();
-    let probe = StallProbe::start();
+    let cpu = NetCpu::start();
     let show_progress = std::io::stderr().is_terminal();
     let generated = std::thread::scope(|scope| {
         let completer = std::thread::Builder::new()
@@ -304,9 +368,7 @@ pub fn run_with<P: LoadPurgatory<LoadOp>>(name: &str, purgatory: &P, p: &W3Param
         generated
     });
     let drained_nanos = ctx.now_nanos();
-    let stalls = probe.finish();
-    let cpu =
-        (cpu_time() - cpu_start).saturating_sub(Duration::from_secs_f64(stalls.probe_cpu_ms / 1e3));
+    let (cpu, stalls) = cpu.finish();
     let peak = peak_resident_bytes();
     purgatory.shutdown();
     let elapsed_nanos = generated

@@ -15,8 +15,8 @@ use std::cell::Cell;
 
 use purgatory::{Completion, DelayedOperation};
 
-use crate::w3::op::LoadOp;
-use crate::w3::LoadPurgatory;
+use crate::workloads::w3::op::LoadOp;
+use crate::workloads::w3::LoadPurgatory;
 
 /// The tool-floor target.
 #[derive(Debug, Default)]

@@ -20,9 +20,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use crate::sampling::KeyTable;
-use crate::w3::op::{LoadContext, LoadOp};
-use crate::w3::LoadPurgatory;
+use crate::harness::sampling::KeyTable;
+use crate::workloads::w3::op::{LoadContext, LoadOp};
+use crate::workloads::w3::LoadPurgatory;
 
 /// Most forced completions handed to the purgatory in one call.
 const FORCE_BATCH: usize = 64;

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use purgatory::{Completion, DelayedOperation};
 
-use crate::histogram::Histogram;
+use crate::harness::histogram::Histogram;
 
 #[repr(align(128))]
 #[derive(Debug, Default)]

@@ -3,6 +3,8 @@
 //! with the implementation's own driving thread.
 //!
 //! # Invariants
+//! - [`Implementation`] is the list of W2's implementations; [`run`] picks one with a
+//!   single `match` whose arms hold each one's add loop, statically dispatched.
 //! - All implementations measure against one origin `Instant`: ours through
 //!   [`OriginClock`], the peers through `origin + deadline`, so lateness means the same
 //!   thing for all of them.
@@ -16,15 +18,18 @@ use std::sync::OnceLock;
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
+use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 use timer_core::{TimerBuilder, TimerTask};
 
+use crate::harness::process::peak_resident_bytes;
+use crate::harness::sampling::uniform;
+use crate::harness::stall_probe::{NetCpu, Stalls};
 use crate::ours::OriginClock;
 use crate::peers::{delay_queue_expiry_run, CondvarTimer};
-use crate::process::{cpu_time, peak_resident_bytes};
-use crate::sampling::uniform;
-use crate::stall_probe::{StallProbe, Stalls};
-use crate::summary::percentile_sorted;
+use crate::report::statistics::percentile_sorted;
+use crate::report::{Figure, MIB};
+use crate::workloads::{implementation_name, Job, Measurement, Workload};
 
 /// W2 parameters.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -102,11 +107,67 @@ pub struct W2Result {
     pub stalls: Stalls,
 }
 
-/// The implementations W2 knows.
-///
-/// `binaryheap` is the dedicated thread over `Mutex<BinaryHeap>` + `Condvar`
-/// ([`CondvarTimer`]).
-pub const IMPLEMENTATIONS: [&str; 3] = ["ours", "binaryheap", "delayqueue"];
+/// The implementations W2 runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Implementation {
+    /// Our `timer_core::Timer` on an [`OriginClock`], fired by its own reaper.
+    Ours,
+    /// A dedicated thread over `Mutex<BinaryHeap>` + `Condvar` ([`CondvarTimer`]).
+    #[value(name = "binaryheap")]
+    BinaryHeap,
+    /// tokio-util's `DelayQueue` on a current-thread runtime
+    /// ([`delay_queue_expiry_run`]).
+    #[value(name = "delayqueue")]
+    DelayQueue,
+}
+
+/// W2 as the load tool runs it.
+#[derive(Debug)]
+pub struct TimerExpiry;
+
+impl Workload for TimerExpiry {
+    const NAME: &'static str = "w2";
+    const DEFAULT_IMPLEMENTATIONS: &'static [Implementation] = &[
+        Implementation::Ours,
+        Implementation::BinaryHeap,
+        Implementation::DelayQueue,
+    ];
+    const DEFAULT_ALLOCATOR: &'static str = "system";
+    const FIGURES: &'static [Figure] = &[
+        Figure::new("add_ms", "adds done (ms)", 1.0, 1),
+        Figure::new("all_fired_ms", "all fired (ms)", 1.0, 1),
+        Figure::new("lateness.p50_ms", "lateness p50 ms", 1.0, 3),
+        Figure::new("lateness.p99_ms", "lateness p99 ms", 1.0, 3),
+        Figure::new("lateness.max_ms", "lateness max ms", 1.0, 3),
+        Figure::new("lateness.min_ms", "earliest (min) ms", 1.0, 3),
+        Figure::new("lateness_after_adds.p50_ms", "after adds: p50 ms", 1.0, 3),
+        Figure::new("lateness_after_adds.p99_ms", "after adds: p99 ms", 1.0, 3),
+        Figure::new("lateness_after_adds.max_ms", "after adds: max ms", 1.0, 3),
+        Figure::new("cpu_ms", "process CPU ms", 1.0, 0),
+        Figure::new("peak_rss_bytes", "peak RSS MiB", MIB, 1),
+        Figure::new("stall_count", "machine stalls > 5 ms", 1.0, 0),
+        Figure::new("stall_max_ms", "longest stall ms", 1.0, 1),
+    ];
+
+    type Implementation = Implementation;
+    type Params = W2Params;
+    type Result = W2Result;
+
+    fn title(p: &W2Params) -> String {
+        format!(
+            "W2 timer expiry: {} tasks, deadlines uniform in [0, {}] ms, real clock",
+            p.tasks, p.max_deadline_ms
+        )
+    }
+
+    fn run(implementation: Implementation, p: &W2Params) -> Result<W2Result, String> {
+        run(implementation, p).map_err(|e| e.to_string())
+    }
+
+    fn measurement(job: Job<Self>) -> Measurement {
+        Measurement::W2(job)
+    }
+}
 
 struct Recorder {
     origin: Instant,
@@ -141,8 +202,6 @@ impl TimerTask for FireTask {
 /// Why a W2 run could not be made.
 #[derive(Debug)]
 pub enum W2Error {
-    /// The implementation name is not one of [`IMPLEMENTATIONS`].
-    UnknownImplementation(String),
     /// W2 already ran in this process.
     AlreadyRan,
     /// Building a timer or runtime failed.
@@ -157,7 +216,6 @@ pub enum W2Error {
 impl std::fmt::Display for W2Error {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            W2Error::UnknownImplementation(n) => write!(f, "unknown W2 implementation `{n}`"),
             W2Error::AlreadyRan => f.write_str("W2 runs once per process"),
             W2Error::Setup(e) => write!(f, "setup failed: {e}"),
             W2Error::TimedOut { remaining } => {
@@ -172,14 +230,10 @@ impl std::fmt::Display for W2Error {
 
 impl std::error::Error for W2Error {}
 
-/// Runs W2 with implementation `name` (one of [`IMPLEMENTATIONS`]).
-pub fn run(name: &str, p: &W2Params) -> Result<W2Result, W2Error> {
-    if !IMPLEMENTATIONS.contains(&name) {
-        return Err(W2Error::UnknownImplementation(name.to_owned()));
-    }
+/// Runs W2 with `implementation`, in this process (once: see the module's invariants).
+pub fn run(implementation: Implementation, p: &W2Params) -> Result<W2Result, W2Error> {
     let deadlines: Vec<u64> = uniform(p.tasks, 0, p.max_deadline_ms * 1_000_000, p.seed);
-    let cpu_start = cpu_time();
-    let probe = StallProbe::start();
+    let cpu = NetCpu::start();
     let origin = Instant::now();
     let recorder = Recorder {
         origin,
@@ -199,8 +253,8 @@ pub fn run(name: &str, p: &W2Params) -> Result<W2Result, W2Error> {
     };
     let origin = rec.origin;
     let add_done;
-    match name {
-        "ours" => {
+    match implementation {
+        Implementation::Ours => {
             let timer = TimerBuilder::new()
                 .clock(OriginClock(origin))
                 .build::<FireTask>()
@@ -212,7 +266,7 @@ pub fn run(name: &str, p: &W2Params) -> Result<W2Result, W2Error> {
             wait_all();
             timer.shutdown();
         }
-        "binaryheap" => {
+        Implementation::BinaryHeap => {
             let timer = CondvarTimer::start(fire).map_err(|e| W2Error::Setup(e.to_string()))?;
             for (i, &d) in deadlines.iter().enumerate() {
                 timer.add_at(origin + Duration::from_nanos(d), i as u32);
@@ -221,16 +275,14 @@ pub fn run(name: &str, p: &W2Params) -> Result<W2Result, W2Error> {
             wait_all();
             timer.shutdown();
         }
-        _ => {
+        Implementation::DelayQueue => {
             let adds = std::cell::Cell::new(Duration::ZERO);
             delay_queue_expiry_run(&deadlines, origin, fire, || adds.set(origin.elapsed()))
                 .map_err(|e| W2Error::Setup(e.to_string()))?;
             add_done = adds.get();
         }
     }
-    let stalls = probe.finish();
-    let cpu =
-        (cpu_time() - cpu_start).saturating_sub(Duration::from_secs_f64(stalls.probe_cpu_ms / 1e3));
+    let (cpu, stalls) = cpu.finish();
     let remaining = rec.remaining.load(Ordering::Acquire);
     if remaining > 0 {
         return Err(W2Error::TimedOut { remaining });
@@ -251,7 +303,7 @@ pub fn run(name: &str, p: &W2Params) -> Result<W2Result, W2Error> {
             .collect()
     };
     Ok(W2Result {
-        implementation: name.to_owned(),
+        implementation: implementation_name(&implementation),
         tasks: p.tasks,
         fired: p.tasks - remaining,
         add_ms: add_done.as_secs_f64() * 1e3,

@@ -4,6 +4,9 @@
 //! same work split over threads that add and cancel concurrently.
 //!
 //! # Invariants
+//! - [`Implementation`] is the list of W1's implementations; [`run`] picks one with a
+//!   single `match` before any input is sampled, and the timed code is generic over
+//!   it (no dynamic call inside it).
 //! - Inputs (delays, cancel order) are sampled before the clock starts, and every handle
 //!   vector is allocated and written before the memory baseline, so the timed loops and
 //!   the memory figures contain only the timer's own work and memory.
@@ -19,13 +22,22 @@
 //!   from the start barrier until the last thread is done, so "ns per add" is the
 //!   throughput of all threads together.
 
+use std::collections::BTreeMap;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
 
+use clap::ValueEnum;
+use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
-use crate::process::{peak_resident_bytes, reset_peak_resident, resident_bytes};
-use crate::sampling::{shuffled_prefix, uniform};
+use crate::harness::process::{peak_resident_bytes, reset_peak_resident, resident_bytes};
+use crate::harness::sampling::{shuffled_prefix, uniform};
+use crate::ours::{OurBareWheel, OurChurnTimer, OurLockedWheel};
+use crate::peers::{paused_runtime, BTreeTimer, DelayQueueTimer, LazyHeapTimer};
+use crate::report::statistics::Spread;
+use crate::report::{Figure, MIB};
+use crate::workloads::{implementation_name, Job, Measurement, Workload};
 
 /// What W1 needs of a single-threaded timer: add by delay, cancel by handle.
 pub trait ChurnTimer {
@@ -68,7 +80,7 @@ pub trait BatchChurnTimer {
 pub const BATCH: usize = 64;
 
 /// A single-threaded peer shared the only way its design allows: behind one lock.
-impl<C: ChurnTimer + Send> SharedChurnTimer for parking_lot::Mutex<C> {
+impl<C: ChurnTimer + Send> SharedChurnTimer for Mutex<C> {
     type Handle = C::Handle;
 
     #[inline]
@@ -146,6 +158,164 @@ pub struct W1Result {
     pub cancelled: usize,
     /// Tasks pending at the end (survivors plus the second wave).
     pub pending_end: usize,
+}
+
+/// The implementations W1 runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Implementation {
+    /// Our `timer_core::Timer` ([`OurChurnTimer`]); W1-mt shares it between threads.
+    Ours,
+    /// A `BinaryHeap` with lazy cancellation ([`LazyHeapTimer`]); W1-mt: behind a mutex.
+    #[value(name = "binaryheap")]
+    BinaryHeap,
+    /// A `BTreeMap` that really removes ([`BTreeTimer`]); W1-mt: behind a mutex.
+    #[value(name = "btreemap")]
+    BTreeMap,
+    /// tokio-util's `DelayQueue` on a paused runtime ([`DelayQueueTimer`]); W1-mt:
+    /// behind a mutex.
+    #[value(name = "delayqueue")]
+    DelayQueue,
+    /// Diagnostic, one thread only: our bare wheel without the timer around it.
+    Wheel,
+    /// Diagnostic, one thread only: the bare wheel behind one mutex locked per call.
+    LockedWheel,
+    /// Diagnostic, one thread only: our timer through `add_batch`/`cancel_batch`,
+    /// [`BATCH`] operations a call.
+    OursBatch,
+}
+
+/// W1 as the load tool runs it.
+#[derive(Debug)]
+pub struct TimerChurn;
+
+impl Workload for TimerChurn {
+    const NAME: &'static str = "w1";
+    const DEFAULT_IMPLEMENTATIONS: &'static [Implementation] = &[
+        Implementation::Ours,
+        Implementation::BinaryHeap,
+        Implementation::BTreeMap,
+        Implementation::DelayQueue,
+    ];
+    // mimalloc's segment reservations would add tens of MiB to every memory figure.
+    const DEFAULT_ALLOCATOR: &'static str = "system";
+    const FIGURES: &'static [Figure] = &[
+        Figure::new("add_ns", "ns per add", 1.0, 1),
+        Figure::new("cancel_ns", "ns per cancel", 1.0, 1),
+        Figure::new("second_add_ns", "ns per 2nd-wave add", 1.0, 1),
+        Figure::new("peak_bytes_per_task", "peak B/task (1st wave)", 1.0, 1),
+        Figure::new("peak_delta_bytes", "peak MiB (1st wave)", MIB, 1),
+        Figure::new("after_cancel_delta_bytes", "MiB after cancels", MIB, 1),
+        Figure::new("second_peak_delta_bytes", "peak MiB after 2nd wave", MIB, 1),
+        Figure::new(
+            "second_wave_growth_bytes",
+            "2nd-wave peak growth MiB",
+            MIB,
+            1,
+        ),
+        Figure::new("speedup_add", "add speedup vs 1 thread", 1.0, 2),
+        Figure::new("speedup_cancel", "cancel speedup vs 1 thread", 1.0, 2),
+        Figure::new("speedup_second_add", "2nd add speedup vs 1 thread", 1.0, 2),
+    ];
+
+    type Implementation = Implementation;
+    type Params = W1Params;
+    type Result = W1Result;
+
+    fn title(p: &W1Params) -> String {
+        let mut title = format!(
+            "W1 timer churn: {} tasks, {} % cancelled, {} thread(s)",
+            p.tasks, p.cancel_pct, p.threads
+        );
+        if p.threads > 1 {
+            title.push_str(" (ns = wall time / ops of all threads)");
+        }
+        title
+    }
+
+    fn run(implementation: Implementation, p: &W1Params) -> Result<W1Result, String> {
+        run(implementation, p)
+    }
+
+    fn measurement(job: Job<Self>) -> Measurement {
+        Measurement::W1(job)
+    }
+
+    /// W1-mt: the same work on 1 thread, for the speedups.
+    fn baseline(p: &W1Params) -> Option<(&'static str, W1Params)> {
+        let single = W1Params {
+            threads: 1,
+            ..p.clone()
+        };
+        (p.threads > 1).then_some(("w1 (1 thread)", single))
+    }
+
+    /// W1-mt: `speedup_*` = the 1-thread median's ns per operation / this run's.
+    fn relate_to_baseline(run: &mut Value, single: &BTreeMap<String, Spread>) {
+        let Value::Object(map) = run else { return };
+        for (field, speedup) in [
+            ("add_ns", "speedup_add"),
+            ("cancel_ns", "speedup_cancel"),
+            ("second_add_ns", "speedup_second_add"),
+        ] {
+            let multi = map.get(field).and_then(Value::as_f64);
+            if let (Some(multi), Some(one)) = (multi, single.get(field)) {
+                if multi > 0.0 {
+                    if let Some(n) = serde_json::Number::from_f64(one.median / multi) {
+                        map.insert(speedup.into(), Value::Number(n));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Runs W1 (W1-mt when `p.threads > 1`) with `implementation`, in this process.
+pub fn run(implementation: Implementation, p: &W1Params) -> Result<W1Result, String> {
+    let name = implementation_name(&implementation);
+    let name = name.as_str();
+    let multi = p.threads > 1;
+    let result = match implementation {
+        Implementation::Wheel | Implementation::LockedWheel | Implementation::OursBatch
+            if multi =>
+        {
+            return Err(format!(
+                "`{name}` is single-threaded; use it without --threads"
+            ))
+        }
+        Implementation::Ours => {
+            let timer = OurChurnTimer::new().map_err(|e| e.to_string())?;
+            if multi {
+                run_multi(name, &timer, p, None)
+            } else {
+                run_single(name, timer, p)
+            }
+        }
+        Implementation::Wheel => run_single(name, OurBareWheel::default(), p),
+        Implementation::LockedWheel => run_single(name, OurLockedWheel::default(), p),
+        Implementation::OursBatch => {
+            let timer = OurChurnTimer::new().map_err(|e| e.to_string())?;
+            run_single_batched(name, timer, p)
+        }
+        Implementation::BinaryHeap if multi => {
+            run_multi(name, &Mutex::new(LazyHeapTimer::new()), p, None)
+        }
+        Implementation::BinaryHeap => run_single(name, LazyHeapTimer::new(), p),
+        Implementation::BTreeMap if multi => {
+            run_multi(name, &Mutex::new(BTreeTimer::new()), p, None)
+        }
+        Implementation::BTreeMap => run_single(name, BTreeTimer::new(), p),
+        Implementation::DelayQueue => {
+            let runtime = paused_runtime().map_err(|e| e.to_string())?;
+            let _context = runtime.enter();
+            if multi {
+                let timer = Mutex::new(DelayQueueTimer::with_capacity(0));
+                run_multi(name, &timer, p, Some(runtime.handle()))
+            } else {
+                run_single(name, DelayQueueTimer::with_capacity(0), p)
+            }
+        }
+    };
+    Ok(result)
 }
 
 struct Inputs {

@@ -1,7 +1,7 @@
 //! The request generator: issues W3 requests on a Poisson schedule.
 //!
 //! # Design (the tool must not be the bottleneck)
-//! - Arrival gaps, latencies and keys come from pre-sampled tables ([`crate::sampling`]).
+//! - Arrival gaps, latencies and keys come from pre-sampled tables ([`crate::harness::sampling`]).
 //! - Requests are issued in batches of up to [`BATCH`]: the requests that came due since
 //!   the last clock read (its reading is every request's issue instant) go to the
 //!   purgatory in one `watch_batch` call, and their completions to the completer in one
@@ -21,10 +21,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::sampling::{CyclicTable, KeyTable};
-use crate::w3::completer::{Inbox, Job};
-use crate::w3::op::{LoadContext, LoadOp};
-use crate::w3::LoadPurgatory;
+use crate::harness::sampling::{CyclicTable, KeyTable};
+use crate::workloads::w3::completer::{Inbox, Job};
+use crate::workloads::w3::op::{LoadContext, LoadOp};
+use crate::workloads::w3::LoadPurgatory;
 
 /// Most requests issued between two clock reads.
 pub const BATCH: usize = 64;

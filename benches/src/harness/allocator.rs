@@ -2,11 +2,11 @@
 //! process by the environment variable [`ALLOCATOR_ENV`] (`system` or `mimalloc`, default
 //! mimalloc).
 //!
-//! Why both: W3's generator allocates per request, and with the system allocator the tool
-//! itself saturates first (performance-notes.md); W1 measures resident memory, and
-//! mimalloc reserves and commits memory in large segments, which adds tens of MiB to
-//! every implementation's resident figure. The parent picks per workload and passes the
-//! choice to its children through the environment.
+//! Why both: W3's generator allocates per request, and with the system allocator the
+//! tool itself becomes the bottleneck before the purgatory does; W1 measures resident
+//! memory, and mimalloc reserves and commits memory in large segments, which adds tens
+//! of MiB to every implementation's resident figure. The parent picks per workload and
+//! passes the choice to its children through the environment.
 //!
 //! # Invariants
 //! - The choice is made at the process's first allocation (before `main`, while the

@@ -8,7 +8,7 @@
 //!
 //! # Invariants
 //! - The probe wakes 100 times a second; its own CPU time is measured (thread CPU clock)
-//!   and reported, so callers subtract it from the process's CPU time.
+//!   and reported, and [`NetCpu`] subtracts it from the process's CPU time.
 //! - [`StallProbe::finish`] stops the thread within one period and joins it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,6 +17,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
+
+use crate::harness::process::cpu_time;
 
 /// How long the probe sleeps each time.
 pub const PERIOD: Duration = Duration::from_millis(10);
@@ -90,6 +92,32 @@ impl StallProbe {
             .take()
             .and_then(|t| t.join().ok())
             .unwrap_or_default()
+    }
+}
+
+/// The process's CPU time over a span, less what a stall probe running through the span
+/// used itself.
+pub struct NetCpu {
+    start: Duration,
+    probe: StallProbe,
+}
+
+impl NetCpu {
+    /// Reads the process's CPU time, then starts a probe.
+    pub fn start() -> Self {
+        let start = cpu_time();
+        NetCpu {
+            start,
+            probe: StallProbe::start(),
+        }
+    }
+
+    /// Stops the probe; returns the process's CPU time since [`NetCpu::start`] less the
+    /// probe's own, and what the probe saw.
+    pub fn finish(self) -> (Duration, Stalls) {
+        let stalls = self.probe.finish();
+        let probe_cpu = Duration::from_secs_f64(stalls.probe_cpu_ms / 1e3);
+        ((cpu_time() - self.start).saturating_sub(probe_cpu), stalls)
     }
 }
 

@@ -1,0 +1,210 @@
+//! The `purgatory-perf` command line as clap types, and their conversion to each
+//! workload's parameters.
+//!
+//! # Invariants
+//! - This grammar is an interface people script against: subcommands, flags, `--impl`
+//!   names and help texts change only on purpose. `--impl` stays a list of free strings
+//!   here (so its help and its "unknown implementation" message stay the tool's own); the
+//!   parent maps each name to the workload's `ValueEnum` before anything runs.
+//! - Syntax and range errors are clap's; the checks that need several values together
+//!   are [`W3Args::params`]'s and [`W3Params::validate`]'s.
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::workloads::w1::W1Params;
+use crate::workloads::w2::W2Params;
+use crate::workloads::w3::W3Params;
+use crate::workloads::Workload;
+
+/// Command-line arguments.
+#[derive(Debug, Parser)]
+#[command(
+    name = "purgatory-perf",
+    version,
+    about = "Load tool for timer-core and purgatory: workloads W1-W3 of workloads.md, ours vs peers.",
+    long_about = "Load tool for timer-core and purgatory: workloads W1 (timer churn), W2 (timer \
+expiry on the real clock) and W3 (Kafka's purgatory load test), ours against peer \
+implementations. Every implementation and run is measured in a fresh process of its own.\n\n\
+Without arguments it runs a ~15 s demo: W3-low-timeout at 100,000 requests/s for 750,000 \
+requests, ours vs naive.",
+    after_help = "Examples:\n  purgatory-perf w1 --runs 3\n  purgatory-perf w1 --threads 2\n  \
+purgatory-perf w2\n  purgatory-perf w3 --num 1000000 --rate 10000 --timeout 200 --pct50 20 --pct75 60\n  \
+purgatory-perf w3 --num 3000000 --rate 250000 --find-max --impl ours"
+)]
+pub(super) struct Cli {
+    #[command(subcommand)]
+    pub(super) command: Option<Command>,
+    /// Internal: run one measurement job (JSON) in this process.
+    #[arg(long, hide = true)]
+    pub(super) child: Option<String>,
+}
+
+/// The subcommands: one per workload.
+#[derive(Debug, Subcommand)]
+pub(super) enum Command {
+    /// W1: timer churn, 1M adds, 90 % random-order cancels, a second wave of 1M adds.
+    W1(W1Args),
+    /// W2: 200k timers with deadlines in [0, 2 s] fired on the real clock.
+    W2(W2Args),
+    /// W3: Kafka's purgatory load test (TestPurgatoryPerformance).
+    W3(W3Args),
+}
+
+/// The options every workload takes.
+#[derive(Debug, Args)]
+pub(super) struct Common {
+    /// Implementations, comma-separated. w1: ours, binaryheap, btreemap, delayqueue
+    /// (default) and the diagnostics wheel (our bare wheel), locked-wheel (the same
+    /// behind one mutex) and ours-batch (our timer through its batch calls); w2: ours,
+    /// binaryheap (a thread over Mutex<BinaryHeap> + Condvar), delayqueue; w3: ours,
+    /// naive (default) and null (no purgatory: the tool's own cost).
+    #[arg(long = "impl", value_delimiter = ',')]
+    pub(super) implementations: Vec<String>,
+    /// Repeat each measurement this many times, each in a fresh process; report medians.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub(super) runs: u32,
+    /// Print a JSON object with every figure as the last stdout line.
+    #[arg(long)]
+    pub(super) json: bool,
+    /// Global allocator of the measurement processes (default: system for w1/w2,
+    /// mimalloc for w3).
+    #[arg(long, value_parser = ["system", "mimalloc"])]
+    pub(super) allocator: Option<String>,
+}
+
+impl Common {
+    /// `--allocator`, else workload `W`'s default.
+    pub(super) fn allocator<W: Workload>(&self) -> &str {
+        self.allocator.as_deref().unwrap_or(W::DEFAULT_ALLOCATOR)
+    }
+}
+
+/// `w1`'s options.
+#[derive(Debug, Args)]
+pub(super) struct W1Args {
+    /// Tasks per wave (over all threads).
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    tasks: u64,
+    /// Threads adding and cancelling concurrently (W1-mt: 2). With more than 1, each
+    /// implementation is also run on 1 thread to report the speedup.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    threads: u64,
+    /// Percentage of the first wave cancelled.
+    #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u32).range(0..=100))]
+    cancel_pct: u32,
+    /// Seed of the inputs.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    #[command(flatten)]
+    pub(super) common: Common,
+}
+
+/// `w2`'s options.
+#[derive(Debug, Args)]
+pub(super) struct W2Args {
+    /// Tasks.
+    #[arg(long, default_value_t = 200_000, value_parser = clap::value_parser!(u64).range(1..=10_000_000))]
+    tasks: u64,
+    /// Latest deadline, ms after the start.
+    #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(1..=600_000))]
+    max_deadline_ms: u64,
+    /// Seed of the deadlines.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    #[command(flatten)]
+    pub(super) common: Common,
+}
+
+/// `w3`'s options.
+#[derive(Debug, Args)]
+pub(super) struct W3Args {
+    /// Number of requests.
+    #[arg(long, default_value_t = 1_000_000)]
+    num: u64,
+    /// Target request rate, requests/s.
+    #[arg(long, default_value_t = 10_000.0, allow_negative_numbers = true)]
+    rate: f64,
+    /// Timeout of each operation, ms.
+    #[arg(long, default_value_t = 200, allow_negative_numbers = true)]
+    timeout: i64,
+    /// Median completion latency, ms.
+    #[arg(long, default_value_t = 20.0, allow_negative_numbers = true)]
+    pct50: f64,
+    /// 75th-percentile completion latency, ms.
+    #[arg(long, default_value_t = 60.0, allow_negative_numbers = true)]
+    pct75: f64,
+    /// Keys per request.
+    #[arg(long, default_value_t = 3)]
+    keys: usize,
+    /// Number of distinct keys.
+    #[arg(long = "key-space-size", default_value_t = 100)]
+    key_space_size: u64,
+    /// W3-events: mark requests ready and call check_and_complete on a key instead of
+    /// force-completing them.
+    #[arg(long)]
+    events: bool,
+    /// Find the highest rate held (actual >= 95 % of target), starting at --rate,
+    /// doubling, then bisecting.
+    #[arg(long)]
+    pub(super) find_max: bool,
+    /// Shortest generator sleep in µs when ahead of schedule (bursts requests at low rates
+    /// to save wake-ups; the average rate is unchanged), and the completer's tick (at
+    /// least 1 ms): completions happen within one tick after they are due.
+    #[arg(long, default_value_t = 2_000, value_parser = clap::value_parser!(u64).range(0..=100_000))]
+    pace_us: u64,
+    /// Seed of the tables.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    #[command(flatten)]
+    pub(super) common: Common,
+}
+
+impl W1Args {
+    /// The run's parameters.
+    pub(super) fn params(&self) -> W1Params {
+        W1Params {
+            tasks: self.tasks as usize,
+            cancel_pct: self.cancel_pct,
+            threads: self.threads as usize,
+            seed: self.seed,
+            ..W1Params::default()
+        }
+    }
+}
+
+impl W2Args {
+    /// The run's parameters.
+    pub(super) fn params(&self) -> W2Params {
+        W2Params {
+            tasks: self.tasks as usize,
+            max_deadline_ms: self.max_deadline_ms,
+            seed: self.seed,
+        }
+    }
+}
+
+impl W3Args {
+    /// The run's parameters, checked; the message says what is wrong.
+    pub(super) fn params(&self) -> Result<W3Params, String> {
+        if self.timeout < 1 {
+            return Err(format!(
+                "--timeout must be at least 1 ms, got {}",
+                self.timeout
+            ));
+        }
+        let p = W3Params {
+            num: usize::try_from(self.num).unwrap_or(usize::MAX),
+            rate: self.rate,
+            timeout_ms: self.timeout as u64,
+            pct50_ms: self.pct50,
+            pct75_ms: self.pct75,
+            keys: self.keys,
+            key_space: self.key_space_size,
+            events: self.events,
+            pace_us: self.pace_us,
+            seed: self.seed,
+        };
+        p.validate()?;
+        Ok(p)
+    }
+}

@@ -1,0 +1,105 @@
+//! W3-max (`w3 --find-max`): the highest request rate each implementation holds.
+//!
+//! Starting at `--rate`, the target doubles while the implementation holds it, then the
+//! gap between the last rate held and the first one missed is bisected a few times.
+//! Each attempt is one W3 run in a child process of its own.
+//!
+//! # Invariants
+//! - A rate is held when the actual rate reaches 95 % of the target: the generator only
+//!   sleeps when ahead of schedule, so falling short means the system could not keep up.
+//! - Doubling stops once the target passes [`MAX_RATE`] (and then nothing is bisected).
+//! - Every attempt is printed on stderr as it ends and kept, with its full result, in
+//!   the JSON summary.
+
+use std::fmt::Write as _;
+
+use serde_json::Value;
+
+use crate::workloads::w3::{Implementation, PurgatoryLoad, W3Params};
+use crate::workloads::{implementation_name, Job, Workload};
+
+/// Bisection steps after the doubling phase.
+const BISECT_STEPS: u32 = 4;
+/// The highest target rate tried, requests/s.
+pub const MAX_RATE: f64 = 64e6;
+
+/// Held: the actual rate reached 95 % of the target.
+fn held(result: &Value, target: f64) -> bool {
+    result["actual_rate"].as_f64().unwrap_or(0.0) >= 0.95 * target
+}
+
+/// Searches the highest rate held by each of `implementations`, prints the outcome and,
+/// with `json`, a summary (`"workload": "w3-max"`).
+pub(super) fn find_max(
+    implementations: &[Implementation],
+    params: &W3Params,
+    json: bool,
+    allocator: &str,
+) -> Result<(), String> {
+    let mut results = Vec::new();
+    let mut text = format!(
+        "W3-max (highest rate held at >= 95 %): {}\n",
+        PurgatoryLoad::title(params)
+    );
+    for &implementation in implementations {
+        let name = implementation_name(&implementation);
+        let mut attempts = Vec::new();
+        let mut try_rate = |rate: f64| -> Result<bool, String> {
+            let job = Job::<PurgatoryLoad> {
+                implementation,
+                params: W3Params {
+                    rate,
+                    ..params.clone()
+                },
+            };
+            let r = job.run_in_child(allocator)?;
+            let ok = held(&r, rate);
+            eprintln!(
+                "  {name}: target {rate:.0}/s -> actual {:.0}/s {}",
+                r["actual_rate"].as_f64().unwrap_or(0.0),
+                if ok { "held" } else { "NOT held" }
+            );
+            attempts.push(serde_json::json!({ "target_rate": rate, "held": ok, "result": r }));
+            Ok(ok)
+        };
+        let mut low = 0.0;
+        let mut high = params.rate;
+        while try_rate(high)? {
+            low = high;
+            high *= 2.0;
+            if high > MAX_RATE {
+                break;
+            }
+        }
+        if low > 0.0 && high <= MAX_RATE {
+            for _ in 0..BISECT_STEPS {
+                let mid = ((low + high) / 2.0).round();
+                if try_rate(mid)? {
+                    low = mid;
+                } else {
+                    high = mid;
+                }
+            }
+        }
+        let _ = writeln!(
+            text,
+            "  {name}: highest rate held {low:.0} req/s (first failing rate {high:.0})"
+        );
+        results.push(serde_json::json!({
+            "impl": name,
+            "max_rate_held": low,
+            "first_failed_rate": high,
+            "attempts": attempts,
+        }));
+    }
+    println!("{text}");
+    if json {
+        let summary = serde_json::json!({
+            "workload": "w3-max",
+            "params": params,
+            "results": results,
+        });
+        println!("{summary}");
+    }
+    Ok(())
+}
