@@ -81,12 +81,14 @@ impl<K, O: DelayedOperation> State<K, O> {
     }
 
     /// Expires every operation of `expired` still in the table (their timers have fired
-    /// or were drained, so there is none to cancel); returns how many.
+    /// or were drained, so there is none to cancel); returns how many. An operation whose
+    /// slot is locked (its `try_complete` may be running on another thread) is not waited
+    /// for: the lock's holder expires it when it lets go, unless it completed it.
     pub(crate) fn expire_all(&self, expired: impl IntoIterator<Item = Expiry>) -> usize {
         let mut taken: SmallVec<[Taken<O>; 16]> = SmallVec::new();
         let mut count = 0;
         for expiry in expired {
-            if let Some(mut t) = self.table.take(expiry.0) {
+            if let Some(mut t) = self.table.take_for_expiry(expiry.0) {
                 t.timer = None;
                 taken.push(t);
                 if taken.len() == taken.inline_size() {

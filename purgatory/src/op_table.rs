@@ -24,6 +24,15 @@
 //!   back, for a cancel); every later attempt finds another generation. So `on_complete`
 //!   runs at most once, and `try_complete` (called under the same lock, on the value in
 //!   place) never runs concurrently with itself or after the operation was taken.
+//! - An expiry never waits for a slot lock (its holder may be running `try_complete`,
+//!   user code that may block). If the lock is held it records the request in the slot
+//!   (`expiry_requested`: the occupant's generation + 1), then tries once more; whoever
+//!   holds the lock without taking the operation releases it through
+//!   [`Locked::release`], which looks for a request after unlocking and, finding one for
+//!   its operation, takes the operation for the caller to complete as expired. The
+//!   request is written before the second try and read after the unlock, each followed
+//!   or preceded by a `SeqCst` fence, so at least one of the two sees the other: the
+//!   expiry is never lost, and the taking is decided under the lock as always.
 //! - `state.timer` is the operation's armed timeout; it is taken with the operation, so
 //!   the taker (and only it) disarms the timer. The watcher arms the timer while holding
 //!   the lock, so a completion can never miss a timer armed after it.
@@ -40,7 +49,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU32 as StdAtomicU32, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
-use crate::sync::{AtomicU32, Mutex, MutexGuard};
+use crate::sync::{fence, AtomicU32, Mutex, MutexGuard};
 use timer_core::{panic_message, TimerHandle};
 
 use crate::counters::{stripe_index, STRIPES};
@@ -91,6 +100,9 @@ pub(crate) struct Taken<O> {
 
 struct Slot<O> {
     generation: AtomicU32,
+    /// The generation + 1 of an occupant whose expiry found the slot locked (0: none);
+    /// see the module doc.
+    expiry_requested: AtomicU32,
     /// Written (never read) by [`OpTable::prepare`] to pull the slot's line into this
     /// core's cache ahead of locking it.
     touch: StdAtomicU32,
@@ -101,6 +113,7 @@ impl<O> Slot<O> {
     fn new() -> Self {
         Slot {
             generation: AtomicU32::new(0),
+            expiry_requested: AtomicU32::new(0),
             touch: StdAtomicU32::new(0),
             state: Mutex::new(OpState {
                 op: None,
@@ -324,9 +337,59 @@ impl<O: DelayedOperation> OpTable<O> {
         self.tag(at.index).load(Ordering::Acquire) == at.generation as u8
     }
 
-    /// Takes the operation `at` names, whatever its readiness (force, expiry, cancel).
+    /// Takes the operation `at` names, whatever its readiness (force, cancel).
     pub(crate) fn take(&self, at: OpRef) -> Option<Taken<O>> {
         self.lock(at).map(Locked::take)
+    }
+
+    /// Takes the operation `at` names for its expiry, without waiting for its lock: if
+    /// another thread holds it, the expiry is left to that thread's
+    /// [`Locked::release`] (see the module doc) and this returns `None`, as it does when
+    /// the operation is already gone.
+    pub(crate) fn take_for_expiry(&self, at: OpRef) -> Option<Taken<O>> {
+        let slot = self.slot(at.index);
+        if slot.generation.load(Ordering::Acquire) != at.generation {
+            return None;
+        }
+        let locked = match self.try_lock(at) {
+            Ok(locked) => locked,
+            Err(()) => {
+                slot.expiry_requested
+                    .store(at.generation + 1, Ordering::SeqCst);
+                fence(Ordering::SeqCst);
+                self.try_lock(at).ok()?
+            }
+        };
+        locked.map(Locked::take)
+    }
+
+    /// After its holder unlocked the slot `at` names: if the operation's expiry came
+    /// while it was locked, takes the operation (without waiting: if someone holds the
+    /// lock again, they will see the request when they release it) for the caller to
+    /// complete as expired.
+    pub(crate) fn claim_expiry(&self, at: OpRef) -> Option<Taken<O>> {
+        fence(Ordering::SeqCst);
+        let slot = self.slot(at.index);
+        if slot.expiry_requested.load(Ordering::SeqCst) != at.generation + 1 {
+            return None;
+        }
+        let mut taken = self.try_lock(at).ok()??.take();
+        taken.timer = None; // it fired
+        Some(taken)
+    }
+
+    /// Locks the slot `at` names if nobody holds it: `Ok(None)` if its operation is gone,
+    /// `Err` if the lock is held.
+    fn try_lock(&self, at: OpRef) -> Result<Option<Locked<'_, O>>, ()> {
+        let slot = self.slot(at.index);
+        let state = slot.state.try_lock().ok_or(())?;
+        Ok(
+            (slot.generation.load(Ordering::Relaxed) == at.generation).then_some(Locked {
+                table: self,
+                at,
+                state,
+            }),
+        )
     }
 }
 
@@ -384,6 +447,16 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
         };
         drop(self);
         (taken, vacated)
+    }
+
+    /// Unlocks the slot, leaving the operation in it, unless its expiry came while the
+    /// lock was held: then takes it (see [`OpTable::claim_expiry`]) and returns it for the
+    /// caller to complete as expired. Every holder that does not take the operation must
+    /// unlock through here, or drop the lock and call `claim_expiry` itself.
+    pub(crate) fn release(self) -> Option<Taken<O>> {
+        let (table, at) = (self.table, self.at);
+        drop(self);
+        table.claim_expiry(at)
     }
 
     /// Runs `try_complete`, keeping the lock.

@@ -186,6 +186,9 @@ where
                 // `take` releases the slot lock: callbacks run without it.
                 state.complete_one(locked.take(), Completion::Ready);
                 completed += 1;
+            } else if let Some(expired) = locked.release() {
+                // Its timeout came while `try_complete` ran: expire it now.
+                state.complete_one(expired, Completion::Expired);
             }
         }
         if completed > 0 || saw_completed {

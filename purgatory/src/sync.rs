@@ -7,10 +7,10 @@
 #[cfg(not(loom))]
 pub(crate) use parking_lot::{Mutex, MutexGuard};
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::AtomicU32;
+pub(crate) use std::sync::atomic::{fence, AtomicU32};
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::AtomicU32;
+pub(crate) use loom::sync::atomic::{fence, AtomicU32};
 #[cfg(loom)]
 pub(crate) use loom::sync::MutexGuard;
 
@@ -27,5 +27,9 @@ impl<T> Mutex<T> {
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
         self.0.lock().expect("loom mutex poisoned")
+    }
+
+    pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+        self.0.try_lock().ok()
     }
 }

@@ -10,8 +10,8 @@
 //! 4. `try_complete` again: an event between steps 2 and 3 did not find it listed, so
 //!    nobody else will try it for that event.
 //! 5. Arm its timeout (the timer shard locked once per chunk) and unlock it.
-//! 6. After every lock of the chunk is released: free the slots emptied on the way and
-//!    run the callbacks of what completed.
+//! 6. After every lock of the chunk is released: free the slots emptied on the way, run
+//!    the callbacks of what completed, and expire what timed out while it was locked.
 //!
 //! # Invariants
 //! - The chunk holds each operation's lock from step 1 to step 5, so an event during the
@@ -95,6 +95,8 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
         // Slots emptied while other slots of the chunk are locked: freed once every slot
         // lock is released (the op table's lock order).
         let mut vacated: SmallVec<[Vacated; N]> = SmallVec::new();
+        // Armed and unlocked at the end of step 5.
+        let mut armed_ok: SmallVec<[usize; N]> = SmallVec::new();
         {
             let mut locked: SmallVec<[Option<Locked<'_, O>>; N]> = SmallVec::new();
             // Step 1.
@@ -160,7 +162,10 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
             self.arm(&mut tasks, &mut handles);
             for (j, handle) in armed.into_iter().zip(handles) {
                 match handle {
-                    Ok(handle) => locked[j].as_mut().expect("still locked").arm(handle),
+                    Ok(handle) => {
+                        locked[j].as_mut().expect("still locked").arm(handle);
+                        armed_ok.push(j);
+                    }
                     Err(_) => {
                         // Shut down while we were watching: hand the operation back. Its
                         // entries are now stale.
@@ -171,11 +176,17 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
                 }
             }
         }
-        // Step 6.
+        // Step 6. An operation whose timeout fired while the chunk held its lock (a zero
+        // or tiny timeout) is expired now (see `OpTable::claim_expiry`).
         if !vacated.is_empty() {
             self.table.vacate(&vacated);
         }
         self.complete(&mut done, Completion::Ready);
+        let mut expired: SmallVec<[Taken<O>; 1]> = SmallVec::new();
+        for &j in &armed_ok {
+            expired.extend(self.table.claim_expiry(at[j]));
+        }
+        self.complete(&mut expired, Completion::Expired);
         for j in done_at {
             out[position[j]] = Some(Ok(WatchOutcome::Completed));
         }

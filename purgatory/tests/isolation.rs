@@ -1,0 +1,180 @@
+//! One operation's user code never delays anyone else's timeout: a `try_complete` that
+//! blocks on a thread calling `check_and_complete` while its own timeout comes due must
+//! not hold up the expiry of unrelated operations, nor `shutdown`. The busy operation is
+//! still completed exactly once, by the thread running its check as soon as its
+//! `try_complete` returns: Expired if it said "not ready" (its timeout had passed),
+//! Ready if it said "ready" (the check's answer wins: it saw the event first).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, Receiver, Sender};
+use purgatory::{Completion, DelayedOperation, Purgatory};
+
+/// An operation whose `try_complete` blocks, when `gated`, until the test releases it
+/// with a verdict; it records how it completed.
+struct Gated {
+    timeout: Duration,
+    gated: Arc<AtomicBool>,
+    entered: Sender<()>,
+    verdict: Receiver<bool>,
+    completions: Arc<Mutex<Vec<Completion>>>,
+}
+
+impl DelayedOperation for Gated {
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+    fn try_complete(&mut self) -> bool {
+        if !self.gated.load(SeqCst) {
+            return false;
+        }
+        let _ = self.entered.send(());
+        self.verdict
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the test releases the gate")
+    }
+    fn on_complete(&mut self, how: Completion) {
+        self.completions.lock().unwrap().push(how);
+    }
+}
+
+/// A plain operation on its own key that records when it expired.
+struct Bystander {
+    expired_at: Arc<Mutex<Vec<Instant>>>,
+    count: Arc<AtomicUsize>,
+}
+
+impl DelayedOperation for Bystander {
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(150)
+    }
+    fn try_complete(&mut self) -> bool {
+        false
+    }
+    fn on_complete(&mut self, how: Completion) {
+        assert_eq!(how, Completion::Expired);
+        self.expired_at.lock().unwrap().push(Instant::now());
+        self.count.fetch_add(1, SeqCst);
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Key {
+    Busy,
+    Other(u32),
+}
+
+enum Op {
+    Gated(Gated),
+    Bystander(Bystander),
+}
+
+impl DelayedOperation for Op {
+    fn timeout(&self) -> Duration {
+        match self {
+            Op::Gated(op) => op.timeout(),
+            Op::Bystander(op) => op.timeout(),
+        }
+    }
+    fn try_complete(&mut self) -> bool {
+        match self {
+            Op::Gated(op) => op.try_complete(),
+            Op::Bystander(op) => op.try_complete(),
+        }
+    }
+    fn on_complete(&mut self, how: Completion) {
+        match self {
+            Op::Gated(op) => op.on_complete(how),
+            Op::Bystander(op) => op.on_complete(how),
+        }
+    }
+}
+
+/// Runs the scenario; `ready` is the busy `try_complete`'s verdict once released.
+/// Returns how the busy operation completed.
+fn a_blocked_check_while_its_timeout_passes(ready: bool) -> Vec<Completion> {
+    let purgatory: Purgatory<Key, Op> = Purgatory::new("isolation");
+    let gated = Arc::new(AtomicBool::new(false));
+    let (entered_tx, entered) = bounded(1);
+    let (release, verdict) = bounded(1);
+    let completions = Arc::new(Mutex::new(Vec::new()));
+    let start = Instant::now();
+    let busy = Gated {
+        timeout: Duration::from_millis(100),
+        gated: Arc::clone(&gated),
+        entered: entered_tx,
+        verdict,
+        completions: Arc::clone(&completions),
+    };
+    assert!(!purgatory
+        .try_complete_else_watch(Op::Gated(busy), [Key::Busy])
+        .unwrap());
+    let expired_at = Arc::new(Mutex::new(Vec::new()));
+    let count = Arc::new(AtomicUsize::new(0));
+    for n in 0..100 {
+        let op = Bystander {
+            expired_at: Arc::clone(&expired_at),
+            count: Arc::clone(&count),
+        };
+        assert!(!purgatory
+            .try_complete_else_watch(Op::Bystander(op), [Key::Other(n)])
+            .unwrap());
+    }
+    // A request thread checks the busy key; its `try_complete` blocks.
+    gated.store(true, SeqCst);
+    let checker = {
+        let purgatory = purgatory.clone();
+        std::thread::spawn(move || purgatory.check_and_complete(&Key::Busy))
+    };
+    entered
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the check reached try_complete");
+    // Everyone else expires on time while it blocks (due at 150 ms).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count.load(SeqCst) < 100 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let latest = expired_at.lock().unwrap().iter().max().copied();
+    let lateness = latest.map(|t| t.duration_since(start));
+    assert_eq!(count.load(SeqCst), 100, "bystanders expired: {lateness:?}");
+    assert!(
+        lateness.unwrap() < Duration::from_millis(1_000),
+        "the last bystander expired {lateness:?} after the start, behind a blocked try_complete"
+    );
+    // Shutdown does not wait for the blocked user code either.
+    let before = Instant::now();
+    purgatory.shutdown();
+    assert!(
+        before.elapsed() < Duration::from_millis(1_000),
+        "shutdown took {:?} behind a blocked try_complete",
+        before.elapsed()
+    );
+    assert!(
+        completions.lock().unwrap().is_empty(),
+        "the busy operation waits for its try_complete to return"
+    );
+    // Released: the checking thread completes it, once.
+    release.send(ready).unwrap();
+    let completed = checker.join().unwrap();
+    assert_eq!(completed, usize::from(ready));
+    let how = completions.lock().unwrap().clone();
+    how
+}
+
+#[test]
+fn a_blocked_not_ready_check_delays_no_other_expiry_and_its_operation_then_expires() {
+    assert_eq!(
+        a_blocked_check_while_its_timeout_passes(false),
+        [Completion::Expired]
+    );
+}
+
+#[test]
+fn a_blocked_check_that_says_ready_completes_its_operation_once_as_ready() {
+    assert_eq!(
+        a_blocked_check_while_its_timeout_passes(true),
+        [Completion::Ready]
+    );
+}
