@@ -74,11 +74,16 @@ pub(crate) struct OpRef {
     generation: u32,
 }
 
+#[cfg(all(test, not(loom)))]
 impl OpRef {
     /// The slot's index.
-    #[cfg(all(test, not(loom)))]
     pub(crate) fn index(self) -> u32 {
         self.index
+    }
+
+    /// A name for tests of the lists, which never look into the table.
+    pub(crate) fn for_test(index: u32, generation: u32) -> Self {
+        OpRef { index, generation }
     }
 }
 

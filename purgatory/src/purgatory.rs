@@ -325,10 +325,7 @@ where
 
     /// Drops every completed entry from every list now; returns how many were dropped.
     pub fn purge(&self) -> usize {
-        let state = self.state();
-        (0..state.watchers.shard_count())
-            .map(|i| state.purge_shard(i))
-            .sum()
+        self.state().purge_all()
     }
 
     /// Counters for metrics.

@@ -8,10 +8,12 @@
 //! lists within twice their live size plus the purge interval.
 //!
 //! # Invariants
-//! - The reaper purges between timer rounds, one watcher shard at a time, and stops to
-//!   let the timer run as soon as a bucket is due; after a full pass it stops even if
-//!   the (estimated) counts still say a purge is due, so a drifted estimate cannot make
-//!   the reaper spin.
+//! - The reaper purges between timer rounds, in steps: each step holds one watcher
+//!   shard's lock for about [`STEP`] list entries (`watchers.rs`), so a check or a watch
+//!   on that shard waits for at most one step. Between steps it stops to let the timer
+//!   run as soon as a bucket is due, and resumes where it stopped (the cursor) on its next
+//!   round; after a full pass over every shard it stops even if the (estimated) counts
+//!   still say a purge is due, so a drifted estimate cannot make the reaper spin.
 //! - A purge reads only the dense generation tags (`OpTable::may_be_waiting`), so it
 //!   keeps an entry whose tag collides with its slot's current one: it is dropped by a
 //!   later look.
@@ -19,16 +21,26 @@
 use std::hash::Hash;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::watchers::PurgeCursor;
+
 use crate::counters::Count;
 use crate::operation::DelayedOperation;
 use crate::state::State;
 
-/// When to purge, and where the next purge starts.
+/// List entries a purge step looks at under one shard lock. Each costs a few cache
+/// misses (its list's buffer, its tag, the freeing of an emptied list): measured here at
+/// 0.5-0.7 us each when the lists are cold, so a step holds the lock for well under a
+/// millisecond (`purge-lateness` in `docs/benchmarks.md`).
+pub(crate) const STEP: usize = 1024;
+
+/// When to purge, and where the next purge step starts.
 pub(crate) struct PurgePolicy {
     /// Completed entries still listed before a purge is considered.
     interval: i64,
-    /// The shard the next purge step visits first.
-    cursor: AtomicUsize,
+    /// The shard the next purge step visits.
+    shard: AtomicUsize,
+    /// Where in that shard it resumes.
+    bucket: AtomicUsize,
 }
 
 impl PurgePolicy {
@@ -36,19 +48,36 @@ impl PurgePolicy {
         PurgePolicy {
             // Counts are i64; an interval beyond that means "practically never".
             interval: interval.min(i64::MAX as usize) as i64,
-            cursor: AtomicUsize::new(0),
+            shard: AtomicUsize::new(0),
+            bucket: AtomicUsize::new(0),
         }
     }
 }
 
-impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
-    /// Drops the completed entries of watcher shard `index`; returns how many.
-    pub(crate) fn purge_shard(&self, index: usize) -> usize {
-        let removed = self
+impl<K: Hash + Eq, O: DelayedOperation> State<K, O> {
+    /// One purge step (see `watchers.rs`) on shard `index` from `cursor`; counts what it
+    /// dropped.
+    fn purge_step(&self, index: usize, cursor: PurgeCursor) -> (usize, Option<PurgeCursor>) {
+        let (removed, next) = self
             .watchers
-            .purge_shard(index, |at| self.table.may_be_waiting(at));
+            .purge_step(index, cursor, STEP, |op| self.table.may_be_waiting(op));
         if removed > 0 {
             self.counters.add(Count::Purged, removed as u64);
+        }
+        (removed, next)
+    }
+
+    /// Purges every shard whole, now (`Purgatory::purge`); returns how many entries it
+    /// dropped.
+    pub(crate) fn purge_all(&self) -> usize {
+        let mut removed = 0;
+        for index in 0..self.watchers.shard_count() {
+            let mut cursor = Some(0);
+            while let Some(from) = cursor {
+                let (dropped, next) = self.purge_step(index, from);
+                removed += dropped;
+                cursor = next;
+            }
         }
         removed
     }
@@ -59,21 +88,30 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
         stale >= self.purge.interval && stale * 2 >= self.watchers.listed()
     }
 
-    /// Purges shard after shard while a purge is due, stopping as soon as the timer has a
-    /// bucket due. Returns whether it stopped early to let the timer run (so the caller
-    /// should come straight back).
+    /// Purges step after step while a purge is due, stopping as soon as the timer has a
+    /// bucket due (the cursor keeps its place). Returns whether it stopped early to let
+    /// the timer run (so the caller should come straight back).
     pub(crate) fn purge_some(&self) -> bool {
         if !self.purge_due() {
             return false;
         }
         let shards = self.watchers.shard_count();
         let mut removed = 0;
-        let mut visited = 0;
+        let mut finished_shards = 0;
         let mut yielded = false;
-        while visited < shards {
-            let index = self.purge.cursor.fetch_add(1, Ordering::Relaxed) % shards;
-            removed += self.purge_shard(index);
-            visited += 1;
+        let mut index = self.purge.shard.load(Ordering::Relaxed) % shards;
+        let mut cursor = self.purge.bucket.load(Ordering::Relaxed);
+        while finished_shards < shards {
+            let (dropped, next) = self.purge_step(index, cursor);
+            removed += dropped;
+            match next {
+                Some(next) => cursor = next,
+                None => {
+                    finished_shards += 1;
+                    index = (index + 1) % shards;
+                    cursor = 0;
+                }
+            }
             if self.watchers.stale() < self.purge.interval / 2 {
                 break;
             }
@@ -82,11 +120,13 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
                 .next_expiration()
                 .is_some_and(|due| due <= self.timer.now())
             {
-                yielded = visited < shards;
+                yielded = finished_shards < shards;
                 break;
             }
         }
-        tracing::debug!(target: "purgatory", purgatory = %self.name, removed, shards = visited, "purge");
+        self.purge.shard.store(index, Ordering::Relaxed);
+        self.purge.bucket.store(cursor, Ordering::Relaxed);
+        tracing::debug!(target: "purgatory", purgatory = %self.name, removed, shards = finished_shards, "purge");
         yielded
     }
 }

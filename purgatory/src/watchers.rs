@@ -1,19 +1,31 @@
 //! The watcher lists: for each key, the operations waiting on it, in arrival order.
 //!
 //! # Design
-//! Keys are spread over `shards` maps, each behind its own lock, by a hash of the key, so
-//! threads working on different keys rarely meet on a lock. A lock is held only to push,
-//! copy or filter a list, never while user code runs.
+//! Keys are spread over `shards` tables, each behind its own lock, by a hash of the key,
+//! so threads working on different keys rarely meet on a lock. Each table entry keeps its
+//! key's hash, so a key is hashed once per call, before any lock is taken, and the table
+//! never hashes a key again (not when it grows or shrinks either).
+//!
+//! # What user code runs under a shard lock
+//! A key's `Hash` never does. Its `Eq` does, and only to compare it with keys of the same
+//! shard whose hash is equal (a probe): a slow `Eq` delays other calls on that shard.
+//! A key's `Drop` never does: keys that are not kept (a key already listed, a list
+//! removed or purged) are dropped after the lock is released.
 //!
 //! # Invariants
 //! - A key is present only while its list is non-empty: whoever empties a list removes
-//!   the key, and a map under a quarter full gives half its capacity back, so memory
+//!   the key, and a table under a quarter full gives half its capacity back, so memory
 //!   follows the keys in use, not the keys ever seen or the peak.
 //! - `entries` of a shard equals the total length of its lists.
 //! - An entry names an operation by [`OpRef`]; it may name one that was completed (through
 //!   another key, or by force, expiry or cancel), which the op table tells without a lock.
 //!   Such entries are dropped by the next check of their key or by a purge. Dropping an
 //!   entry is a plain memory operation.
+//! - A purge works in steps of bounded work ([`Watchers::purge_step`]): each step holds
+//!   its shard's lock for at most about `budget` list entries (one list longer than that
+//!   is still filtered whole), and says where the next step resumes. If the table grew
+//!   or shrank between two steps, the next step may skip or revisit some lists: a purge
+//!   is a clean-up, and the next one finds what this one missed.
 //! - The lists own their counts ([`EntryCounts`]): `listed` moves with every entry added
 //!   or removed here, `stale` goes up by an operation's key count when whoever takes the
 //!   operation says so ([`Watchers::mark_stale`]) and down with every removal of an entry
@@ -29,14 +41,13 @@ use std::hash::{BuildHasher, Hash};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 
-use crate::sync::Mutex;
 use foldhash::fast::RandomState;
+use hashbrown::HashTable;
 use smallvec::{smallvec, SmallVec};
 
 use crate::counters::{stripe_index, STRIPES};
 use crate::op_table::OpRef;
-
-type Map<K> = std::collections::HashMap<K, Vec<OpRef>, RandomState>;
+use crate::sync::Mutex;
 
 /// Scratch space of [`drop_completed_entries`]: on the stack for lists of up to 128.
 type Flags = SmallVec<[bool; 128]>;
@@ -62,25 +73,43 @@ fn drop_completed_entries(
     before - list.len()
 }
 
+/// One key's list, with the key's hash.
+struct List<K> {
+    hash: u64,
+    key: K,
+    ops: Vec<OpRef>,
+}
+
 struct ShardState<K> {
-    lists: Map<K>,
+    lists: HashTable<List<K>>,
     entries: usize,
 }
 
-impl<K: Hash + Eq> ShardState<K> {
-    /// Removes a key's list, giving back map capacity once the map is mostly empty.
-    fn remove_key(&mut self, key: &K) -> Option<Vec<OpRef>> {
-        let list = self.lists.remove(key);
+impl<K: Eq> ShardState<K> {
+    /// Where the list of `key` (with hash `hash`) is; runs `Eq` on keys of equal hash.
+    fn find(&self, hash: u64, key: &K) -> Option<usize> {
+        self.lists
+            .find_bucket_index(hash, |list| list.hash == hash && list.key == *key)
+    }
+
+    /// Removes the list at `bucket`, giving back table capacity once the table is mostly
+    /// empty. The caller drops what it returns after unlocking.
+    fn remove(&mut self, bucket: usize) -> List<K> {
+        let Ok(entry) = self.lists.get_bucket_entry(bucket) else {
+            unreachable!("the bucket of a list just found");
+        };
+        let (list, _) = entry.remove();
+        self.entries -= list.ops.len();
         self.shrink_if_sparse();
         list
     }
 
-    /// Halves the map's capacity when it is under a quarter full, so a spike of keys does
-    /// not hold its memory forever; amortised O(1) per removal.
+    /// Halves the table's capacity when it is under a quarter full, so a spike of keys
+    /// does not hold its memory forever; amortised O(1) per removal.
     fn shrink_if_sparse(&mut self) {
         let capacity = self.lists.capacity();
         if capacity > 64 && self.lists.len() * 4 < capacity {
-            self.lists.shrink_to(capacity / 2);
+            self.lists.shrink_to(capacity / 2, |list| list.hash);
         }
     }
 }
@@ -133,6 +162,9 @@ pub(crate) struct Watchers<K> {
 /// `Hash` or `Eq` panicked: their positions in the call's input.
 pub(crate) type Unlisted = SmallVec<[usize; 4]>;
 
+/// Where a purge of one shard resumes: a bucket of its table.
+pub(crate) type PurgeCursor = usize;
+
 impl<K> Watchers<K> {
     /// Records that an operation listed on `keys` entries was taken (completed, expired
     /// or cancelled): its entries are stale from now on.
@@ -158,19 +190,18 @@ impl<K> Watchers<K> {
     }
 }
 
-impl<K: Hash + Eq + Clone> Watchers<K> {
+impl<K: Hash + Eq> Watchers<K> {
     pub(crate) fn new(shards: usize) -> Self {
-        let hasher = RandomState::default();
         Watchers {
             shards: (0..shards)
                 .map(|_| Shard {
                     state: Mutex::new(ShardState {
-                        lists: Map::with_hasher(hasher),
+                        lists: HashTable::new(),
                         entries: 0,
                     }),
                 })
                 .collect(),
-            hasher,
+            hasher: RandomState::default(),
             counts: EntryCounts::default(),
         }
     }
@@ -179,11 +210,12 @@ impl<K: Hash + Eq + Clone> Watchers<K> {
         self.shards.len()
     }
 
-    fn shard(&self, key: &K) -> &Shard<K> {
-        &self.shards[self.shard_index(self.hasher.hash_one(key))]
+    /// Hashes `key` (user code: call with no lock held).
+    fn hash(&self, key: &K) -> u64 {
+        self.hasher.hash_one(key)
     }
 
-    /// The shard of a key with hash `hash`: from bits 32 and up, since each shard's map
+    /// The shard of a key with hash `hash`: from bits 32 and up, since each shard's table
     /// uses the low bits (bucket) and the top seven (tag).
     fn shard_index(&self, hash: u64) -> usize {
         let high = (hash >> 32) as usize;
@@ -195,6 +227,10 @@ impl<K: Hash + Eq + Clone> Watchers<K> {
         }
     }
 
+    fn shard(&self, hash: u64) -> &Shard<K> {
+        &self.shards[self.shard_index(hash)]
+    }
+
     /// Appends each `(key, operation)` of `entries` to the list of its key, keeping the
     /// order of `entries` per key; every key is taken out of `entries`. Takes each shard
     /// lock once: the entries are first bucketed by shard (a counting sort, stable), then
@@ -204,23 +240,26 @@ impl<K: Hash + Eq + Clone> Watchers<K> {
     pub(crate) fn watch_many(&self, entries: &mut [(Option<K>, OpRef)]) -> Unlisted {
         let mut unlisted = Unlisted::new();
         let shards = self.shards.len() as u32;
-        // Hashed before any lock is taken: a key's `Hash` is user code.
-        let shard_of: SmallVec<[u32; 256]> = entries
+        // Hashed before any lock is taken: a key's `Hash` is user code. An entry whose
+        // hash panicked goes to shard `shards`, a run of its own that is never listed.
+        let hashes: SmallVec<[(u64, u32); 64]> = entries
             .iter()
             .enumerate()
             .map(|(i, (key, _))| {
                 let key = key.as_ref().expect("not yet listed");
-                caught(|| self.shard_index(self.hasher.hash_one(key)) as u32).unwrap_or_else(|| {
-                    unlisted.push(i);
-                    shards
-                })
+                match caught(|| self.hash(key)) {
+                    Some(hash) => (hash, self.shard_index(hash) as u32),
+                    None => {
+                        unlisted.push(i);
+                        (0, shards)
+                    }
+                }
             })
             .collect();
         // Counting sort: `ends[s]` first counts shard s's entries, then (prefix sums) is
-        // where its run in `order` starts, and after the placement where it ends. Entries
-        // whose hash panicked sort last, into a run of their own that is never listed.
+        // where its run in `order` starts, and after the placement where it ends.
         let mut ends: SmallVec<[u32; 512]> = smallvec![0; shards as usize + 1];
-        for &s in &shard_of {
+        for &(_, s) in &hashes {
             ends[s as usize] += 1;
         }
         let mut start = 0;
@@ -229,11 +268,13 @@ impl<K: Hash + Eq + Clone> Watchers<K> {
             *end = start;
             start += count;
         }
-        let mut order: SmallVec<[u32; 256]> = smallvec![0; entries.len()];
-        for (i, &s) in shard_of.iter().enumerate() {
+        let mut order: SmallVec<[u32; 64]> = smallvec![0; entries.len()];
+        for (i, &(_, s)) in hashes.iter().enumerate() {
             order[ends[s as usize] as usize] = i as u32;
             ends[s as usize] += 1;
         }
+        // Keys already listed: dropped once no lock is held.
+        let mut spare: SmallVec<[K; 8]> = SmallVec::new();
         let mut begin = 0;
         let mut listed = 0;
         for (s, &end) in ends.iter().take(shards as usize).enumerate() {
@@ -245,45 +286,65 @@ impl<K: Hash + Eq + Clone> Watchers<K> {
             let mut guard = self.shards[s].state.lock();
             let shard = &mut *guard;
             for &i in run {
-                let (key, at) = &mut entries[i as usize];
+                let (key, op) = &mut entries[i as usize];
                 let key = key.take().expect("listed once");
-                let at = *at;
-                let lists = &mut shard.lists;
-                if caught(|| lists.entry(key).or_default().push(at)).is_some() {
-                    shard.entries += 1;
-                    listed += 1;
-                } else {
-                    unlisted.push(i as usize);
+                let hash = hashes[i as usize].0;
+                match caught(|| shard.find(hash, &key)) {
+                    Some(Some(bucket)) => {
+                        let list = shard.lists.get_bucket_mut(bucket).expect("found");
+                        list.ops.push(*op);
+                        spare.push(key);
+                    }
+                    Some(None) => {
+                        let list = List {
+                            hash,
+                            key,
+                            ops: vec![*op],
+                        };
+                        shard.lists.insert_unique(hash, list, |list| list.hash);
+                    }
+                    None => {
+                        unlisted.push(i as usize);
+                        spare.push(key);
+                        continue;
+                    }
                 }
+                shard.entries += 1;
+                listed += 1;
             }
         }
         self.counts.add(listed, 0);
+        drop(spare);
         unlisted
     }
 
     /// Copies the entries of `key` into `out`, in arrival order. (The caller tells the
     /// completed ones apart after the lock is released: each is a cache miss.)
     pub(crate) fn snapshot(&self, key: &K, out: &mut impl Extend<OpRef>) {
-        let shard = self.shard(key).state.lock();
-        if let Some(list) = shard.lists.get(key) {
-            out.extend(list.iter().copied());
+        let hash = self.hash(key);
+        let shard = self.shard(hash).state.lock();
+        if let Some(bucket) = shard.find(hash, key) {
+            let list = shard.lists.get_bucket(bucket).expect("found");
+            out.extend(list.ops.iter().copied());
         }
     }
 
     /// Drops the entries of `key` whose operation is no longer `waiting` (removing the
     /// key when its list empties); returns how many were dropped.
     pub(crate) fn drop_completed(&self, key: &K, waiting: impl Fn(OpRef) -> bool) -> usize {
-        let mut guard = self.shard(key).state.lock();
+        let hash = self.hash(key);
+        let mut guard = self.shard(hash).state.lock();
         let shard = &mut *guard;
-        let Some(list) = shard.lists.get_mut(key) else {
+        let Some(bucket) = shard.find(hash, key) else {
             return 0;
         };
-        let removed = drop_completed_entries(list, &waiting, &mut Flags::new());
-        if list.is_empty() {
-            shard.remove_key(key);
-        }
+        let list = shard.lists.get_bucket_mut(bucket).expect("found");
+        let removed = drop_completed_entries(&mut list.ops, &waiting, &mut Flags::new());
+        let emptied = list.ops.is_empty();
         shard.entries -= removed;
+        let gone = emptied.then(|| shard.remove(bucket));
         drop(guard);
+        drop(gone);
         self.removed_stale(removed);
         removed
     }
@@ -293,31 +354,61 @@ impl<K: Hash + Eq + Clone> Watchers<K> {
     ///
     /// [`mark_stale`]: Self::mark_stale
     pub(crate) fn take(&self, key: &K) -> Vec<OpRef> {
-        let mut shard = self.shard(key).state.lock();
-        let list = shard.remove_key(key).unwrap_or_default();
-        shard.entries -= list.len();
+        let hash = self.hash(key);
+        let mut shard = self.shard(hash).state.lock();
+        let Some(bucket) = shard.find(hash, key) else {
+            return Vec::new();
+        };
+        let List { key, ops, .. } = shard.remove(bucket);
         drop(shard);
-        self.removed_stale(list.len());
-        list
+        drop(key);
+        self.removed_stale(ops.len());
+        ops
     }
 
-    /// Drops the entries no longer `waiting` from every list of shard `index`; returns
-    /// how many. (`waiting` should read the dense generation tags, which stay in this
-    /// core's cache: the shard is locked while they are read.)
-    pub(crate) fn purge_shard(&self, index: usize, waiting: impl Fn(OpRef) -> bool) -> usize {
+    /// One step of a purge of shard `index`, from `cursor`: drops the entries no longer
+    /// `waiting` from its lists, visiting lists until about `budget` entries were looked
+    /// at. Returns how many it dropped, and where the next step resumes (`None` once the
+    /// shard is done). (`waiting` should read the dense generation tags, which stay in
+    /// this core's cache: the shard is locked while they are read.)
+    pub(crate) fn purge_step(
+        &self,
+        index: usize,
+        cursor: PurgeCursor,
+        budget: usize,
+        waiting: impl Fn(OpRef) -> bool,
+    ) -> (usize, Option<PurgeCursor>) {
         let mut guard = self.shards[index].state.lock();
         let shard = &mut *guard;
-        let mut removed = 0;
         let mut flags = Flags::new();
-        shard.lists.retain(|_, list| {
-            removed += drop_completed_entries(list, &waiting, &mut flags);
-            !list.is_empty()
-        });
-        shard.entries -= removed;
-        shard.shrink_if_sparse();
+        let mut removed = 0;
+        let mut visited = 0;
+        let mut emptied: SmallVec<[List<K>; 8]> = SmallVec::new();
+        let buckets = shard.lists.num_buckets();
+        let mut bucket = cursor;
+        while bucket < buckets && visited < budget {
+            if let Some(list) = shard.lists.get_bucket_mut(bucket) {
+                visited += list.ops.len();
+                let dropped = drop_completed_entries(&mut list.ops, &waiting, &mut flags);
+                removed += dropped;
+                shard.entries -= dropped;
+                if list.ops.is_empty() {
+                    let Ok(entry) = shard.lists.get_bucket_entry(bucket) else {
+                        unreachable!("the bucket of a list just visited");
+                    };
+                    emptied.push(entry.remove().0);
+                }
+            }
+            bucket += 1;
+        }
+        let next = (bucket < buckets).then_some(bucket);
+        if next.is_none() {
+            shard.shrink_if_sparse();
+        }
         drop(guard);
+        drop(emptied);
         self.removed_stale(removed);
-        removed
+        (removed, next)
     }
 
     /// Empties every list (used at shutdown, when every operation has been taken).
@@ -325,7 +416,7 @@ impl<K: Hash + Eq + Clone> Watchers<K> {
         for shard in self.shards.iter() {
             let mut shard = shard.state.lock();
             let removed = std::mem::take(&mut shard.entries);
-            let lists = std::mem::replace(&mut shard.lists, Map::with_hasher(self.hasher));
+            let lists = std::mem::take(&mut shard.lists);
             drop(shard);
             drop(lists);
             self.removed_stale(removed);
@@ -354,4 +445,56 @@ fn caught<R>(f: impl FnOnce() -> R) -> Option<R> {
             );
         })
         .ok()
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::op_table::OpRef;
+
+    #[test]
+    fn a_purge_step_looks_at_about_its_budget_and_resumes_where_it_stopped() {
+        let watchers: Watchers<u32> = Watchers::new(1);
+        // 10,000 keys of one entry each, every one of them stale.
+        let mut entries: Vec<(Option<u32>, OpRef)> = (0..10_000)
+            .map(|k| (Some(k), OpRef::for_test(k, 0)))
+            .collect();
+        assert!(watchers.watch_many(&mut entries).is_empty());
+        watchers.mark_stale(10_000);
+        let mut cursor = Some(0);
+        let mut steps = 0;
+        let mut removed = 0;
+        while let Some(from) = cursor {
+            let before = watchers.entries();
+            let (dropped, next) = watchers.purge_step(0, from, 1_000, |_| false);
+            assert!(dropped <= 1_000, "a step dropped {dropped} entries");
+            assert_eq!(watchers.entries(), before - dropped);
+            removed += dropped;
+            cursor = next;
+            steps += 1;
+        }
+        assert_eq!(removed, 10_000);
+        assert!(
+            steps >= 10,
+            "{steps} steps for 10,000 entries at 1,000 a step"
+        );
+        assert_eq!((watchers.entries(), watchers.keys()), (0, 0));
+        assert_eq!((watchers.listed(), watchers.stale()), (0, 0));
+    }
+
+    #[test]
+    fn a_purge_step_keeps_live_entries_in_order() {
+        let watchers: Watchers<u32> = Watchers::new(1);
+        let mut entries: Vec<(Option<u32>, OpRef)> =
+            (0..6).map(|i| (Some(7), OpRef::for_test(i, 0))).collect();
+        assert!(watchers.watch_many(&mut entries).is_empty());
+        let (dropped, next) = watchers.purge_step(0, 0, usize::MAX, |op| op.index() % 2 == 0);
+        assert_eq!((dropped, next), (3, None));
+        let mut left = Vec::new();
+        watchers.snapshot(&7, &mut left);
+        assert_eq!(
+            left.iter().map(|op| op.index()).collect::<Vec<_>>(),
+            [0, 2, 4]
+        );
+    }
 }

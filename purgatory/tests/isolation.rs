@@ -178,3 +178,124 @@ fn a_blocked_check_that_says_ready_completes_its_operation_once_as_ready() {
         [Completion::Ready]
     );
 }
+
+/// A key whose `Hash` and `Drop` can be made slow, to show what runs under a shard lock.
+#[derive(Clone, Debug)]
+struct SlowKey {
+    id: u32,
+    slow_hash: Arc<AtomicBool>,
+    slow_drop: Arc<AtomicBool>,
+}
+
+const SLOW: Duration = Duration::from_millis(300);
+
+impl std::hash::Hash for SlowKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        if self.slow_hash.load(SeqCst) {
+            std::thread::sleep(SLOW);
+        }
+        self.id.hash(state);
+    }
+}
+
+impl PartialEq for SlowKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for SlowKey {}
+
+impl Drop for SlowKey {
+    fn drop(&mut self) {
+        if self.slow_drop.load(SeqCst) {
+            std::thread::sleep(SLOW);
+        }
+    }
+}
+
+/// Never ready; waits a minute.
+struct Idle;
+
+impl DelayedOperation for Idle {
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(60)
+    }
+    fn try_complete(&mut self) -> bool {
+        false
+    }
+    fn on_complete(&mut self, _how: Completion) {}
+}
+
+/// Runs `slow` on one thread and, once it has started, times a check of an unrelated key
+/// of the same (only) shard on this one.
+fn a_check_beside(
+    slow: impl FnOnce(&Purgatory<SlowKey, Idle>, &SlowKey) + Send + 'static,
+    setup: impl Fn(&SlowKey),
+) -> Duration {
+    let purgatory: Purgatory<SlowKey, Idle> = purgatory::PurgatoryBuilder::new()
+        .name("slow-keys")
+        .shards(1)
+        .build()
+        .unwrap();
+    let key = |id| SlowKey {
+        id,
+        slow_hash: Arc::new(AtomicBool::new(false)),
+        slow_drop: Arc::new(AtomicBool::new(false)),
+    };
+    let (hostile, other) = (key(1), key(2));
+    assert!(!purgatory
+        .try_complete_else_watch(Idle, [hostile.clone()])
+        .unwrap());
+    assert!(!purgatory
+        .try_complete_else_watch(Idle, [other.clone()])
+        .unwrap());
+    setup(&hostile);
+    let runner = {
+        let purgatory = purgatory.clone();
+        let hostile = hostile.clone();
+        std::thread::spawn(move || slow(&purgatory, &hostile))
+    };
+    std::thread::sleep(Duration::from_millis(50)); // the slow call is under way
+    let start = Instant::now();
+    assert_eq!(purgatory.check_and_complete(&other), 0);
+    let waited = start.elapsed();
+    runner.join().unwrap();
+    hostile.slow_hash.store(false, SeqCst);
+    hostile.slow_drop.store(false, SeqCst);
+    waited
+}
+
+#[test]
+fn a_slow_hash_never_holds_a_shard_lock() {
+    let waited = a_check_beside(
+        |purgatory, hostile| {
+            purgatory.check_and_complete(hostile);
+        },
+        |hostile| hostile.slow_hash.store(true, SeqCst),
+    );
+    assert!(
+        waited < Duration::from_millis(150),
+        "a check waited {waited:?} behind a slow Hash"
+    );
+}
+
+#[test]
+fn a_slow_key_drop_never_holds_a_shard_lock() {
+    // Cancelling by key removes the list, and with it the stored key: its drop is slow.
+    let waited = a_check_beside(
+        |purgatory, hostile| {
+            let probe = SlowKey {
+                id: hostile.id,
+                slow_hash: Arc::new(AtomicBool::new(false)),
+                slow_drop: Arc::new(AtomicBool::new(false)),
+            };
+            assert_eq!(purgatory.cancel_for_key(&probe).len(), 1);
+        },
+        |hostile| hostile.slow_drop.store(true, SeqCst),
+    );
+    assert!(
+        waited < Duration::from_millis(150),
+        "a check waited {waited:?} behind a slow key drop"
+    );
+}
