@@ -53,6 +53,25 @@ impl<K, O: DelayedOperation> State<K, O> {
             keys = keys.saturating_add(t.keys);
         }
         self.cancels.push_many(&timers, &self.timer);
+        self.record(n, keys, how);
+        let panics: u64 = taken.drain(..).map(|t| run_callbacks(t.op, how)).sum();
+        self.count_panics(panics);
+        n
+    }
+
+    /// Completes one taken operation: [`complete`](Self::complete) for a batch of one,
+    /// without the batch's buffers.
+    pub(crate) fn complete_one(&self, mut taken: Taken<O>, how: Completion) {
+        if let Some(timer) = taken.timer.take() {
+            self.cancels.push_many(&[timer], &self.timer);
+        }
+        self.record(1, taken.keys, how);
+        self.count_panics(run_callbacks(taken.op, how));
+    }
+
+    /// Marks the entries of `n` completed operations (`keys` in all) stale and counts
+    /// the operations.
+    fn record(&self, n: usize, keys: u32, how: Completion) {
         self.watchers.mark_stale(keys);
         let count = match how {
             Completion::Ready => Count::Completed,
@@ -60,24 +79,15 @@ impl<K, O: DelayedOperation> State<K, O> {
             Completion::Expired => Count::Expired,
         };
         self.counters.add(count, n as u64);
-        let mut panics = 0;
-        for t in taken.drain(..) {
-            panics += run_callbacks(t.op, how);
-        }
-        if panics > 0 {
-            self.counters.add(Count::Panicked, panics);
-        }
         if how != Completion::Expired {
             tracing::debug!(target: "purgatory", purgatory = %self.name, ?how, completed = n, "complete");
         }
-        n
     }
 
-    /// Completes one taken operation (a batch of one).
-    pub(crate) fn complete_one(&self, taken: Taken<O>, how: Completion) {
-        let mut one: SmallVec<[Taken<O>; 1]> = SmallVec::new();
-        one.push(taken);
-        self.complete(&mut one, how);
+    fn count_panics(&self, panics: u64) {
+        if panics > 0 {
+            self.counters.add(Count::Panicked, panics);
+        }
     }
 
     /// Expires every operation of `expired` still in the table (their timers have fired

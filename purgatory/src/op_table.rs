@@ -40,7 +40,8 @@
 //!   out again only from there: one occupant per slot at a time.
 //! - Slots live in segments that are allocated once and never move or shrink (segment
 //!   `k` holds `FIRST_SEGMENT << k` slots), so the table's memory is its peak number of
-//!   operations in flight.
+//!   operations in flight (give or take the few slots freed on another thread at the
+//!   moment an allocation skipped that thread's list as empty).
 //! - No lock of this module is held while another of its slot locks is taken, except by
 //!   a batch watch on slots it has just allocated (see `batch.rs`); the free-list locks
 //!   are taken with at most one slot lock held and never the other way round.
@@ -68,7 +69,7 @@ const RETIRED: u32 = u32::MAX;
 const SEGMENTS: usize = 33 - FIRST_SEGMENT.trailing_zeros() as usize;
 
 /// Names one operation: its slot and the generation it occupies the slot with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub(crate) struct OpRef {
     index: u32,
     generation: u32,
@@ -134,6 +135,9 @@ impl<O> Slot<O> {
 #[derive(Default)]
 struct FreeList {
     indices: parking_lot::Mutex<Vec<u32>>,
+    /// `indices.len()` as of its last change (written under the lock), so an allocation
+    /// skips empty lists without locking them.
+    available: std::sync::atomic::AtomicUsize,
 }
 
 /// A slot whose operation was taken by [`Locked::take_deferred`], waiting for
@@ -215,13 +219,22 @@ impl<O: DelayedOperation> OpTable<O> {
     /// Hands out `n` free slot indices (appended to `out`): the calling thread's free
     /// list first, then other threads', then new slots.
     fn allocate(&self, n: usize, out: &mut impl Extend<u32>) {
+        if n == 0 {
+            return;
+        }
         let mine = stripe_index();
         let mut missing = n;
         for i in 0..STRIPES {
-            let mut free = self.free[(mine + i) % STRIPES].indices.lock();
+            let list = &self.free[(mine + i) % STRIPES];
+            // A stale "empty" only costs a new slot; a stale "not empty" one lock.
+            if list.available.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let mut free = list.indices.lock();
             let take = missing.min(free.len());
             let from = free.len() - take;
             out.extend(free.drain(from..));
+            list.available.store(free.len(), Ordering::Relaxed);
             missing -= take;
             if missing == 0 {
                 return;
@@ -260,10 +273,10 @@ impl<O: DelayedOperation> OpTable<O> {
         for v in vacated {
             self.tag(v.index).store(v.tag, Ordering::Release);
         }
-        self.free[stripe_index()]
-            .indices
-            .lock()
-            .extend(vacated.iter().filter(|v| !v.retired).map(|v| v.index));
+        let list = &self.free[stripe_index()];
+        let mut free = list.indices.lock();
+        free.extend(vacated.iter().filter(|v| !v.retired).map(|v| v.index));
+        list.available.store(free.len(), Ordering::Relaxed);
     }
 
     /// Puts `op` in a free slot (not listed yet) and returns it locked.
@@ -293,24 +306,25 @@ impl<O: DelayedOperation> OpTable<O> {
         }
     }
 
-    /// Puts every operation of `ops` in a free slot and appends them, locked (each in a
-    /// `Some`, for a caller that takes them out one by one), to `out`.
-    pub(crate) fn insert_many<'a>(
+    /// Puts every operation of `ops` in a free slot, locked, into the `Option`s of `into`
+    /// (one each, in order; a caller takes them out one by one).
+    pub(crate) fn insert_many<'a, 's>(
         &'a self,
         ops: impl ExactSizeIterator<Item = O>,
-        out: &mut impl Extend<Option<Locked<'a, O>>>,
-    ) {
+        into: impl Iterator<Item = &'s mut Option<Locked<'a, O>>>,
+    ) where
+        'a: 's,
+    {
         let mut indices: smallvec::SmallVec<[u32; 64]> = smallvec::SmallVec::new();
         self.allocate(ops.len(), &mut indices);
-        for &index in &indices {
-            self.slot(index).touch.store(0, Ordering::Relaxed);
+        if indices.len() > 1 {
+            for &index in &indices {
+                self.slot(index).touch.store(0, Ordering::Relaxed);
+            }
         }
-        out.extend(
-            indices
-                .into_iter()
-                .zip(ops)
-                .map(|(index, op)| Some(self.occupy(index, op))),
-        );
+        for ((index, op), slot) in indices.into_iter().zip(ops).zip(into) {
+            *slot = Some(self.occupy(index, op));
+        }
     }
 
     /// Locks the slot `at` names, if its operation is still there.
@@ -571,8 +585,8 @@ mod tests {
     fn slots_beyond_the_first_segment_are_created_and_reused() {
         let table = OpTable::new();
         let n = FIRST_SEGMENT * 3 + 5;
-        let mut locked = Vec::new();
-        table.insert_many((0..n).map(|_| Named("x")), &mut locked);
+        let mut locked: Vec<Option<Locked<'_, Named>>> = (0..n).map(|_| None).collect();
+        table.insert_many((0..n).map(|_| Named("x")), locked.iter_mut());
         let refs: Vec<OpRef> = locked.iter().flatten().map(Locked::at).collect();
         drop(locked);
         let mut indices: Vec<u32> = refs.iter().map(|r| r.index).collect();

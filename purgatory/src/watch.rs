@@ -50,6 +50,20 @@ pub(crate) type Keys<K> = SmallVec<[K; 4]>;
 /// What watching one operation gave.
 pub(crate) type WatchResult<O> = Result<WatchOutcome<O>, WatchError<O>>;
 
+/// One operation of a chunk as it goes through the steps.
+struct Member<'a, K, O> {
+    /// Its position in the chunk's input, and so its result's.
+    position: usize,
+    keys: Keys<K>,
+    timeout: Duration,
+    /// Its slot, locked from step 1 until it is taken or step 5 ends.
+    locked: Option<Locked<'a, O>>,
+    /// Its name, once it has a slot.
+    op: OpRef,
+    /// Whether it now waits (listed and armed), once step 5 is done.
+    waiting: bool,
+}
+
 impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
     /// Watches the operations of `chunk` (at most [`CHUNK`]) and appends one result per
     /// operation, in order, to `results`.
@@ -62,117 +76,120 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
         let closed = self.timer.is_shutdown();
         let mut out: SmallVec<[Option<WatchResult<O>>; N]> =
             (0..chunk.len()).map(|_| None).collect();
-        // The operations that go on: the operation, its keys, timeout and input position.
         let mut ops: SmallVec<[O; N]> = SmallVec::new();
-        let mut keys: SmallVec<[Keys<K>; N]> = SmallVec::new();
-        let mut timeouts: SmallVec<[Duration; N]> = SmallVec::new();
-        let mut position: SmallVec<[usize; N]> = SmallVec::new();
-        for (i, (op, op_keys)) in chunk.enumerate() {
-            if closed {
-                out[i] = Some(Err(WatchError::Shutdown(op)));
-            } else if op_keys.is_empty() {
-                out[i] = Some(Err(WatchError::NoKeys(op)));
+        let mut members: SmallVec<[Member<'_, K, O>; N]> = SmallVec::new();
+        for (position, (op, keys)) in chunk.enumerate() {
+            let refused = if closed {
+                WatchError::Shutdown(op)
+            } else if keys.is_empty() {
+                WatchError::NoKeys(op)
             } else {
                 match catch_unwind(AssertUnwindSafe(|| op.timeout())) {
                     Ok(timeout) => {
-                        timeouts.push(timeout);
                         ops.push(op);
-                        keys.push(op_keys);
-                        position.push(i);
+                        members.push(Member {
+                            position,
+                            keys,
+                            timeout,
+                            locked: None,
+                            op: OpRef::default(),
+                            waiting: false,
+                        });
+                        continue;
                     }
                     Err(payload) => {
                         tracing::error!(target: "purgatory", panic = panic_message(&*payload), "timeout() panicked; the operation is handed back");
                         self.counters.add(Count::Panicked, 1);
-                        out[i] = Some(Err(WatchError::TimeoutPanicked(op)));
+                        WatchError::TimeoutPanicked(op)
                     }
                 }
-            }
+            };
+            out[position] = Some(Err(refused));
         }
-        // Completed here, with their index among `ops`.
+        // Completed here (step 2 or 4).
         let mut done: SmallVec<[Taken<O>; N]> = SmallVec::new();
-        let mut done_at: SmallVec<[usize; N]> = SmallVec::new();
-        let mut at: SmallVec<[OpRef; N]> = SmallVec::new();
         // Slots emptied while other slots of the chunk are locked: freed once every slot
         // lock is released (the op table's lock order).
         let mut vacated: SmallVec<[Vacated; N]> = SmallVec::new();
-        // Armed and unlocked at the end of step 5.
-        let mut armed_ok: SmallVec<[usize; N]> = SmallVec::new();
-        {
-            let mut locked: SmallVec<[Option<Locked<'_, O>>; N]> = SmallVec::new();
-            // Step 1.
-            self.table.insert_many(ops.drain(..), &mut locked);
-            at.extend(locked.iter().flatten().map(Locked::at));
-            let mut take = |slot: &mut Option<Locked<'_, O>>| {
-                let (taken, empty) = slot.take().expect("still locked").take_deferred();
-                vacated.push(empty);
-                taken
+        let mut take = |member: &mut Member<'_, K, O>| {
+            let locked = member.locked.take().expect("still locked");
+            let (taken, empty) = locked.take_deferred();
+            vacated.push(empty);
+            taken
+        };
+        // Step 1.
+        self.table
+            .insert_many(ops.drain(..), members.iter_mut().map(|m| &mut m.locked));
+        for m in members.iter_mut() {
+            m.op = m.locked.as_ref().expect("locked above").at();
+        }
+        // Step 2.
+        for m in members.iter_mut() {
+            if self.is_ready(m.locked.as_mut().expect("locked above")) {
+                done.push(take(m));
+                out[m.position] = Some(Ok(WatchOutcome::Completed));
+            }
+        }
+        // Step 3. One operation's keys fit inline; a batch's are reserved once.
+        let total: usize = members.iter().map(|m| m.keys.len()).sum();
+        let mut entries: SmallVec<[(Option<K>, OpRef); 4]> = SmallVec::with_capacity(total);
+        let mut owner: SmallVec<[u32; 4]> = SmallVec::with_capacity(total);
+        for (j, m) in members.iter_mut().enumerate() {
+            if let Some(locked) = m.locked.as_mut() {
+                locked.set_keys(u32::try_from(m.keys.len()).unwrap_or(u32::MAX));
+                owner.extend(std::iter::repeat_n(j as u32, m.keys.len()));
+                entries.extend(m.keys.drain(..).map(|key| (Some(key), m.op)));
+            }
+        }
+        let unlisted = self.watchers.watch_many(&mut entries);
+        drop(entries);
+        if !unlisted.is_empty() {
+            // A key's `Hash` or `Eq` panicked: its operation goes back to the caller,
+            // unarmed; what of it was listed is stale.
+            let mut failed: SmallVec<[u32; N]> = SmallVec::from_elem(0, members.len());
+            for i in unlisted {
+                failed[owner[i] as usize] += 1;
+            }
+            for (m, &failures) in members.iter_mut().zip(&failed) {
+                if failures > 0 {
+                    self.counters.add(Count::Panicked, 1);
+                    let taken = take(m);
+                    self.watchers.mark_stale(taken.keys - failures);
+                    out[m.position] = Some(Err(WatchError::KeyPanicked(taken.op)));
+                }
+            }
+        }
+        // Step 4, and the timeouts of those still waiting.
+        let mut tasks: SmallVec<[(Duration, Expiry); N]> = SmallVec::new();
+        for m in members.iter_mut() {
+            let Some(locked) = m.locked.as_mut() else {
+                continue;
             };
-            // Step 2.
-            for (j, slot) in locked.iter_mut().enumerate() {
-                if self.is_ready(slot.as_mut().expect("locked above")) {
-                    done.push(take(slot));
-                    done_at.push(j);
-                }
+            if self.is_ready(locked) {
+                done.push(take(m));
+                out[m.position] = Some(Ok(WatchOutcome::Completed));
+            } else {
+                tasks.push((m.timeout, Expiry(m.op)));
             }
-            // Step 3.
-            let mut entries: SmallVec<[(Option<K>, OpRef); 8]> = SmallVec::new();
-            let mut owner: SmallVec<[usize; 8]> = SmallVec::new();
-            for (j, slot) in locked.iter_mut().enumerate() {
-                if let Some(op) = slot {
-                    op.set_keys(u32::try_from(keys[j].len()).unwrap_or(u32::MAX));
-                    owner.extend(std::iter::repeat_n(j, keys[j].len()));
-                    entries.extend(keys[j].drain(..).map(|key| (Some(key), at[j])));
+        }
+        // Step 5: arm, then unlock.
+        let mut handles: SmallVec<[Result<TimerHandle, AddError<Expiry>>; N]> = SmallVec::new();
+        self.arm(&mut tasks, &mut handles);
+        let mut handles = handles.into_iter();
+        for m in members.iter_mut().filter(|m| m.locked.is_some()) {
+            match handles.next().expect("one result per task") {
+                Ok(handle) => {
+                    let mut locked = m.locked.take().expect("still locked");
+                    locked.arm(handle);
+                    drop(locked);
+                    m.waiting = true;
                 }
-            }
-            let unlisted = self.watchers.watch_many(&mut entries);
-            drop(entries);
-            if !unlisted.is_empty() {
-                // A key's `Hash` or `Eq` panicked: its operation goes back to the caller,
-                // unarmed; what of it was listed is stale.
-                let mut failed: SmallVec<[u32; N]> = SmallVec::from_elem(0, locked.len());
-                for i in unlisted {
-                    failed[owner[i]] += 1;
-                }
-                for (j, &failures) in failed.iter().enumerate() {
-                    if failures > 0 {
-                        self.counters.add(Count::Panicked, 1);
-                        let taken = take(&mut locked[j]);
-                        self.watchers.mark_stale(taken.keys - failures);
-                        out[position[j]] = Some(Err(WatchError::KeyPanicked(taken.op)));
-                    }
-                }
-            }
-            // Step 4, and the timeouts of those still waiting.
-            let mut armed: SmallVec<[usize; N]> = SmallVec::new();
-            let mut tasks: SmallVec<[(Duration, Expiry); N]> = SmallVec::new();
-            for (j, slot) in locked.iter_mut().enumerate() {
-                let Some(op) = slot.as_mut() else {
-                    continue;
-                };
-                if self.is_ready(op) {
-                    done.push(take(slot));
-                    done_at.push(j);
-                } else {
-                    tasks.push((timeouts[j], Expiry(at[j])));
-                    armed.push(j);
-                }
-            }
-            // Step 5.
-            let mut handles: SmallVec<[Result<TimerHandle, AddError<Expiry>>; N]> = SmallVec::new();
-            self.arm(&mut tasks, &mut handles);
-            for (j, handle) in armed.into_iter().zip(handles) {
-                match handle {
-                    Ok(handle) => {
-                        locked[j].as_mut().expect("still locked").arm(handle);
-                        armed_ok.push(j);
-                    }
-                    Err(_) => {
-                        // Shut down while we were watching: hand the operation back. Its
-                        // entries are now stale.
-                        let taken = take(&mut locked[j]);
-                        self.watchers.mark_stale(taken.keys);
-                        out[position[j]] = Some(Err(WatchError::Shutdown(taken.op)));
-                    }
+                Err(_) => {
+                    // Shut down while we were watching: hand the operation back. Its
+                    // entries are now stale.
+                    let taken = take(m);
+                    self.watchers.mark_stale(taken.keys);
+                    out[m.position] = Some(Err(WatchError::Shutdown(taken.op)));
                 }
             }
         }
@@ -183,19 +200,15 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
         }
         self.complete(&mut done, Completion::Ready);
         let mut expired: SmallVec<[Taken<O>; 1]> = SmallVec::new();
-        for &j in &armed_ok {
-            expired.extend(self.table.claim_expiry(at[j]));
+        for m in members.iter().filter(|m| m.waiting) {
+            if let Some(taken) = self.table.claim_expiry(m.op) {
+                expired.push(taken);
+            }
+            out[m.position] = Some(Ok(WatchOutcome::Pending(OperationHandle::new(
+                m.op, self.id,
+            ))));
         }
         self.complete(&mut expired, Completion::Expired);
-        for j in done_at {
-            out[position[j]] = Some(Ok(WatchOutcome::Completed));
-        }
-        for (j, at) in at.into_iter().enumerate() {
-            let slot = &mut out[position[j]];
-            if slot.is_none() {
-                *slot = Some(Ok(WatchOutcome::Pending(OperationHandle::new(at, self.id))));
-            }
-        }
         tracing::debug!(target: "purgatory", purgatory = %self.name, operations = out.len(), "watch");
         results.extend(
             out.into_iter()

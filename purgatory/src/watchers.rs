@@ -162,6 +162,9 @@ pub(crate) struct Watchers<K> {
 /// `Hash` or `Eq` panicked: their positions in the call's input.
 pub(crate) type Unlisted = SmallVec<[usize; 4]>;
 
+/// Most entries [`Watchers::watch_many`] lists one at a time rather than sorted by shard.
+const FEW: usize = 4;
+
 /// Where a purge of one shard resumes: a bucket of its table.
 pub(crate) type PurgeCursor = usize;
 
@@ -238,11 +241,14 @@ impl<K: Hash + Eq> Watchers<K> {
     /// entries not listed because their key's `Hash` or `Eq` panicked (each caught and
     /// reported; the other entries are listed).
     pub(crate) fn watch_many(&self, entries: &mut [(Option<K>, OpRef)]) -> Unlisted {
+        if entries.len() <= FEW {
+            return self.watch_few(entries);
+        }
         let mut unlisted = Unlisted::new();
         let shards = self.shards.len() as u32;
         // Hashed before any lock is taken: a key's `Hash` is user code. An entry whose
         // hash panicked goes to shard `shards`, a run of its own that is never listed.
-        let hashes: SmallVec<[(u64, u32); 64]> = entries
+        let hashes: SmallVec<[(u64, u32); 256]> = entries
             .iter()
             .enumerate()
             .map(|(i, (key, _))| {
@@ -268,7 +274,7 @@ impl<K: Hash + Eq> Watchers<K> {
             *end = start;
             start += count;
         }
-        let mut order: SmallVec<[u32; 64]> = smallvec![0; entries.len()];
+        let mut order: SmallVec<[u32; 256]> = smallvec![0; entries.len()];
         for (i, &(_, s)) in hashes.iter().enumerate() {
             order[ends[s as usize] as usize] = i as u32;
             ends[s as usize] += 1;
@@ -289,33 +295,86 @@ impl<K: Hash + Eq> Watchers<K> {
                 let (key, op) = &mut entries[i as usize];
                 let key = key.take().expect("listed once");
                 let hash = hashes[i as usize].0;
-                match caught(|| shard.find(hash, &key)) {
-                    Some(Some(bucket)) => {
-                        let list = shard.lists.get_bucket_mut(bucket).expect("found");
-                        list.ops.push(*op);
-                        spare.push(key);
+                let not_kept = match self.list_under_lock(shard, hash, key, *op) {
+                    Ok(kept) => {
+                        listed += 1;
+                        kept
                     }
-                    Some(None) => {
-                        let list = List {
-                            hash,
-                            key,
-                            ops: vec![*op],
-                        };
-                        shard.lists.insert_unique(hash, list, |list| list.hash);
-                    }
-                    None => {
+                    Err(key) => {
                         unlisted.push(i as usize);
-                        spare.push(key);
-                        continue;
+                        Some(key)
                     }
+                };
+                // Dropped after unlocking, unless dropping a key does nothing.
+                if std::mem::needs_drop::<K>() {
+                    spare.extend(not_kept);
                 }
-                shard.entries += 1;
-                listed += 1;
             }
         }
         self.counts.add(listed, 0);
         drop(spare);
         unlisted
+    }
+
+    /// [`watch_many`](Self::watch_many) for a few entries (one operation's keys): each
+    /// listed under its own shard's lock, with no sort (and nothing on the stack sized
+    /// for a batch).
+    fn watch_few(&self, entries: &mut [(Option<K>, OpRef)]) -> Unlisted {
+        let mut unlisted = Unlisted::new();
+        let mut listed = 0;
+        for (i, (key, op)) in entries.iter_mut().enumerate() {
+            let key = key.take().expect("listed once");
+            let Some(hash) = caught(|| self.hash(&key)) else {
+                unlisted.push(i);
+                continue;
+            };
+            let mut guard = self.shard(hash).state.lock();
+            let spare = match self.list_under_lock(&mut guard, hash, key, *op) {
+                Ok(spare) => {
+                    listed += 1;
+                    spare
+                }
+                Err(key) => {
+                    unlisted.push(i);
+                    Some(key)
+                }
+            };
+            drop(guard);
+            drop(spare);
+        }
+        self.counts.add(listed, 0);
+        unlisted
+    }
+
+    /// Appends `op` to the list of `key` (hash `hash`) in a locked shard. Returns the key
+    /// if it was not kept (already listed), for the caller to drop after unlocking, or
+    /// `Err` with the key if its `Eq` panicked (nothing listed).
+    fn list_under_lock(
+        &self,
+        shard: &mut ShardState<K>,
+        hash: u64,
+        key: K,
+        op: OpRef,
+    ) -> Result<Option<K>, K> {
+        let spare = match caught(|| shard.find(hash, &key)) {
+            Some(Some(bucket)) => {
+                let list = shard.lists.get_bucket_mut(bucket).expect("found");
+                list.ops.push(op);
+                Some(key)
+            }
+            Some(None) => {
+                let list = List {
+                    hash,
+                    key,
+                    ops: vec![op],
+                };
+                shard.lists.insert_unique(hash, list, |list| list.hash);
+                None
+            }
+            None => return Err(key),
+        };
+        shard.entries += 1;
+        Ok(spare)
     }
 
     /// Copies the entries of `key` into `out`, in arrival order. (The caller tells the
