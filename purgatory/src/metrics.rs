@@ -19,7 +19,9 @@
 //! for purgatories driven without a reaper or a program that wants fresh figures.
 //!
 //! Metrics are registered on each publish, so a recorder installed after the purgatory
-//! was built still receives them. A recorder that panics on the reaper thread is caught
+//! was built receives them from the next publish on; but a purgatory that has been idle
+//! since its reaper's first round (which publishes) publishes nothing until it is used.
+//! Install the recorder first, or call `publish_metrics`. A recorder that panics on the reaper thread is caught
 //! and reported through `tracing`; the reaper goes on.
 
 use std::hash::Hash;
