@@ -87,13 +87,25 @@ impl Flags {
         T: FromStr,
         T::Err: fmt::Display,
     {
+        Ok(self.get_opt(flag)?.unwrap_or(default))
+    }
+
+    /// The value of `flag` parsed as `T`, or `None` when absent.
+    pub fn get_opt<T>(&self, flag: &str) -> Result<Option<T>, FlagError>
+    where
+        T: FromStr,
+        T::Err: fmt::Display,
+    {
         match self.values.get(flag) {
-            None => Ok(default),
-            Some(value) => value.parse().map_err(|e: T::Err| FlagError::BadValue {
-                flag: flag.to_string(),
-                value: value.clone(),
-                why: e.to_string(),
-            }),
+            None => Ok(None),
+            Some(value) => value
+                .parse()
+                .map(Some)
+                .map_err(|e: T::Err| FlagError::BadValue {
+                    flag: flag.to_string(),
+                    value: value.clone(),
+                    why: e.to_string(),
+                }),
         }
     }
 

@@ -10,6 +10,8 @@
 //!   (`cancels.rs`), and ends with a purge step if one is due (`purge.rs`), which also
 //!   says how long the next round may sleep: `REAPER_WAIT` at most while operations are
 //!   pending or a purge is due (Kafka's reaper wait), without limit when nothing is.
+//! - With the cargo feature `metrics`, a round ends by publishing the figures if the last
+//!   publish is a second old (`metrics.rs`), which may shorten the next sleep.
 //! - Pending operations still there at shutdown (or when the last handle is dropped) are
 //!   expired, so every waiting request is answered.
 
@@ -55,13 +57,16 @@ where
     }
 
     fn after_round(&self) -> Duration {
-        if self.purge_some() {
+        let wait = if self.purge_some() {
             Duration::ZERO
         } else if self.timer.next_expiration().is_some() || self.purge_due() {
             REAPER_WAIT
         } else {
             Duration::MAX
-        }
+        };
+        #[cfg(feature = "metrics")]
+        let wait = self.publish_if_due(wait);
+        wait
     }
 
     fn at_drop(&self, pending: Vec<Expiry>) {

@@ -61,6 +61,8 @@ mod counters;
 mod error;
 mod expiry;
 mod handle;
+#[cfg(feature = "metrics")]
+mod metrics;
 mod op_table;
 mod operation;
 mod purgatory;

@@ -330,19 +330,7 @@ where
 
     /// Counters for metrics.
     pub fn stats(&self) -> PurgatoryStats {
-        let state = self.state();
-        let totals = state.counters.totals();
-        PurgatoryStats {
-            pending: self.pending(),
-            watched: state.watchers.entries(),
-            keys: state.watchers.keys(),
-            completed: totals.completed,
-            forced: totals.forced,
-            expired: totals.expired,
-            cancelled: totals.cancelled,
-            purged: totals.purged,
-            panicked: totals.panicked,
-        }
+        self.state().stats()
     }
 
     /// Operations waiting for their timeout.

@@ -36,6 +36,8 @@ pub(crate) struct State<K, O: DelayedOperation> {
     pub(crate) purge: PurgePolicy,
     /// Timer cancels of completed operations, applied in batches (see `cancels.rs`).
     pub(crate) cancels: DeferredCancels,
+    #[cfg(feature = "metrics")]
+    pub(crate) metrics: crate::metrics::Schedule,
 }
 
 impl<K, O: DelayedOperation> State<K, O> {
@@ -54,6 +56,8 @@ impl<K, O: DelayedOperation> State<K, O> {
             counters: Counters::default(),
             purge,
             cancels: DeferredCancels::default(),
+            #[cfg(feature = "metrics")]
+            metrics: Default::default(),
         }
     }
 }

@@ -1,5 +1,10 @@
 //! A snapshot of one purgatory's figures, for metrics.
 
+use std::hash::Hash;
+
+use crate::operation::DelayedOperation;
+use crate::state::State;
+
 /// Counters of one purgatory, for metrics. Each figure is read on its own while others
 /// may be counting: a recent value, not a consistent snapshot of all of them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -24,4 +29,25 @@ pub struct PurgatoryStats {
     /// User code that panicked (callbacks, `timeout()`, a key's `Hash` or `Eq` while
     /// being watched), caught and reported.
     pub panicked: u64,
+}
+
+impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
+    /// The figures of [`Purgatory::stats`](crate::Purgatory::stats), for the API and for
+    /// metrics published from the reaper. Applies the queued timer cancels first, so
+    /// `pending` counts only operations still waiting.
+    pub(crate) fn stats(&self) -> PurgatoryStats {
+        self.cancels.flush(&self.timer);
+        let totals = self.counters.totals();
+        PurgatoryStats {
+            pending: self.timer.len(),
+            watched: self.watchers.entries(),
+            keys: self.watchers.keys(),
+            completed: totals.completed,
+            forced: totals.forced,
+            expired: totals.expired,
+            cancelled: totals.cancelled,
+            purged: totals.purged,
+            panicked: totals.panicked,
+        }
+    }
 }

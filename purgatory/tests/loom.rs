@@ -22,7 +22,7 @@
 //!
 //! The purgatory's op-table slot locks, watcher shard locks and the timer's locks and atomics
 //! come from each crate's private `sync` module, which is loom's under `--cfg loom`. Run with
-//! `RUSTFLAGS="--cfg loom" cargo test -p purgatory --test loom --release`. Without
+//! `RUSTFLAGS="--cfg loom" cargo test -p kafka-purgatory --test loom --release`. Without
 //! `LOOM_MAX_PREEMPTIONS` the exploration is exhaustive (4,532 interleavings for the watch
 //! model and 124 for the cancel model, under a second in release; CI bounds preemptions
 //! at 3: 687 and 106).

@@ -1,5 +1,5 @@
 //! Loom models of the timer's two races that matter (run with
-//! `RUSTFLAGS="--cfg loom" cargo test -p timer-core --test loom --release`).
+//! `RUSTFLAGS="--cfg loom" cargo test -p purgatory-timer --test loom --release`).
 //!
 //! Under `cfg(loom)` every lock, condition variable and atomic of the thread-safe timer is
 //! loom's (see `src/sync.rs`), so loom explores every interleaving of them:

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use purgatory_examples::broker::config::USAGE;
-use purgatory_examples::broker::{Broker, BrokerConfig};
+use purgatory_examples::broker::{metrics_endpoint, Broker, BrokerConfig};
 use purgatory_examples::cli::FlagError;
 use purgatory_examples::huge_allocations::HugeAllocationsMappedLazily;
 
@@ -35,6 +35,20 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async move {
+        // Before the broker, so the purgatories' first figures reach the recorder.
+        let _metrics = match config.metrics_listen.map(metrics_endpoint::start) {
+            None => None,
+            Some(started) => match started.await {
+                Ok(endpoint) => {
+                    println!("metrics on http://{}/metrics", endpoint.local_addr());
+                    Some(endpoint)
+                }
+                Err(e) => {
+                    eprintln!("broker: cannot serve metrics: {e}");
+                    return ExitCode::FAILURE;
+                }
+            },
+        };
         let broker = match Broker::start_with(config.clone(), true).await {
             Ok(broker) => broker,
             Err(e) => {

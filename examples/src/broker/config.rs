@@ -9,7 +9,7 @@ use crate::followers::FollowerConfig;
 /// Flags the `broker` binary understands, for `--help`.
 pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partitions N] \
 [--followers N] [--replication-delay-ms D] [--stall-followers] [--max-frame-bytes B] \
-[--max-produce-wait-ms T]
+[--max-produce-wait-ms T] [--metrics-listen ADDR]
   --listen ADDR             address to listen on (default 127.0.0.1:9092; port 0 = any free port)
   --topic NAME              the one topic served (default demo)
   --partitions N            its partitions (default 1)
@@ -17,7 +17,9 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
   --replication-delay-ms D  how far the followers lag behind the leader (default 50)
   --stall-followers         followers never catch up: acks=all produces time out
   --max-frame-bytes B       largest request accepted (default 104857600, Kafka's)
-  --max-produce-wait-ms T   cap on an acks=all produce's own timeout (default: none)";
+  --max-produce-wait-ms T   cap on an acks=all produce's own timeout (default: none)
+  --metrics-listen ADDR     serve the purgatories' figures as Prometheus text over HTTP there
+                            (default: not served; port 0 = any free port)";
 
 /// How a broker is set up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +36,8 @@ pub struct BrokerConfig {
     pub max_frame_bytes: usize,
     /// Cap on how long an acks=all produce waits, whatever its own timeout says.
     pub max_produce_wait: Option<Duration>,
+    /// Where the binary serves Prometheus text (see `metrics_endpoint.rs`), if anywhere.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl Default for BrokerConfig {
@@ -49,6 +53,7 @@ impl Default for BrokerConfig {
             },
             max_frame_bytes: 100 * 1024 * 1024,
             max_produce_wait: None,
+            metrics_listen: None,
         }
     }
 }
@@ -72,6 +77,7 @@ impl BrokerConfig {
                 "--replication-delay-ms",
                 "--max-frame-bytes",
                 "--max-produce-wait-ms",
+                "--metrics-listen",
             ],
             &["--stall-followers"],
         )?;
@@ -107,6 +113,7 @@ impl BrokerConfig {
             },
             max_frame_bytes: flags.get("--max-frame-bytes", defaults.max_frame_bytes)?,
             max_produce_wait: max_produce_wait.map(Duration::from_millis),
+            metrics_listen: flags.get_opt("--metrics-listen")?,
         })
     }
 }

@@ -20,6 +20,7 @@ pub(crate) mod frame;
 mod init_producer_id;
 mod list_offsets;
 mod metadata;
+pub mod metrics_endpoint;
 mod produce;
 mod reply;
 

@@ -1,0 +1,271 @@
+//! The cargo feature `metrics`: the figures a purgatory publishes through the `metrics`
+//! facade, on demand (`publish_metrics`) and from the reaper (at most about once a
+//! second, and once more after the purgatory goes quiet). Run with
+//! `cargo test -p kafka-purgatory --features metrics`.
+#![cfg(feature = "metrics")]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::MetricKind;
+use purgatory::{
+    Completion, DelayedOperation, ManualClock, Purgatory, PurgatoryBuilder, TimerBuilder,
+    WatchOutcome,
+};
+
+/// Completes once `ready` is set; otherwise waits `timeout`.
+struct Flagged {
+    ready: Arc<AtomicBool>,
+    timeout: Duration,
+}
+
+impl Flagged {
+    fn new(ready: &Arc<AtomicBool>, timeout: Duration) -> Self {
+        Flagged {
+            ready: Arc::clone(ready),
+            timeout,
+        }
+    }
+}
+
+impl DelayedOperation for Flagged {
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+    fn try_complete(&mut self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+    fn on_complete(&mut self, _how: Completion) {}
+}
+
+/// The figures of the purgatory `name` in one snapshot: metric name to value (gauges as
+/// whole numbers). A snapshot resets what it reads.
+fn figures(snapshotter: &Snapshotter, name: &str) -> HashMap<String, u64> {
+    let mut found = HashMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let labels: Vec<_> = key.key().labels().collect();
+        if labels.len() != 1 || labels[0].key() != "purgatory" || labels[0].value() != name {
+            continue;
+        }
+        let value = match (key.kind(), value) {
+            (MetricKind::Counter, DebugValue::Counter(v)) => v,
+            (MetricKind::Gauge, DebugValue::Gauge(v)) => v.into_inner() as u64,
+            other => panic!("unexpected metric {other:?}"),
+        };
+        found.insert(key.key().name().to_string(), value);
+    }
+    found
+}
+
+#[test]
+fn publish_metrics_reports_every_figure_labelled_with_the_purgatory() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let clock = ManualClock::new();
+    let purgatory: Purgatory<u32, Flagged> = PurgatoryBuilder::new()
+        .name("on-demand")
+        .timer(TimerBuilder::new().clock(clock.clone()).reaper(false))
+        .build()
+        .unwrap();
+    let second = Duration::from_secs(1);
+    let handle = |outcome| match outcome {
+        Ok(WatchOutcome::Pending(handle)) => handle,
+        _ => panic!("the operation must wait"),
+    };
+    metrics::with_local_recorder(&recorder, || {
+        // One completed by an event, one forced, one cancelled, one expired, one left.
+        let ready = Arc::new(AtomicBool::new(false));
+        let never = Arc::new(AtomicBool::new(false));
+        purgatory
+            .watch(Flagged::new(&ready, 10 * second), [1, 2])
+            .unwrap();
+        let forced = handle(purgatory.watch(Flagged::new(&never, 10 * second), [1]));
+        let cancelled = handle(purgatory.watch(Flagged::new(&never, 10 * second), [2]));
+        purgatory
+            .watch(Flagged::new(&never, Duration::from_millis(5)), [3])
+            .unwrap();
+        purgatory
+            .watch(Flagged::new(&never, 10 * second), [4])
+            .unwrap();
+        ready.store(true, Ordering::Release);
+        assert_eq!(purgatory.check_and_complete(&1), 1);
+        assert!(purgatory.force_complete(&forced));
+        assert!(purgatory.cancel(&cancelled).is_some());
+        clock.advance(Duration::from_millis(20));
+        purgatory.advance_clock(Duration::ZERO);
+        purgatory.publish_metrics();
+    });
+    let stats = purgatory.stats();
+    assert_eq!(
+        (
+            stats.completed,
+            stats.forced,
+            stats.cancelled,
+            stats.expired
+        ),
+        (1, 1, 1, 1)
+    );
+    assert_eq!(stats.pending, 1);
+    let expected: HashMap<String, u64> = [
+        ("purgatory_pending", stats.pending as u64),
+        ("purgatory_watched", stats.watched as u64),
+        ("purgatory_keys", stats.keys as u64),
+        ("purgatory_completed_total", stats.completed),
+        ("purgatory_forced_total", stats.forced),
+        ("purgatory_expired_total", stats.expired),
+        ("purgatory_cancelled_total", stats.cancelled),
+        ("purgatory_purged_total", stats.purged),
+        ("purgatory_panicked_total", stats.panicked),
+    ]
+    .into_iter()
+    .map(|(name, value)| (name.to_string(), value))
+    .collect();
+    assert_eq!(figures(&snapshotter, "on-demand"), expected);
+}
+
+/// A recorder that counts how often each purgatory's figures were published (by its
+/// `purgatory_pending` gauge being looked up) and hands everything to a
+/// [`DebuggingRecorder`].
+struct CountingPublishes {
+    inner: DebuggingRecorder,
+    publishes: Mutex<HashMap<String, usize>>,
+}
+
+impl Recorder for CountingPublishes {
+    fn describe_counter(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.inner.describe_counter(key, unit, description)
+    }
+    fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.inner.describe_gauge(key, unit, description)
+    }
+    fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.inner.describe_histogram(key, unit, description)
+    }
+    fn register_counter(&self, key: &Key, metadata: &Metadata<'_>) -> Counter {
+        self.inner.register_counter(key, metadata)
+    }
+    fn register_gauge(&self, key: &Key, metadata: &Metadata<'_>) -> Gauge {
+        if key.name() == "purgatory_pending" {
+            for label in key.labels() {
+                let mut publishes = self.publishes.lock().unwrap();
+                *publishes.entry(label.value().to_string()).or_default() += 1;
+            }
+        }
+        self.inner.register_gauge(key, metadata)
+    }
+    fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> Histogram {
+        self.inner.register_histogram(key, metadata)
+    }
+}
+
+/// The global recorder of this test binary, installed by the first test that needs it.
+fn global() -> &'static (Snapshotter, Arc<CountingPublishes>) {
+    static GLOBAL: OnceLock<(Snapshotter, Arc<CountingPublishes>)> = OnceLock::new();
+    GLOBAL.get_or_init(|| {
+        let inner = DebuggingRecorder::new();
+        let snapshotter = inner.snapshotter();
+        let recorder = Arc::new(CountingPublishes {
+            inner,
+            publishes: Mutex::new(HashMap::new()),
+        });
+        metrics::set_global_recorder(Arc::clone(&recorder)).expect("the only global recorder");
+        (snapshotter, recorder)
+    })
+}
+
+fn publishes(purgatory: &str) -> usize {
+    let counts = global().1.publishes.lock().unwrap();
+    counts.get(purgatory).copied().unwrap_or(0)
+}
+
+/// Waits (at most 10 s) until the figures of `purgatory` published by its reaper show
+/// `expired` expired and `completed` completed operations.
+fn wait_for_figures(purgatory: &str, expired: u64, completed: u64) {
+    // Other tests' snapshots reset what they read, so keep the largest value seen.
+    let started = Instant::now();
+    let mut seen: HashMap<String, u64> = HashMap::new();
+    loop {
+        for (name, value) in figures(&global().0, purgatory) {
+            let entry = seen.entry(name).or_default();
+            *entry = (*entry).max(value);
+        }
+        let figure = |name: &str| seen.get(name).copied().unwrap_or(0);
+        if figure("purgatory_expired_total") == expired
+            && figure("purgatory_completed_total") == completed
+        {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{purgatory}: the figures never arrived: {seen:?} (want {expired} expired, \
+             {completed} completed)"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_quiet_purgatory_publishes_its_last_figures_within_about_a_second() {
+    global();
+    let purgatory: Purgatory<u32, Flagged> = Purgatory::new("quiet");
+    let never = Arc::new(AtomicBool::new(false));
+    // The reaper published at its start; the expiry comes before the next publish is
+    // due, and after it nothing is pending: the reaper must still wake to publish it.
+    purgatory
+        .watch(Flagged::new(&never, Duration::from_millis(20)), [1])
+        .unwrap();
+    let started = Instant::now();
+    wait_for_figures("quiet", 1, 0);
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_secs(3),
+        "published after {waited:?}"
+    );
+    // Then the reaper sleeps without publishing.
+    let count = publishes("quiet");
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(
+        publishes("quiet"),
+        count,
+        "an idle purgatory kept publishing"
+    );
+}
+
+#[test]
+fn a_busy_reaper_publishes_at_most_about_once_a_second() {
+    global();
+    let purgatory: Purgatory<u32, Flagged> = Purgatory::new("busy");
+    let started = Instant::now();
+    let never = Arc::new(AtomicBool::new(false));
+    let ready = Arc::new(AtomicBool::new(false));
+    // Busy for about 1.5 s: timeouts of 2 ms keep the reaper's rounds coming.
+    let mut watched = 0;
+    while started.elapsed() < Duration::from_millis(1500) {
+        purgatory
+            .watch(
+                Flagged::new(&never, Duration::from_millis(2)),
+                [watched % 8],
+            )
+            .unwrap();
+        watched += 1;
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    purgatory
+        .watch(Flagged::new(&ready, Duration::from_secs(60)), [100])
+        .unwrap();
+    ready.store(true, Ordering::Release);
+    assert_eq!(purgatory.check_and_complete(&100), 1);
+    wait_for_figures("busy", u64::from(watched), 1);
+    let elapsed = started.elapsed().as_secs_f64();
+    let count = publishes("busy");
+    // One at the reaper's start, then at most one a second (with a little slack).
+    assert!(
+        count as f64 <= elapsed + 2.0,
+        "{count} publishes in {elapsed:.1} s"
+    );
+    assert!(count >= 2, "{count} publishes in {elapsed:.1} s");
+}
