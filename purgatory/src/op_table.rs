@@ -151,7 +151,7 @@ pub(crate) struct Vacated {
 /// A locked slot holding the operation an [`OpRef`] names.
 pub(crate) struct Locked<'a, O> {
     table: &'a OpTable<O>,
-    at: OpRef,
+    op: OpRef,
     state: MutexGuard<'a, OpState<O>>,
 }
 
@@ -262,8 +262,8 @@ impl<O: DelayedOperation> OpTable<O> {
     /// another core then cost one full miss each, in sequence. Plain stores do not wait
     /// for each other: one to each slot first puts all the misses in flight at once.
     pub(crate) fn prepare(&self, refs: impl IntoIterator<Item = OpRef>) {
-        for at in refs {
-            self.slot(at.index).touch.store(0, Ordering::Relaxed);
+        for op in refs {
+            self.slot(op.index).touch.store(0, Ordering::Relaxed);
         }
     }
 
@@ -295,13 +295,13 @@ impl<O: DelayedOperation> OpTable<O> {
         state.op = Some(op);
         state.timer = None;
         state.keys = 0;
-        let at = OpRef {
+        let op = OpRef {
             index,
             generation: slot.generation.load(Ordering::Relaxed),
         };
         Locked {
             table: self,
-            at,
+            op,
             state,
         }
     }
@@ -327,22 +327,22 @@ impl<O: DelayedOperation> OpTable<O> {
         }
     }
 
-    /// Locks the slot `at` names, if its operation is still there.
-    pub(crate) fn lock(&self, at: OpRef) -> Option<Locked<'_, O>> {
-        let slot = self.slot(at.index);
+    /// Locks the slot `op` names, if its operation is still there.
+    pub(crate) fn lock(&self, op: OpRef) -> Option<Locked<'_, O>> {
+        let slot = self.slot(op.index);
         let state = slot.state.lock();
-        (slot.generation.load(Ordering::Relaxed) == at.generation).then_some(Locked {
+        (slot.generation.load(Ordering::Relaxed) == op.generation).then_some(Locked {
             table: self,
-            at,
+            op,
             state,
         })
     }
 
-    /// Whether the operation `at` names is still waiting (not taken). Without the lock:
+    /// Whether the operation `op` names is still waiting (not taken). Without the lock:
     /// may report "waiting" for a moment after it was taken, never the other way round.
     #[inline]
-    pub(crate) fn is_waiting(&self, at: OpRef) -> bool {
-        self.slot(at.index).generation.load(Ordering::Acquire) == at.generation
+    pub(crate) fn is_waiting(&self, op: OpRef) -> bool {
+        self.slot(op.index).generation.load(Ordering::Acquire) == op.generation
     }
 
     /// Like [`is_waiting`](Self::is_waiting), from the generation's low 8 bits kept in a
@@ -352,60 +352,60 @@ impl<O: DelayedOperation> OpTable<O> {
     /// the next look. For purges and list scans, which read many entries: their slots
     /// are mostly in other cores' caches, the tags mostly in this one's.
     #[inline]
-    pub(crate) fn may_be_waiting(&self, at: OpRef) -> bool {
-        self.tag(at.index).load(Ordering::Acquire) == at.generation as u8
+    pub(crate) fn may_be_waiting(&self, op: OpRef) -> bool {
+        self.tag(op.index).load(Ordering::Acquire) == op.generation as u8
     }
 
-    /// Takes the operation `at` names, whatever its readiness (force, cancel).
-    pub(crate) fn take(&self, at: OpRef) -> Option<Taken<O>> {
-        self.lock(at).map(Locked::take)
+    /// Takes the operation `op` names, whatever its readiness (force, cancel).
+    pub(crate) fn take(&self, op: OpRef) -> Option<Taken<O>> {
+        self.lock(op).map(Locked::take)
     }
 
-    /// Takes the operation `at` names for its expiry, without waiting for its lock: if
+    /// Takes the operation `op` names for its expiry, without waiting for its lock: if
     /// another thread holds it, the expiry is left to that thread's
     /// [`Locked::release`] (see the module doc) and this returns `None`, as it does when
     /// the operation is already gone.
-    pub(crate) fn take_for_expiry(&self, at: OpRef) -> Option<Taken<O>> {
-        let slot = self.slot(at.index);
-        if slot.generation.load(Ordering::Acquire) != at.generation {
+    pub(crate) fn take_for_expiry(&self, op: OpRef) -> Option<Taken<O>> {
+        let slot = self.slot(op.index);
+        if slot.generation.load(Ordering::Acquire) != op.generation {
             return None;
         }
-        let locked = match self.try_lock(at) {
+        let locked = match self.try_lock(op) {
             Ok(locked) => locked,
             Err(()) => {
                 slot.expiry_requested
-                    .store(at.generation + 1, Ordering::SeqCst);
+                    .store(op.generation + 1, Ordering::SeqCst);
                 fence(Ordering::SeqCst);
-                self.try_lock(at).ok()?
+                self.try_lock(op).ok()?
             }
         };
         locked.map(Locked::take)
     }
 
-    /// After its holder unlocked the slot `at` names: if the operation's expiry came
+    /// After its holder unlocked the slot `op` names: if the operation's expiry came
     /// while it was locked, takes the operation (without waiting: if someone holds the
     /// lock again, they will see the request when they release it) for the caller to
     /// complete as expired.
-    pub(crate) fn claim_expiry(&self, at: OpRef) -> Option<Taken<O>> {
+    pub(crate) fn claim_expiry(&self, op: OpRef) -> Option<Taken<O>> {
         fence(Ordering::SeqCst);
-        let slot = self.slot(at.index);
-        if slot.expiry_requested.load(Ordering::SeqCst) != at.generation + 1 {
+        let slot = self.slot(op.index);
+        if slot.expiry_requested.load(Ordering::SeqCst) != op.generation + 1 {
             return None;
         }
-        let mut taken = self.try_lock(at).ok()??.take();
+        let mut taken = self.try_lock(op).ok()??.take();
         taken.timer = None; // it fired
         Some(taken)
     }
 
-    /// Locks the slot `at` names if nobody holds it: `Ok(None)` if its operation is gone,
+    /// Locks the slot `op` names if nobody holds it: `Ok(None)` if its operation is gone,
     /// `Err` if the lock is held.
-    fn try_lock(&self, at: OpRef) -> Result<Option<Locked<'_, O>>, ()> {
-        let slot = self.slot(at.index);
+    fn try_lock(&self, op: OpRef) -> Result<Option<Locked<'_, O>>, ()> {
+        let slot = self.slot(op.index);
         let state = slot.state.try_lock().ok_or(())?;
         Ok(
-            (slot.generation.load(Ordering::Relaxed) == at.generation).then_some(Locked {
+            (slot.generation.load(Ordering::Relaxed) == op.generation).then_some(Locked {
                 table: self,
-                at,
+                op,
                 state,
             }),
         )
@@ -414,8 +414,8 @@ impl<O: DelayedOperation> OpTable<O> {
 
 impl<'a, O: DelayedOperation> Locked<'a, O> {
     /// The operation's name.
-    pub(crate) fn at(&self) -> OpRef {
-        self.at
+    pub(crate) fn op(&self) -> OpRef {
+        self.op
     }
 
     /// Records that the operation is listed on `keys` keys; call before listing it.
@@ -454,13 +454,13 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
         };
         // No occupant has generation `RETIRED` (a slot that reaches it is never handed out
         // again), so this never wraps.
-        let generation = self.at.generation + 1;
+        let generation = self.op.generation + 1;
         self.table
-            .slot(self.at.index)
+            .slot(self.op.index)
             .generation
             .store(generation, Ordering::Release);
         let vacated = Vacated {
-            index: self.at.index,
+            index: self.op.index,
             tag: generation as u8,
             retired: generation == RETIRED,
         };
@@ -473,9 +473,9 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
     /// caller to complete as expired. Every holder that does not take the operation must
     /// unlock through here, or drop the lock and call `claim_expiry` itself.
     pub(crate) fn release(self) -> Option<Taken<O>> {
-        let (table, at) = (self.table, self.at);
+        let (table, op) = (self.table, self.op);
         drop(self);
-        table.claim_expiry(at)
+        table.claim_expiry(op)
     }
 
     /// Runs `try_complete`, keeping the lock.
@@ -535,14 +535,14 @@ mod tests {
         let a = {
             let mut locked = table.insert(Named("a"));
             locked.set_keys(2);
-            locked.at()
+            locked.op()
         };
         assert!(table.is_waiting(a));
         let taken = table.take(a).expect("a is there");
         assert_eq!((taken.op.0, taken.keys), ("a", 2));
         assert!(!table.is_waiting(a));
         // The freed slot is handed out again (this thread's free list comes first).
-        let b = table.insert(Named("b")).at();
+        let b = table.insert(Named("b")).op();
         assert_eq!(b.index, a.index);
         assert_ne!(b.generation, a.generation);
         assert!(!table.is_waiting(a) && table.is_waiting(b));
@@ -556,10 +556,10 @@ mod tests {
     #[test]
     fn a_slot_whose_generation_is_used_up_is_retired_and_never_matches_again() {
         let table = OpTable::new();
-        let first = table.insert(Named("first")).at();
+        let first = table.insert(Named("first")).op();
         table.take(first).expect("first is there");
         table.age_slot(first.index, RETIRED - 1);
-        let last = table.insert(Named("last")).at();
+        let last = table.insert(Named("last")).op();
         assert_eq!(
             last,
             OpRef {
@@ -571,7 +571,7 @@ mod tests {
         // Retired: every later operation gets another slot, and no name the old slot was
         // ever given (the last occupant's, the first one's) matches anything.
         for name in ["a", "b", "c"] {
-            let next = table.insert(Named(name)).at();
+            let next = table.insert(Named(name)).op();
             assert_ne!(next.index, first.index, "{name} got the retired slot");
         }
         for stale in [first, last] {
@@ -587,16 +587,16 @@ mod tests {
         let n = FIRST_SEGMENT * 3 + 5;
         let mut locked: Vec<Option<Locked<'_, Named>>> = (0..n).map(|_| None).collect();
         table.insert_many((0..n).map(|_| Named("x")), locked.iter_mut());
-        let refs: Vec<OpRef> = locked.iter().flatten().map(Locked::at).collect();
+        let refs: Vec<OpRef> = locked.iter().flatten().map(Locked::op).collect();
         drop(locked);
         let mut indices: Vec<u32> = refs.iter().map(|r| r.index).collect();
         indices.sort_unstable();
         indices.dedup();
         assert_eq!(indices.len(), n, "one slot per operation");
-        for at in &refs {
-            assert!(table.take(*at).is_some());
+        for op in &refs {
+            assert!(table.take(*op).is_some());
         }
-        let again = table.insert(Named("y")).at();
+        let again = table.insert(Named("y")).op();
         assert!(
             (again.index as usize) < n,
             "a freed slot is reused before a new one"

@@ -121,7 +121,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
         self.table
             .insert_many(ops.drain(..), members.iter_mut().map(|m| &mut m.locked));
         for m in members.iter_mut() {
-            m.op = m.locked.as_ref().expect("locked above").at();
+            m.op = m.locked.as_ref().expect("locked above").op();
         }
         // Step 2.
         for m in members.iter_mut() {

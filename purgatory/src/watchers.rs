@@ -66,7 +66,7 @@ fn drop_completed_entries(
     flags: &mut Flags,
 ) -> usize {
     flags.clear();
-    flags.extend(list.iter().map(|&at| waiting(at)));
+    flags.extend(list.iter().map(|&op| waiting(op)));
     let before = list.len();
     let mut keep = flags.iter();
     list.retain(|_| keep.next().copied().unwrap_or(true));
