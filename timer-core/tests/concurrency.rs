@@ -571,3 +571,45 @@ fn zero_and_max_delays_are_accepted_by_the_reaper() {
     assert_eq!(timer.stats().panicked, 0);
     assert_eq!(timer.shutdown().len(), 1);
 }
+
+/// `shutdown` returns only when every task that expired before it has run, on a pool too;
+/// a concurrent second call waits for the first.
+#[test]
+fn shutdown_waits_for_expired_tasks_still_running_on_the_pool() {
+    type Task = Box<dyn FnOnce() + Send>;
+    let timer: Arc<Timer<Task>> = Arc::new(
+        TimerBuilder::new()
+            .executor(Executor::pool(1).unwrap())
+            .build()
+            .unwrap(),
+    );
+    let ran = Arc::new(AtomicUsize::new(0));
+    for _ in 0..100 {
+        let ran = Arc::clone(&ran);
+        let task: Task = Box::new(move || {
+            thread::sleep(Duration::from_millis(2));
+            ran.fetch_add(1, Ordering::SeqCst);
+        });
+        timer.add(Duration::from_millis(1), task).unwrap();
+    }
+    assert!(wait_for(|| ran.load(Ordering::SeqCst) > 0), "tasks started");
+    let second = {
+        let timer = Arc::clone(&timer);
+        let ran = Arc::clone(&ran);
+        thread::spawn(move || {
+            let back = timer.shutdown();
+            (back.len(), ran.load(Ordering::SeqCst))
+        })
+    };
+    let back = timer.shutdown();
+    let ran_when_returned = ran.load(Ordering::SeqCst);
+    let (back_second, ran_second) = second.join().unwrap();
+    // Every task either ran before shutdown returned or was handed back unrun.
+    assert_eq!(ran_when_returned + back.len() + back_second, 100);
+    assert_eq!(ran_second + back.len() + back_second, 100);
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        ran_when_returned,
+        "nothing ran afterwards"
+    );
+}
