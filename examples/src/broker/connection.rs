@@ -4,7 +4,13 @@
 //! Invariants:
 //! - Requests of one connection are handled strictly in order; a long poll holds back the
 //!   requests behind it on its connection (as in Kafka), never other connections.
-//! - A waiting request costs a parked task, not a thread.
+//! - A waiting request costs a parked task, not a thread. While it waits the socket is
+//!   still read (`client_socket.rs`): a client that leaves (end of stream or reset) ends the
+//!   connection at once, and dropping the request's future cancels its operation in the
+//!   purgatory (an appended produce stays appended; only its answer is dropped).
+//! - Time limits: the next request must start within `connections_max_idle` of the last
+//!   answer, and a started request must arrive whole within `frame_read_timeout`; a waiting
+//!   request is never idle. Each closes the connection with a log line.
 //! - Bad input ends only its own connection: a frame size outside the limit, a header that
 //!   does not decode, an unknown API, an unsupported version (except ApiVersions, answered
 //!   with UNSUPPORTED_VERSION as KIP-511 asks) or a body that does not decode closes it.
@@ -21,35 +27,76 @@ use kafka_protocol::protocol::Decodable;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
+use tokio::time::timeout;
 
 use super::api_versions;
+use super::client_socket::ClientReader;
 use super::frame::read_frame;
 use super::reply::{respond, Reply};
 use super::{fetch, init_producer_id, list_offsets, metadata, produce, BrokerState};
 
-/// Serves one connection until the client leaves, it misbehaves, or the broker stops.
+/// Serves one connection until the client leaves, it misbehaves, it stays idle or half-way
+/// through a request too long, or the broker stops.
 pub async fn serve(state: Arc<BrokerState>, stream: TcpStream, mut stop: watch::Receiver<bool>) {
     let peer = stream
         .peer_addr()
         .map_or_else(|_| "?".to_string(), |a| a.to_string());
     let _ = stream.set_nodelay(true);
-    let (mut reader, mut writer) = stream.into_split();
-    let limit = state.config.max_frame_bytes;
+    let (reader, mut writer) = stream.into_split();
+    let mut reader = ClientReader::new(reader);
+    let config = &state.config;
     loop {
+        // Between requests: the next one must start within the idle timeout.
+        let started = tokio::select! {
+            started = timeout(config.connections_max_idle, reader.wait_for_data()) => started,
+            _ = stop.changed() => return,
+        };
+        match started {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => return,
+            Ok(Err(e)) => {
+                state.log(&format!("closing {peer}: socket error: {e}"));
+                return;
+            }
+            Err(_) => {
+                state.log(&format!(
+                    "closing {peer}: no request for {} ms (--connections-max-idle-ms)",
+                    config.connections_max_idle.as_millis()
+                ));
+                return;
+            }
+        }
+        // A started request must arrive whole within the frame read timeout.
         let frame = tokio::select! {
-            frame = read_frame(&mut reader, limit) => frame,
+            frame = timeout(config.frame_read_timeout, read_frame(&mut reader, config.max_frame_bytes)) => frame,
             _ = stop.changed() => return,
         };
         let frame = match frame {
-            Ok(Some(frame)) => frame,
-            Ok(None) => return,
-            Err(e) => {
+            Ok(Ok(Some(frame))) => frame,
+            Ok(Ok(None)) => return,
+            Ok(Err(e)) => {
                 state.log(&format!("closing {peer}: {e}"));
                 return;
             }
+            Err(_) => {
+                state.log(&format!(
+                    "closing {peer}: request not whole after {} ms (--frame-read-timeout-ms)",
+                    config.frame_read_timeout.as_millis()
+                ));
+                return;
+            }
         };
+        // While the request is handled (it may wait in a purgatory), watch the socket: a
+        // client that leaves drops the request, whose pending answer cancels its operation.
+        let handling = handle(&state, frame);
+        tokio::pin!(handling);
         let reply = tokio::select! {
-            reply = handle(&state, frame) => reply,
+            biased;
+            reply = &mut handling => reply,
+            left = reader.until_closed() => {
+                state.log(&format!("closing {peer}: {left} while its request waited"));
+                return;
+            }
             _ = stop.changed() => return,
         };
         match reply {
