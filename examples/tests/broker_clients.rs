@@ -1,13 +1,19 @@
 //! The broker against hostile or careless clients (issue #14): clients that leave while
 //! their request waits in a purgatory, idle connections, requests stalled half-way,
-//! connections beyond the cap. Raw frames through the wire client over 127.0.0.1; every wait is bounded and every
+//! connections beyond the cap, and requests whose answer would be far larger than they
+//! are. Raw frames through the wire client over 127.0.0.1; every wait is bounded and every
 //! loop counted.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use kafka_protocol::messages::{FetchRequest, MetadataRequest};
+use kafka_protocol::messages::fetch_request::FetchPartition;
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+use kafka_protocol::messages::{
+    FetchRequest, ListOffsetsRequest, MetadataRequest, ProduceRequest, TopicName,
+};
+use kafka_protocol::protocol::StrBytes;
 use purgatory_examples::broker::{Broker, BrokerConfig};
 use purgatory_examples::followers::FollowerConfig;
 use purgatory_examples::huge_allocations::HugeAllocationsMappedLazily;
@@ -70,6 +76,32 @@ async fn closed_by_broker(client: &mut WireClient, within: Duration) -> bool {
         timeout(within, client.read_raw()).await,
         Ok(Ok(None) | Err(_))
     )
+}
+
+/// A fetch of `entries` partitions of the topic "demo", from `offset` each.
+fn fetch_of(entries: &[i32], offset: i64, max_wait_ms: i32) -> FetchRequest {
+    let mut request = requests::fetch("demo", 0, offset, 1, max_wait_ms);
+    request.max_bytes = i32::MAX;
+    request.topics[0].partitions = entries
+        .iter()
+        .map(|&index| {
+            let mut wanted = FetchPartition::default();
+            wanted.partition = index;
+            wanted.fetch_offset = offset;
+            wanted.partition_max_bytes = i32::MAX;
+            wanted
+        })
+        .collect();
+    request
+}
+
+/// A Metadata request naming `topic` `times` times.
+fn metadata_naming(topic: &'static str, times: usize) -> MetadataRequest {
+    let mut wanted = MetadataRequestTopic::default();
+    wanted.name = Some(TopicName(StrBytes::from_static_str(topic)));
+    let mut request = MetadataRequest::default();
+    request.topics = Some(vec![wanted; times]);
+    request
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -240,5 +272,167 @@ async fn connections_beyond_the_cap_are_closed_at_once() {
     let mut client = connect(broker.local_addr()).await;
     let answer = timeout(LIMIT, client.call(1, &MetadataRequest::default())).await;
     assert_eq!(answer.unwrap().unwrap().brokers.len(), 1);
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_named_thousands_of_times_is_answered_once() {
+    let broker = start(config()).await;
+    let mut client = connect(broker.local_addr()).await;
+    for value in [&b"one"[..], b"two", b"three"] {
+        let produce = requests::produce("demo", 0, 1, 1000, batch(value));
+        client.call(7, &produce).await.unwrap();
+    }
+    let whole_log = client
+        .call(4, &requests::fetch("demo", 0, 0, 1, 0))
+        .await
+        .unwrap()
+        .responses[0]
+        .partitions[0]
+        .records
+        .clone()
+        .unwrap();
+
+    // 4,000 mentions of partition 0 (a 64 KB request): one answer of the log, once.
+    let answer = timeout(LIMIT, client.call(4, &fetch_of(&[0; 4000], 0, 0)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(answer.responses.len(), 1);
+    assert_eq!(answer.responses[0].partitions.len(), 1);
+    assert_eq!(answer.responses[0].partitions[0].records, Some(whole_log));
+
+    // Split over two topic entries: one topic entry answered; partition 0 at its first
+    // place, from its last mention's offset (as Kafka's request map does).
+    let mut split = fetch_of(&[0, 1], 0, 0);
+    let mut again = split.topics[0].clone();
+    again.partitions.truncate(1);
+    again.partitions[0].fetch_offset = 2;
+    split.topics.push(again);
+    let answer = client.call(12, &split).await.unwrap();
+    assert_eq!(answer.responses.len(), 1);
+    let partitions = &answer.responses[0].partitions;
+    let indexes: Vec<i32> = partitions.iter().map(|p| p.partition_index).collect();
+    assert_eq!(indexes, vec![0, 1]);
+    let from_two = client
+        .call(4, &requests::fetch("demo", 0, 2, 1, 0))
+        .await
+        .unwrap();
+    assert_eq!(
+        partitions[0].records,
+        from_two.responses[0].partitions[0].records
+    );
+
+    // Parked with 5,000 mentions: one wait, answered once by an append.
+    let mut poller = connect(broker.local_addr()).await;
+    poller
+        .send(4, &fetch_of(&[0; 5000], 3, 10_000))
+        .await
+        .unwrap();
+    eventually("the poll parked", || {
+        broker.stats().leader.fetch.pending == 1
+    })
+    .await;
+    let produce = requests::produce("demo", 0, 1, 1000, batch(b"four"));
+    client.call(7, &produce).await.unwrap();
+    let answer = timeout(LIMIT, poller.receive::<FetchRequest>())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(answer.responses[0].partitions.len(), 1);
+    assert!(!answer.responses[0].partitions[0]
+        .records
+        .as_ref()
+        .unwrap()
+        .is_empty());
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetch_answers_stay_within_the_broker_cap() {
+    const CAP: usize = 64 * 1024;
+    let broker = start(BrokerConfig {
+        fetch_max_bytes: CAP,
+        ..config()
+    })
+    .await;
+    let mut client = connect(broker.local_addr()).await;
+    let value = vec![b'x'; 20_000];
+    for _ in 0..6 {
+        let produce = requests::produce("demo", 0, 1, 1000, batch(&value));
+        client.call(7, &produce).await.unwrap();
+    }
+    // The client asks for 2 GiB; the broker sends at most its cap.
+    let answer = client.call(4, &fetch_of(&[0], 0, 0)).await.unwrap();
+    let records = answer.responses[0].partitions[0].records.clone().unwrap();
+    assert!(
+        (20_000..=CAP).contains(&records.len()),
+        "{} bytes",
+        records.len()
+    );
+    // A batch larger than the cap is still sent whole, alone (KIP-74).
+    let big = vec![b'y'; 2 * CAP];
+    let produce = requests::produce("demo", 1, 1, 1000, batch(&big));
+    client.call(7, &produce).await.unwrap();
+    let answer = client.call(4, &fetch_of(&[1, 0], 0, 0)).await.unwrap();
+    let partitions = &answer.responses[0].partitions;
+    assert!(partitions[0].records.as_ref().unwrap().len() > 2 * CAP);
+    assert!(partitions[1].records.as_ref().unwrap().is_empty());
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_naming_too_many_partitions_close_the_connection() {
+    const CAP: usize = 100;
+    let broker = start(BrokerConfig {
+        max_partitions_per_request: CAP,
+        ..config()
+    })
+    .await;
+    let addr = broker.local_addr();
+
+    let mut client = connect(addr).await;
+    client
+        .send(4, &fetch_of(&[0; CAP + 1], 0, 0))
+        .await
+        .unwrap();
+    assert!(closed_by_broker(&mut client, LIMIT).await, "Fetch");
+
+    for version in [1, 9] {
+        let mut client = connect(addr).await;
+        client
+            .send(version, &metadata_naming("demo", CAP + 1))
+            .await
+            .unwrap();
+        assert!(
+            closed_by_broker(&mut client, LIMIT).await,
+            "Metadata v{version}"
+        );
+    }
+
+    let mut list = requests::list_offsets("demo", 0, -1);
+    let one = list.topics[0].partitions[0].clone();
+    list.topics[0].partitions = vec![one; CAP + 1];
+    let mut client = connect(addr).await;
+    client.send(1, &list).await.unwrap();
+    assert!(closed_by_broker(&mut client, LIMIT).await, "ListOffsets");
+
+    let mut produce = requests::produce("demo", 0, 1, 1000, batch(b"x"));
+    let one = produce.topic_data[0].partition_data[0].clone();
+    produce.topic_data[0].partition_data = vec![one; CAP + 1];
+    let mut client = connect(addr).await;
+    client.send(7, &produce).await.unwrap();
+    assert!(closed_by_broker(&mut client, LIMIT).await, "Produce");
+
+    // At the cap: answered, and a topic named 100 times is answered once.
+    let mut client = connect(addr).await;
+    for version in [1, 9] {
+        let answer = client
+            .call(version, &metadata_naming("demo", CAP))
+            .await
+            .unwrap();
+        assert_eq!(answer.topics.len(), 1, "Metadata v{version}");
+    }
+    let _unused: Option<(ListOffsetsRequest, ProduceRequest)> = None;
     broker.shutdown().await;
 }

@@ -13,7 +13,8 @@
 //!   request is never idle. Each closes the connection with a log line.
 //! - Bad input ends only its own connection: a frame size outside the limit, a header that
 //!   does not decode, an unknown API, an unsupported version (except ApiVersions, answered
-//!   with UNSUPPORTED_VERSION as KIP-511 asks) or a body that does not decode closes it.
+//!   with UNSUPPORTED_VERSION as KIP-511 asks), a body that does not decode, or a request
+//!   naming more partitions (Metadata: topics) than `max_partitions_per_request` closes it.
 //!   Nothing a client sends can make the broker panic.
 
 use std::sync::Arc;
@@ -145,12 +146,13 @@ pub async fn handle(state: &BrokerState, mut frame: Bytes) -> Reply {
 }
 
 async fn dispatch(state: &BrokerState, api: ApiKey, version: i16, id: i32, body: Bytes) -> Reply {
+    let cap = state.config.max_partitions_per_request;
     match api {
-        ApiKey::ApiVersions => match decode::<ApiVersionsRequest>(body, version) {
+        ApiKey::ApiVersions => match decode::<ApiVersionsRequest>(body, version, cap) {
             Ok(_) => respond(api, version, id, &api_versions::response(false)),
             Err(reason) => Reply::Close(reason),
         },
-        ApiKey::Metadata => match decode::<MetadataRequest>(body, version) {
+        ApiKey::Metadata => match decode::<MetadataRequest>(body, version, cap) {
             Ok(request) => respond(
                 api,
                 version,
@@ -159,27 +161,27 @@ async fn dispatch(state: &BrokerState, api: ApiKey, version: i16, id: i32, body:
             ),
             Err(reason) => Reply::Close(reason),
         },
-        ApiKey::InitProducerId => match decode::<InitProducerIdRequest>(body, version) {
+        ApiKey::InitProducerId => match decode::<InitProducerIdRequest>(body, version, cap) {
             Ok(request) => respond(api, version, id, &init_producer_id::handle(state, &request)),
             Err(reason) => Reply::Close(reason),
         },
-        ApiKey::ListOffsets => match decode::<ListOffsetsRequest>(body, version) {
+        ApiKey::ListOffsets => match decode::<ListOffsetsRequest>(body, version, cap) {
             Ok(request) => {
                 let response = list_offsets::handle(state, &request, version);
                 respond(api, version, id, &response)
             }
             Err(reason) => Reply::Close(reason),
         },
-        ApiKey::Produce => match decode::<ProduceRequest>(body, version) {
+        ApiKey::Produce => match decode::<ProduceRequest>(body, version, cap) {
             Ok(request) => match produce::handle(state, request, version).await {
                 Some(response) => respond(api, version, id, &response),
                 None => Reply::Nothing,
             },
             Err(reason) => Reply::Close(reason),
         },
-        ApiKey::Fetch => match decode::<FetchRequest>(body, version) {
+        ApiKey::Fetch => match decode::<FetchRequest>(body, version, cap) {
             Ok(request) => {
-                let response = fetch::handle(state, &request, version).await;
+                let response = fetch::handle(state, request, version).await;
                 respond(api, version, id, &response)
             }
             Err(reason) => Reply::Close(reason),
@@ -188,7 +190,18 @@ async fn dispatch(state: &BrokerState, api: ApiKey, version: i16, id: i32, body:
     }
 }
 
-fn decode<R: Decodable>(mut body: Bytes, version: i16) -> Result<R, String> {
+/// Decodes a request body that must be whole and name at most `cap` partitions (topics for
+/// Metadata).
+fn decode<R: Decodable + Entries>(mut body: Bytes, version: i16, cap: usize) -> Result<R, String> {
+    let too_many = |named: usize| {
+        format!(
+            "request names {named} partitions (Metadata: topics), more than \
+             --max-partitions-per-request {cap}"
+        )
+    };
+    if let Some(announced) = R::announced(&body, version).filter(|&n| n > cap) {
+        return Err(too_many(announced));
+    }
     let request = R::decode(&mut body, version)
         .map_err(|e| format!("malformed request body (v{version}): {e}"))?;
     if body.has_remaining() {
@@ -197,5 +210,62 @@ fn decode<R: Decodable>(mut body: Bytes, version: i16) -> Result<R, String> {
             body.remaining()
         ));
     }
+    let named = request.entries();
+    if named > cap {
+        return Err(too_many(named));
+    }
     Ok(request)
+}
+
+/// What the per-request cap counts: partitions named (topics for Metadata), duplicates
+/// included.
+trait Entries {
+    /// Entries of the decoded request.
+    fn entries(&self) -> usize;
+
+    /// Entries the raw body announces, where that can be read before decoding (so a
+    /// request over the cap costs no decoding).
+    fn announced(_body: &[u8], _version: i16) -> Option<usize> {
+        None
+    }
+}
+
+impl Entries for ApiVersionsRequest {
+    fn entries(&self) -> usize {
+        0
+    }
+}
+
+impl Entries for InitProducerIdRequest {
+    fn entries(&self) -> usize {
+        0
+    }
+}
+
+impl Entries for MetadataRequest {
+    fn entries(&self) -> usize {
+        self.topics.as_ref().map_or(0, Vec::len)
+    }
+
+    fn announced(body: &[u8], version: i16) -> Option<usize> {
+        metadata::announced_topics(body, version)
+    }
+}
+
+impl Entries for ProduceRequest {
+    fn entries(&self) -> usize {
+        self.topic_data.iter().map(|t| t.partition_data.len()).sum()
+    }
+}
+
+impl Entries for FetchRequest {
+    fn entries(&self) -> usize {
+        self.topics.iter().map(|t| t.partitions.len()).sum()
+    }
+}
+
+impl Entries for ListOffsetsRequest {
+    fn entries(&self) -> usize {
+        self.topics.iter().map(|t| t.partitions.len()).sum()
+    }
 }
