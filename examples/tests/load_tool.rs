@@ -25,21 +25,30 @@ async fn start(followers: usize, lag_ms: u64) -> Broker {
     .unwrap()
 }
 
+/// Ten acks=1 produces of 10-byte records on one connection, nothing parked.
+fn ten_produces(broker: &Broker) -> produce_latency::ProduceLatencyConfig {
+    produce_latency::ProduceLatencyConfig {
+        broker: broker.local_addr(),
+        topic: "demo".into(),
+        partition: 0,
+        requests: 10,
+        connections: 1,
+        record_bytes: 10,
+        acks: 1,
+        timeout_ms: 30_000,
+        parked_fetches: 0,
+        fetch_entries: 1,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn produce_latency_counts_every_acknowledged_request() {
     let lag = Duration::from_millis(20);
     let broker = start(2, lag.as_millis() as u64).await;
     let config = produce_latency::ProduceLatencyConfig {
-        broker: broker.local_addr(),
-        topic: "demo".into(),
-        partition: 0,
-        requests: 10,
         connections: 2,
-        record_bytes: 10,
         acks: -1,
-        timeout_ms: 30_000,
-        parked_fetches: 0,
-        fetch_entries: 1,
+        ..ten_produces(&broker)
     };
     let report = produce_latency::run(&config).await.unwrap();
     assert_eq!(report.errors, 0);
@@ -101,16 +110,9 @@ async fn idle_polls_parks_them_all_and_one_append_answers_them() {
 async fn produce_latency_runs_while_fetches_naming_the_partition_often_wait() {
     let broker = start(0, 0).await;
     let config = produce_latency::ProduceLatencyConfig {
-        broker: broker.local_addr(),
-        topic: "demo".into(),
-        partition: 0,
-        requests: 10,
-        connections: 1,
-        record_bytes: 10,
-        acks: 1,
-        timeout_ms: 30_000,
         parked_fetches: 2,
         fetch_entries: 500,
+        ..ten_produces(&broker)
     };
     let report = produce_latency::run(&config).await.unwrap();
     assert_eq!((report.errors, report.latency.unwrap().count), (0, 10));

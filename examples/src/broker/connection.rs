@@ -17,7 +17,9 @@
 //!   naming more partitions (Metadata: topics) than `max_partitions_per_request` closes it.
 //!   Nothing a client sends can make the broker panic.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use kafka_protocol::messages::{
@@ -32,7 +34,7 @@ use tokio::time::timeout;
 
 use super::api_versions;
 use super::client_socket::ClientReader;
-use super::frame::read_frame;
+use super::frame::{read_frame, FrameError};
 use super::reply::{respond, Reply};
 use super::{fetch, init_producer_id, list_offsets, metadata, produce, BrokerState};
 
@@ -47,43 +49,36 @@ pub async fn serve(state: Arc<BrokerState>, stream: TcpStream, mut stop: watch::
     let mut reader = ClientReader::new(reader);
     let config = &state.config;
     loop {
-        // Between requests: the next one must start within the idle timeout.
-        let started = tokio::select! {
-            started = timeout(config.connections_max_idle, reader.wait_for_data()) => started,
-            _ = stop.changed() => return,
+        // Between requests: the next one must start within the idle timeout, and then
+        // arrive whole within the frame read timeout.
+        let next = async {
+            let started = reader.wait_for_data();
+            let started = async {
+                let started = started.await.map_err(FrameError::Io)?;
+                Ok::<_, FrameError>(started.then_some(()))
+            };
+            let idle = config.connections_max_idle;
+            within(idle, "no request for", "--connections-max-idle-ms", started).await?;
+            let frame = read_frame(&mut reader, config.max_frame_bytes);
+            let whole = config.frame_read_timeout;
+            within(
+                whole,
+                "request not whole after",
+                "--frame-read-timeout-ms",
+                frame,
+            )
+            .await
         };
-        match started {
-            Ok(Ok(true)) => {}
-            Ok(Ok(false)) => return,
-            Ok(Err(e)) => {
-                state.log(&format!("closing {peer}: socket error: {e}"));
-                return;
-            }
-            Err(_) => {
-                state.log(&format!(
-                    "closing {peer}: no request for {} ms (--connections-max-idle-ms)",
-                    config.connections_max_idle.as_millis()
-                ));
-                return;
-            }
-        }
-        // A started request must arrive whole within the frame read timeout.
         let frame = tokio::select! {
-            frame = timeout(config.frame_read_timeout, read_frame(&mut reader, config.max_frame_bytes)) => frame,
+            frame = next => frame,
             _ = stop.changed() => return,
         };
         let frame = match frame {
-            Ok(Ok(Some(frame))) => frame,
-            Ok(Ok(None)) => return,
-            Ok(Err(e)) => {
-                state.log(&format!("closing {peer}: {e}"));
-                return;
-            }
-            Err(_) => {
-                state.log(&format!(
-                    "closing {peer}: request not whole after {} ms (--frame-read-timeout-ms)",
-                    config.frame_read_timeout.as_millis()
-                ));
+            Ok(frame) => frame,
+            Err(reason) => {
+                if let Some(reason) = reason {
+                    state.log(&format!("closing {peer}: {reason}"));
+                }
                 return;
             }
         };
@@ -112,6 +107,26 @@ pub async fn serve(state: Arc<BrokerState>, stream: TcpStream, mut stop: watch::
                 return;
             }
         }
+    }
+}
+
+/// Runs one step of reading a request within `limit`. `Err(None)`: the client closed the
+/// connection; `Err(Some(reason))`: the step failed or took too long (the reason names the
+/// flag that set the limit).
+async fn within<T, E: std::fmt::Display>(
+    limit: Duration,
+    timed_out: &str,
+    flag: &str,
+    step: impl Future<Output = Result<Option<T>, E>>,
+) -> Result<T, Option<String>> {
+    match timeout(limit, step).await {
+        Ok(Ok(Some(value))) => Ok(value),
+        Ok(Ok(None)) => Err(None),
+        Ok(Err(e)) => Err(Some(e.to_string())),
+        Err(_) => Err(Some(format!(
+            "{timed_out} {} ms ({flag})",
+            limit.as_millis()
+        ))),
     }
 }
 
