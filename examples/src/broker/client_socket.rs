@@ -11,8 +11,8 @@
 //! - The buffer holds at most [`PIPELINE_LIMIT`] bytes; past it the socket is not read until
 //!   the waiting request is answered (back-pressure, as before this watch existed), and a
 //!   client leaving in that state is seen only then.
-//! - An idle connection holds no buffer: it is allocated when bytes arrive during a wait
-//!   and released once read.
+//! - An idle or waiting connection holds no buffer: it is allocated when bytes arrive
+//!   during a wait and released once read.
 //!
 //! [`until_closed`]: ClientReader::until_closed
 
@@ -28,8 +28,9 @@ use tokio::net::tcp::OwnedReadHalf;
 /// Most bytes buffered while a request waits.
 pub const PIPELINE_LIMIT: usize = 1 << 20;
 
-/// Bytes reserved per read while a request waits.
-const READ_AHEAD: usize = 4096;
+/// Bytes read at most per read while a request waits (into a buffer on the stack, so a
+/// waiting connection that receives nothing allocates nothing).
+const READ_CHUNK: usize = 1024;
 
 /// How a client left.
 #[derive(Debug)]
@@ -85,10 +86,12 @@ impl ClientReader {
             if let Err(e) = self.socket.readable().await {
                 return Left::Failed(e);
             }
-            self.pending.reserve(READ_AHEAD);
-            match self.socket.try_read_buf(&mut self.pending) {
+            // The readiness may be left over from the request's own read: most wake-ups
+            // read nothing (WouldBlock), and then nothing is allocated.
+            let mut chunk = [0u8; READ_CHUNK];
+            match self.socket.try_read(&mut chunk) {
                 Ok(0) => return Left::Closed,
-                Ok(_) => {}
+                Ok(n) => self.pending.extend_from_slice(&chunk[..n]),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Left::Failed(e),
             }
