@@ -34,9 +34,13 @@ stop_broker() {
         broker_pid=""
     fi
 }
-trap 'stop_broker; rm -rf "$work"' EXIT INT TERM
+trap 'stop_broker; rm -rf "$work"' EXIT
+trap 'exit 130' INT TERM
 
 start_broker() {
+    # Emptied first: the new broker's shell truncates it only once it runs, and the loop
+    # below must not read the previous broker's address.
+    : >"$work/broker.out"
     "$target_dir/release/broker" --listen 127.0.0.1:0 "$@" >"$work/broker.out" 2>"$work/broker.err" &
     broker_pid=$!
     address=""

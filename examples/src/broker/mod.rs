@@ -13,7 +13,7 @@
 //!   at once (logged at most once a second, with a count), so clients cannot use up the
 //!   broker's file descriptors.
 //! - After a burst of closed connections the freed memory goes back to the operating
-//!   system within a quarter of a second (`memory.rs`).
+//!   system about a quarter of a second later (`memory.rs`); nothing ticks meanwhile.
 //! - [`Broker::shutdown`] stops accepting, stops the followers and shuts the purgatories
 //!   down (which expires whatever still waits, counted as expired), then ends every
 //!   connection task; it returns the counters as they are after all that.
@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 pub use config::BrokerConfig;
@@ -63,6 +63,8 @@ pub(crate) struct BrokerState {
     pub connections: AtomicUsize,
     /// Connections closed since memory was last handed back (`memory.rs`).
     pub closed_since_trim: AtomicUsize,
+    /// Wakes the task that hands memory back.
+    pub trim_wanted: Notify,
     /// Whether to print connection problems to stderr.
     pub verbose: bool,
 }
@@ -120,6 +122,7 @@ impl Broker {
             next_producer_id: AtomicI64::new(FIRST_PRODUCER_ID),
             connections: AtomicUsize::new(0),
             closed_since_trim: AtomicUsize::new(0),
+            trim_wanted: Notify::new(),
             verbose,
         });
         let (stop, stopped) = watch::channel(false);
@@ -188,7 +191,7 @@ impl OpenConnection {
 impl Drop for OpenConnection {
     fn drop(&mut self) {
         self.0.connections.fetch_sub(1, Ordering::AcqRel);
-        self.0.closed_since_trim.fetch_add(1, Ordering::Relaxed);
+        memory::connection_closed(&self.0);
     }
 }
 
