@@ -66,7 +66,7 @@ pub struct BrokerConfig {
 /// when the connection cap is derived from the open-file limit.
 const RESERVED_DESCRIPTORS: u64 = 64;
 
-/// The default connection cap: the soft open-file limit minus [`RESERVED_DESCRIPTORS`]
+/// The default connection cap: the soft open-file limit minus 64 (`RESERVED_DESCRIPTORS`)
 /// (at least 1; 10,000 when the limit cannot be read or is unlimited).
 pub fn default_max_connections() -> usize {
     let mut limit = libc::rlimit {

@@ -7,8 +7,9 @@
 //! With `parked_fetches`, that many fetches are parked first, each naming the partition
 //! `fetch_entries` times and asking for more bytes than will ever come (min_bytes 2^31-1,
 //! max_wait 10 minutes): every append then runs their `try_complete`, and the latency
-//! shows what that costs. They must still be waiting at the end of the run (a broker that
-//! refused one fails the run).
+//! shows what that costs. A parked fetch the broker closed (refused), or whose whole answer
+//! is there at the end of the run, fails the run; a large answer still arriving is not
+//! caught by that check.
 
 use std::io;
 use std::net::SocketAddr;
