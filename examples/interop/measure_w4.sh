@@ -4,11 +4,16 @@
 #      with two noise floors measured right before it: how late a plain 50 ms sleep wakes
 #      on this machine (timer-jitter) and acks=1 latency on the same broker;
 #   2. fetch wake-up after the satisfying append (no followers: the append is the commit);
-#   3. 10,000 idle long polls: broker RSS and CPU while they wait, then one append.
+#   3. 10,000 idle long polls: broker RSS and CPU while they wait, then one append;
+#   4. 5,000 long polls (max_wait 2^31-1 ms) whose clients then leave at once: the
+#      broker's descriptors and RSS until its descriptors are back;
+#   5. acks=1 produce latency, alone and while 10 maximal parked fetches wait (each naming
+#      the partition 10,000 times, the --max-partitions-per-request cap, for more bytes
+#      than will come): every append runs their try_complete.
 # Each measurement starts its own broker on a free loopback port and stops it afterwards.
 #
-# Environment: RUNS (default 3) repetitions of each; CONNECTIONS (default 10000);
-# CARGO_TARGET_DIR as for cargo.
+# Environment: RUNS (default 3) repetitions of each; CONNECTIONS (default 10000); LEFT
+# (default 5000) polls whose clients leave; CARGO_TARGET_DIR as for cargo.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -16,6 +21,7 @@ workspace="$(cd "$here/../.." && pwd)"
 target_dir="${CARGO_TARGET_DIR:-$workspace/target}"
 runs="${RUNS:-3}"
 connections="${CONNECTIONS:-10000}"
+left="${LEFT:-5000}"
 work="$(mktemp -d)"
 broker_pid=""
 
@@ -28,9 +34,13 @@ stop_broker() {
         broker_pid=""
     fi
 }
-trap 'stop_broker; rm -rf "$work"' EXIT INT TERM
+trap 'stop_broker; rm -rf "$work"' EXIT
+trap 'exit 130' INT TERM
 
 start_broker() {
+    # Emptied first: the new broker's shell truncates it only once it runs, and the loop
+    # below must not read the previous broker's address.
+    : >"$work/broker.out"
     "$target_dir/release/broker" --listen 127.0.0.1:0 "$@" >"$work/broker.out" 2>"$work/broker.err" &
     broker_pid=$!
     address=""
@@ -66,5 +76,17 @@ for run in $(seq 1 "$runs"); do
     start_broker --followers 0
     timeout 900 "$load" idle-polls --broker "$address" --connections "$connections" \
         --max-wait-ms 60000 --idle-s 10 --broker-pid "$broker_pid"
+    stop_broker
+
+    echo "== run $run: $left long polls whose clients leave, no followers"
+    start_broker --followers 0
+    timeout 600 "$load" left-polls --broker "$address" --connections "$left" --broker-pid "$broker_pid"
+    stop_broker
+
+    echo "== run $run: acks=1 produce latency, alone and while 10 maximal fetches are parked"
+    start_broker --followers 0
+    timeout 600 "$load" produce-latency --broker "$address" --requests 2000 --acks 1
+    timeout 600 "$load" produce-latency --broker "$address" --requests 2000 --acks 1 \
+        --parked-fetches 10 --fetch-entries 10000
     stop_broker
 done

@@ -13,30 +13,82 @@
 //!   then the produce purgatory is checked for that partition, and, if the high watermark
 //!   moved, the fetch purgatory too.
 //! - a produce or fetch that cannot be answered yet is handed to its purgatory with
-//!   `try_complete_else_watch`; its answer arrives on a one-shot channel, from whichever
-//!   thread completed it (an event, the reaper on timeout, or this call).
+//!   `watch`; its answer arrives on a one-shot channel, from whichever thread completed it
+//!   (an event, the reaper on timeout, or this call). The caller holds a
+//!   [`PendingAnswer`]: dropping it unanswered (the client left) cancels the operation.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use purgatory::{Completion, Purgatory, PurgatoryStats};
+use purgatory::{Completion, DelayedOperation, Purgatory, PurgatoryStats, WatchOutcome};
 use tokio::sync::oneshot;
 
 use crate::delayed_fetch::{BytesWait, DelayedFetch, FetchCompletion};
 use crate::delayed_produce::{DelayedProduce, ProduceCompletion, ReplicaWait};
 use crate::followers::{FollowerConfig, FollowerListener, FollowerSet};
 use crate::partition::{Appended, Partition, PartitionKey};
+use crate::pending_answer::PendingAnswer;
 use crate::record_batch::ProducedBatch;
 
 type ProducePurgatory = Purgatory<PartitionKey, DelayedProduce>;
 type FetchPurgatory = Purgatory<PartitionKey, DelayedFetch>;
 
+/// The answer of an acks=all produce handed to the purgatory.
+pub type ProduceAnswer = PendingAnswer<PartitionKey, DelayedProduce, ProduceCompletion>;
+/// The answer of a long-poll fetch handed to the purgatory.
+pub type FetchAnswer = PendingAnswer<PartitionKey, DelayedFetch, FetchCompletion>;
+
+/// An operation that can answer at once, without the purgatory.
+trait AnswerNow: DelayedOperation + Sized {
+    fn keys(&self) -> Vec<PartitionKey>;
+    fn answer_now(self, how: Completion);
+}
+
+impl AnswerNow for DelayedProduce {
+    fn keys(&self) -> Vec<PartitionKey> {
+        DelayedProduce::keys(self)
+    }
+    fn answer_now(self, how: Completion) {
+        DelayedProduce::answer_now(self, how);
+    }
+}
+
+impl AnswerNow for DelayedFetch {
+    fn keys(&self) -> Vec<PartitionKey> {
+        DelayedFetch::keys(self)
+    }
+    fn answer_now(self, how: Completion) {
+        DelayedFetch::answer_now(self, how);
+    }
+}
+
+/// Hands `op` to `purgatory`; the answer comes through `answer`, and dropping the result
+/// unanswered cancels the operation.
+fn park<O: AnswerNow, T>(
+    purgatory: &Purgatory<PartitionKey, O>,
+    op: O,
+    answer: oneshot::Receiver<T>,
+) -> PendingAnswer<PartitionKey, O, T> {
+    let keys = op.keys();
+    match purgatory.watch(op, keys) {
+        Ok(WatchOutcome::Pending(handle)) => {
+            PendingAnswer::parked(answer, purgatory.cancel_on_drop(handle))
+        }
+        Ok(WatchOutcome::Completed) => PendingAnswer::settled(answer),
+        Err(refused) => {
+            // Shut down (or nothing to wait on): answer with the state as it is.
+            refused.into_operation().answer_now(Completion::Expired);
+            PendingAnswer::settled(answer)
+        }
+    }
+}
+
 /// Fires the purgatories when replicas make progress.
 struct CommitEvents {
     partitions: Arc<[Arc<Partition>]>,
-    produce: Arc<ProducePurgatory>,
-    fetch: Arc<FetchPurgatory>,
+    produce: ProducePurgatory,
+    fetch: FetchPurgatory,
 }
 
 impl CommitEvents {
@@ -85,8 +137,8 @@ impl Leader {
             .collect();
         let events = Arc::new(CommitEvents {
             partitions,
-            produce: Arc::new(Purgatory::new("produce")),
-            fetch: Arc::new(Purgatory::new("fetch")),
+            produce: Purgatory::new("produce"),
+            fetch: Purgatory::new("fetch"),
         });
         let listener: Arc<dyn FollowerListener> = events.clone();
         let followers = Mutex::new(FollowerSet::start(followers, listener));
@@ -117,35 +169,24 @@ impl Leader {
     }
 
     /// Waits (up to `timeout`) until every partition of `waits` has its required offset on
-    /// every in-sync replica. The answer comes on the returned channel.
-    pub fn wait_for_replicas(
-        &self,
-        timeout: Duration,
-        waits: Vec<ReplicaWait>,
-    ) -> oneshot::Receiver<ProduceCompletion> {
+    /// every in-sync replica. The answer comes through the returned [`ProduceAnswer`];
+    /// dropping it unanswered cancels the wait (the records stay appended).
+    pub fn wait_for_replicas(&self, timeout: Duration, waits: Vec<ReplicaWait>) -> ProduceAnswer {
         let (op, answer) = DelayedProduce::new(timeout, waits);
-        let keys = op.keys();
-        if let Err(refused) = self.events.produce.try_complete_else_watch(op, keys) {
-            // Shut down (or nothing to wait on): answer with the state as it is.
-            refused.into_operation().answer_now(Completion::Expired);
-        }
-        answer
+        park(&self.events.produce, op, answer)
     }
 
     /// Waits (up to `max_wait`) until `min_bytes` of committed data lie past the fetch
-    /// positions of `waits`. The answer comes on the returned channel.
+    /// positions of `waits`. The answer comes through the returned [`FetchAnswer`];
+    /// dropping it unanswered cancels the wait.
     pub fn wait_for_bytes(
         &self,
         max_wait: Duration,
         min_bytes: u64,
         waits: Vec<BytesWait>,
-    ) -> oneshot::Receiver<FetchCompletion> {
+    ) -> FetchAnswer {
         let (op, answer) = DelayedFetch::new(max_wait, min_bytes, waits);
-        let keys = op.keys();
-        if let Err(refused) = self.events.fetch.try_complete_else_watch(op, keys) {
-            refused.into_operation().answer_now(Completion::Expired);
-        }
-        answer
+        park(&self.events.fetch, op, answer)
     }
 
     /// Counters of both purgatories.

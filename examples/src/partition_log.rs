@@ -7,6 +7,13 @@
 //!   batch boundaries are a subtraction; `end_position` is the total size of the log.
 //! - Batches are never modified or removed once appended (no retention: the demo broker lives
 //!   for a test or a measurement).
+//! - Segments: once the batches after the last sealed segment hold [`SEGMENT_BYTES`] or
+//!   more, they are copied once into one contiguous buffer (a sealed segment) and each batch
+//!   then points into it. A read returns batches of one segment only (as Kafka's log does),
+//!   so a read inside a sealed segment is a slice of it: readers share the log's bytes, and
+//!   a thousand readers of the same batches hold no copy. Only a read of several batches
+//!   of the newest, unsealed segment copies them (at most about [`SEGMENT_BYTES`]); a read of
+//!   one batch never copies.
 
 use bytes::{Bytes, BytesMut};
 
@@ -30,10 +37,28 @@ pub struct AppendedBatch {
     pub end_offset: i64,
 }
 
+/// Bytes of batches after which they are sealed into one contiguous segment.
+pub const SEGMENT_BYTES: u64 = 1 << 20;
+
+/// Batches stored contiguously in one buffer.
+#[derive(Debug)]
+struct Segment {
+    /// Index of its first batch.
+    first_batch: usize,
+    /// Log position of its first byte.
+    position: u64,
+    /// Its batches, back to back.
+    bytes: Bytes,
+}
+
 /// An append-only, in-memory partition log.
 #[derive(Debug, Default)]
 pub struct PartitionLog {
     batches: Vec<StoredBatch>,
+    /// Sealed segments, in log order; they cover the batches before `open_from`.
+    segments: Vec<Segment>,
+    /// Index of the first batch of the open (unsealed) segment.
+    open_from: usize,
     end_offset: i64,
     end_position: u64,
 }
@@ -60,10 +85,44 @@ impl PartitionLog {
         });
         self.end_offset = end_offset;
         self.end_position += size;
+        self.seal_if_full();
         AppendedBatch {
             base_offset,
             end_offset,
         }
+    }
+
+    /// Seals the open segment once it holds [`SEGMENT_BYTES`]: one copy of its batches into
+    /// a contiguous buffer (none for a single batch), which the batches then point into.
+    fn seal_if_full(&mut self) {
+        let open = &mut self.batches[self.open_from..];
+        let Some(position) = open.first().map(|b| b.position) else {
+            return;
+        };
+        let size = self.end_position - position;
+        if size < SEGMENT_BYTES {
+            return;
+        }
+        let bytes = if let [single] = open {
+            single.bytes.clone()
+        } else {
+            let mut joined = BytesMut::with_capacity(size as usize);
+            for batch in open.iter() {
+                joined.extend_from_slice(&batch.bytes);
+            }
+            let joined = joined.freeze();
+            for batch in open.iter_mut() {
+                let start = (batch.position - position) as usize;
+                batch.bytes = joined.slice(start..start + batch.bytes.len());
+            }
+            joined
+        };
+        self.segments.push(Segment {
+            first_batch: self.open_from,
+            position,
+            bytes,
+        });
+        self.open_from = self.batches.len();
     }
 
     /// The log end offset: the offset the next record will get.
@@ -101,34 +160,46 @@ impl PartitionLog {
 
     /// Whole batches from the one holding `from`, ending before `upto`, at most `max_bytes`
     /// in total, except that with `at_least_one` the first batch is returned even when
-    /// larger (so a consumer always makes progress, as in Kafka's KIP-74).
+    /// larger (so a consumer always makes progress, as in Kafka's KIP-74). The batches come
+    /// from one segment: a sealed segment's are a slice of it, not a copy.
     pub fn read(&self, from: i64, upto: i64, max_bytes: usize, at_least_one: bool) -> Bytes {
         let first = self.batch_index(from.max(0));
-        let mut chosen = self.batches[first.min(self.batches.len())..]
-            .iter()
-            .take_while(|b| b.end_offset <= upto);
-        let Some(head) = chosen.next() else {
+        let Some(head) = self.batches.get(first).filter(|b| b.end_offset <= upto) else {
             return Bytes::new();
         };
         if !at_least_one && head.bytes.len() > max_bytes {
             return Bytes::new();
         }
+        // The sealed segment holding `first`, if any, and the end of `first`'s segment.
+        let (segment, segment_end) = if first < self.open_from {
+            let index = self.segments.partition_point(|s| s.first_batch <= first) - 1;
+            let end = self
+                .segments
+                .get(index + 1)
+                .map_or(self.open_from, |s| s.first_batch);
+            (Some(&self.segments[index]), end)
+        } else {
+            (None, self.batches.len())
+        };
         let mut total = head.bytes.len();
-        let mut tail = Vec::new();
-        for batch in chosen {
-            if total + batch.bytes.len() > max_bytes {
+        let mut last = first + 1;
+        for batch in &self.batches[last..segment_end] {
+            if batch.end_offset > upto || total + batch.bytes.len() > max_bytes {
                 break;
             }
             total += batch.bytes.len();
-            tail.push(&batch.bytes);
+            last += 1;
         }
-        if tail.is_empty() {
+        if last == first + 1 {
             return head.bytes.clone();
         }
+        if let Some(segment) = segment {
+            let start = (head.position - segment.position) as usize;
+            return segment.bytes.slice(start..start + total);
+        }
         let mut out = BytesMut::with_capacity(total);
-        out.extend_from_slice(&head.bytes);
-        for bytes in tail {
-            out.extend_from_slice(bytes);
+        for batch in &self.batches[first..last] {
+            out.extend_from_slice(&batch.bytes);
         }
         out.freeze()
     }
@@ -232,6 +303,39 @@ mod tests {
             offsets_in(&log.read(0, 5, first_size, false)),
             vec![0, 1, 2]
         );
+    }
+
+    /// Appends batches of about 100 KiB until `count` are there.
+    fn big_batches(log: &mut PartitionLog, count: usize) {
+        for i in 0..count {
+            let values: Vec<Bytes> = (0..10)
+                .map(|_| Bytes::from(vec![i as u8; 10_000]))
+                .collect();
+            let batch = ProducedBatch::parse_all(&encode_batch(&values, 1))
+                .unwrap()
+                .remove(0);
+            log.append(batch, 0);
+        }
+    }
+
+    #[test]
+    fn reads_of_a_sealed_segment_share_the_log_bytes() {
+        let mut log = PartitionLog::new();
+        big_batches(&mut log, 14);
+        let upto = log.end_offset();
+        let one = log.read(0, upto, usize::MAX, true);
+        let two = log.read(0, upto, usize::MAX, true);
+        let batches = offsets_in(&one).len() / 10;
+        assert!(batches > 2, "{batches} batches read");
+        assert_eq!(one.as_ptr(), two.as_ptr(), "the two reads copied the log");
+        // From the middle of the segment, still a slice of it.
+        let middle = log.read(20, upto, usize::MAX, true);
+        let start = log.position_of(20).unwrap() as usize;
+        assert_eq!(middle.as_ptr(), one[start..].as_ptr());
+        // A read stops at its segment's end; the next read goes on from there.
+        let next = log.read(batches as i64 * 10, upto, usize::MAX, true);
+        assert_eq!(offsets_in(&next).first(), Some(&(batches as i64 * 10)));
+        assert_eq!(offsets_in(&next).last(), Some(&(upto - 1)));
     }
 
     #[test]

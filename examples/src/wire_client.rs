@@ -106,6 +106,12 @@ impl WireClient {
         self.writer.write_all(bytes).await
     }
 
+    /// Makes closing this connection (dropping the client) reset it instead of a clean
+    /// close: lingering off, so the kernel sends a reset and drops unsent data.
+    pub fn reset_on_drop(&self) -> io::Result<()> {
+        self.reader.as_ref().set_zero_linger()
+    }
+
     /// Reads one raw frame; `None` when the broker closed the connection.
     pub async fn read_raw(&mut self) -> io::Result<Option<Bytes>> {
         read_frame(&mut self.reader, MAX_RESPONSE)

@@ -1,4 +1,4 @@
-//! The load tool's three measurements, at toy sizes, against an in-process broker: they
+//! The load tool's measurements, at toy sizes, against an in-process broker: they
 //! must complete and count what they claim to count.
 
 use std::time::Duration;
@@ -6,7 +6,7 @@ use std::time::Duration;
 use purgatory_examples::broker::{Broker, BrokerConfig};
 use purgatory_examples::followers::FollowerConfig;
 use purgatory_examples::huge_allocations::HugeAllocationsMappedLazily;
-use purgatory_examples::load::{fetch_wakeup, idle_polls, produce_latency};
+use purgatory_examples::load::{fetch_wakeup, idle_polls, left_polls, produce_latency};
 
 #[global_allocator]
 static ALLOCATOR: HugeAllocationsMappedLazily = HugeAllocationsMappedLazily;
@@ -25,19 +25,30 @@ async fn start(followers: usize, lag_ms: u64) -> Broker {
     .unwrap()
 }
 
+/// Ten acks=1 produces of 10-byte records on one connection, nothing parked.
+fn ten_produces(broker: &Broker) -> produce_latency::ProduceLatencyConfig {
+    produce_latency::ProduceLatencyConfig {
+        broker: broker.local_addr(),
+        topic: "demo".into(),
+        partition: 0,
+        requests: 10,
+        connections: 1,
+        record_bytes: 10,
+        acks: 1,
+        timeout_ms: 30_000,
+        parked_fetches: 0,
+        fetch_entries: 1,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn produce_latency_counts_every_acknowledged_request() {
     let lag = Duration::from_millis(20);
     let broker = start(2, lag.as_millis() as u64).await;
     let config = produce_latency::ProduceLatencyConfig {
-        broker: broker.local_addr(),
-        topic: "demo".into(),
-        partition: 0,
-        requests: 10,
         connections: 2,
-        record_bytes: 10,
         acks: -1,
-        timeout_ms: 30_000,
+        ..ten_produces(&broker)
     };
     let report = produce_latency::run(&config).await.unwrap();
     assert_eq!(report.errors, 0);
@@ -92,5 +103,38 @@ async fn idle_polls_parks_them_all_and_one_append_answers_them() {
     assert!(usage.parked.rss_kib > 0);
     assert!(usage.rss_range_kib.0 <= usage.rss_range_kib.1);
     assert!(broker.stats().leader.fetch.completed >= 1);
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn produce_latency_runs_while_fetches_naming_the_partition_often_wait() {
+    let broker = start(0, 0).await;
+    let config = produce_latency::ProduceLatencyConfig {
+        parked_fetches: 2,
+        fetch_entries: 500,
+        ..ten_produces(&broker)
+    };
+    let report = produce_latency::run(&config).await.unwrap();
+    assert_eq!((report.errors, report.latency.unwrap().count), (0, 10));
+    let fetch = broker.stats().leader.fetch;
+    assert_eq!((fetch.pending, fetch.completed), (2, 0));
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn left_polls_sees_the_descriptors_come_back() {
+    let broker = start(0, 0).await;
+    let config = left_polls::LeftPollsConfig {
+        broker: broker.local_addr(),
+        // The broker lives in this process (its clients' sockets too).
+        broker_pid: std::process::id(),
+        topic: "demo".into(),
+        partition: 0,
+        connections: 20,
+    };
+    let report = left_polls::run(&config).await.unwrap();
+    assert!(report.parked.open_files >= report.before.open_files + 20);
+    assert!(report.returned_after.unwrap() < Duration::from_secs(10));
+    assert_eq!(broker.stats().leader.fetch.cancelled, 20);
     broker.shutdown().await;
 }

@@ -71,15 +71,18 @@ fn main() -> ExitCode {
             config.partitions,
         );
         wait_for_signal().await;
-        let stats = broker.stats();
-        broker.shutdown().await;
+        // After the shutdown, which expires what still waits.
+        let stats = broker.shutdown().await;
+        let counters = |p: &purgatory::PurgatoryStats| {
+            format!(
+                "{} completed / {} expired / {} cancelled (client left)",
+                p.completed, p.expired, p.cancelled
+            )
+        };
         println!(
-            "broker stopped: produce purgatory {} completed / {} expired, \
-             fetch purgatory {} completed / {} expired",
-            stats.leader.produce.completed,
-            stats.leader.produce.expired,
-            stats.leader.fetch.completed,
-            stats.leader.fetch.expired
+            "broker stopped: produce purgatory {}, fetch purgatory {}",
+            counters(&stats.leader.produce),
+            counters(&stats.leader.fetch)
         );
         ExitCode::SUCCESS
     })

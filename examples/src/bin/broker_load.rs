@@ -6,14 +6,20 @@ use std::time::Duration;
 
 use purgatory_examples::cli::{FlagError, Flags};
 use purgatory_examples::load::latency_summary::{ms, LatencySummary};
-use purgatory_examples::load::{fetch_wakeup, idle_polls, produce_latency, timer_jitter};
+use purgatory_examples::load::{
+    fetch_wakeup, idle_polls, left_polls, produce_latency, timer_jitter,
+};
 
 const USAGE: &str = "usage: broker_load COMMAND [--broker ADDR] [--topic NAME] [--partition P] ...
 commands:
   produce-latency  [--requests N (2000)] [--connections C (1)] [--acks all|1] [--record-bytes B (100)]
                    [--timeout-ms T (30000)] [--replication-delay-ms D (0): subtracted in the report]
+                   [--parked-fetches F (0)] [--fetch-entries E (1)]: F fetches naming the partition
+                   E times wait (for more bytes than will come) during the run
   fetch-wakeup     [--rounds N (500)] [--max-wait-ms W (10000)] [--park-ms P (5)]
   idle-polls       [--connections N (10000)] [--max-wait-ms W (60000)] [--idle-s S (10)] [--broker-pid PID]
+  left-polls       --broker-pid PID [--connections N (5000)]: N long polls (max_wait 2^31-1 ms)
+                   whose clients then all leave; the broker's descriptors and RSS until back
   timer-jitter     [--sleep-ms D (50)] [--samples N (200)]: lateness of timed sleeps, no broker
 --broker defaults to 127.0.0.1:9092, --topic to demo, --partition to 0.";
 
@@ -47,6 +53,8 @@ fn main() -> ExitCode {
             "--broker-pid",
             "--sleep-ms",
             "--samples",
+            "--parked-fetches",
+            "--fetch-entries",
         ],
         &[],
     );
@@ -119,6 +127,8 @@ async fn run(command: &str, flags: &Flags) -> Result<(), RunError> {
                 record_bytes: flags.get("--record-bytes", 100)?,
                 acks,
                 timeout_ms: flags.get("--timeout-ms", 30_000)?,
+                parked_fetches: flags.get("--parked-fetches", 0)?,
+                fetch_entries: flags.get("--fetch-entries", 1)?,
             };
             let delay = Duration::from_millis(flags.get("--replication-delay-ms", 0)?);
             let report = produce_latency::run(&config).await?;
@@ -130,6 +140,12 @@ async fn run(command: &str, flags: &Flags) -> Result<(), RunError> {
                 report.errors,
                 report.elapsed.as_secs_f64()
             );
+            if config.parked_fetches > 0 {
+                println!(
+                    "  while {} fetches naming the partition {} times each waited",
+                    config.parked_fetches, config.fetch_entries
+                );
+            }
             println!("  latency: {}", show(report.latency));
             if let Some(latency) = report.latency {
                 println!(
@@ -208,6 +224,44 @@ async fn run(command: &str, flags: &Flags) -> Result<(), RunError> {
                     "{} polls never answered",
                     report.unanswered
                 )));
+            }
+        }
+        "left-polls" => {
+            let config = left_polls::LeftPollsConfig {
+                broker,
+                broker_pid: match flags.get("--broker-pid", 0u32)? {
+                    0 => return Err(RunError::Usage("left-polls needs --broker-pid".into())),
+                    pid => pid,
+                },
+                topic,
+                partition,
+                connections: flags.get("--connections", 5_000)?,
+            };
+            let report = left_polls::run(&config).await?;
+            let show = |s: &left_polls::Snapshot| {
+                format!(
+                    "{} descriptors, RSS {:.1} MiB",
+                    s.open_files,
+                    s.usage.rss_kib as f64 / 1024.0
+                )
+            };
+            println!(
+                "left-polls: {} long polls (max_wait 2^31-1 ms) whose clients then left",
+                config.connections
+            );
+            println!("  before:              {}", show(&report.before));
+            println!("  all parked:          {}", show(&report.parked));
+            match report.returned_after {
+                Some(after) => println!(
+                    "  descriptors back after {:.0} ms: {}",
+                    after.as_secs_f64() * 1e3,
+                    show(&report.returned)
+                ),
+                None => println!("  not back within the limit: {}", show(&report.returned)),
+            }
+            println!("  1 s after they left: {}", show(&report.one_second_after));
+            if report.returned_after.is_none() {
+                return Err(RunError::Failed("the descriptors did not come back".into()));
             }
         }
         "timer-jitter" => {

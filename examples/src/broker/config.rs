@@ -1,4 +1,8 @@
 //! The broker's configuration and its command-line flags.
+//!
+//! Invariants: every limit is at least 1 (a zero would refuse everything or close every
+//! connection at once), and the defaults are Kafka's where Kafka has the setting
+//! (`connections.max.idle.ms`, `fetch.max.bytes`, `socket.request.max.bytes`).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -9,7 +13,8 @@ use crate::followers::FollowerConfig;
 /// Flags the `broker` binary understands, for `--help`.
 pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partitions N] \
 [--followers N] [--replication-delay-ms D] [--stall-followers] [--max-frame-bytes B] \
-[--max-produce-wait-ms T] [--metrics-listen ADDR]
+[--max-produce-wait-ms T] [--metrics-listen ADDR] [--max-connections N] [--connections-max-idle-ms T] \
+[--frame-read-timeout-ms T] [--fetch-max-bytes B] [--max-partitions-per-request N]
   --listen ADDR             address to listen on (default 127.0.0.1:9092; port 0 = any free port)
   --topic NAME              the one topic served (default demo)
   --partitions N            its partitions (default 1)
@@ -19,7 +24,17 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
   --max-frame-bytes B       largest request accepted (default 104857600, Kafka's)
   --max-produce-wait-ms T   cap on an acks=all produce's own timeout (default: none)
   --metrics-listen ADDR     serve the purgatories' figures as Prometheus text over HTTP there
-                            (default: not served; port 0 = any free port)";
+                            (default: not served; port 0 = any free port)
+  --max-connections N       open connections at most; one more is closed at once (default:
+                            the open-file limit minus 64, so clients never use up the descriptors)
+  --connections-max-idle-ms T  close a connection with no request for T ms (default 600000,
+                            Kafka's connections.max.idle.ms; a waiting request is not idle)
+  --frame-read-timeout-ms T close a connection whose started request is not whole after T ms
+                            (default 30000)
+  --fetch-max-bytes B       cap on the records of one fetch answer, whatever the client asks
+                            (default 57671680, Kafka's fetch.max.bytes: 55 MiB)
+  --max-partitions-per-request N  a Produce, Fetch or ListOffsets naming more partitions, or a
+                            Metadata naming more topics, closes the connection (default 10000)";
 
 /// How a broker is set up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +53,37 @@ pub struct BrokerConfig {
     pub max_produce_wait: Option<Duration>,
     /// Where the binary serves Prometheus text (see `metrics_endpoint.rs`), if anywhere.
     pub metrics_listen: Option<SocketAddr>,
+    /// Open connections at most; a connection accepted beyond it is closed at once.
+    pub max_connections: usize,
+    /// A connection that sends no request for this long is closed.
+    pub connections_max_idle: Duration,
+    /// A request whose first byte arrived must be whole within this, or its connection is
+    /// closed.
+    pub frame_read_timeout: Duration,
+    /// Cap on the record bytes of one fetch answer.
+    pub fetch_max_bytes: usize,
+    /// Most partitions one Produce, Fetch or ListOffsets request may name (Metadata: topics).
+    pub max_partitions_per_request: usize,
+}
+
+/// Descriptors kept for the broker itself (listener, standard streams, runtime, threads)
+/// when the connection cap is derived from the open-file limit.
+const RESERVED_DESCRIPTORS: u64 = 64;
+
+/// The default connection cap: the soft open-file limit minus 64 (`RESERVED_DESCRIPTORS`)
+/// (at least 1; 10,000 when the limit cannot be read or is unlimited).
+pub fn default_max_connections() -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we own; no other memory is touched.
+    let read = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
+    if !read || limit.rlim_cur == libc::RLIM_INFINITY {
+        return 10_000;
+    }
+    let usable = limit.rlim_cur.saturating_sub(RESERVED_DESCRIPTORS).max(1);
+    usize::try_from(usable).unwrap_or(usize::MAX)
 }
 
 impl Default for BrokerConfig {
@@ -54,6 +100,11 @@ impl Default for BrokerConfig {
             max_frame_bytes: 100 * 1024 * 1024,
             max_produce_wait: None,
             metrics_listen: None,
+            max_connections: default_max_connections(),
+            connections_max_idle: Duration::from_secs(600),
+            frame_read_timeout: Duration::from_secs(30),
+            fetch_max_bytes: 55 * 1024 * 1024,
+            max_partitions_per_request: 10_000,
         }
     }
 }
@@ -78,6 +129,11 @@ impl BrokerConfig {
                 "--max-frame-bytes",
                 "--max-produce-wait-ms",
                 "--metrics-listen",
+                "--max-connections",
+                "--connections-max-idle-ms",
+                "--frame-read-timeout-ms",
+                "--fetch-max-bytes",
+                "--max-partitions-per-request",
             ],
             &["--stall-followers"],
         )?;
@@ -102,7 +158,39 @@ impl BrokerConfig {
             0 => None,
             ms => Some(ms),
         };
+        let positive = |flag: &str, default: u64| -> Result<u64, FlagError> {
+            match flags.get(flag, default)? {
+                0 => Err(FlagError::BadValue {
+                    flag: flag.into(),
+                    value: "0".into(),
+                    why: "must be at least 1".into(),
+                }),
+                value => Ok(value),
+            }
+        };
+        let as_usize = |value: u64| usize::try_from(value).unwrap_or(usize::MAX);
+        let millis = |value: u64| Duration::from_millis(value);
         Ok(BrokerConfig {
+            max_connections: as_usize(positive(
+                "--max-connections",
+                defaults.max_connections as u64,
+            )?),
+            connections_max_idle: millis(positive(
+                "--connections-max-idle-ms",
+                defaults.connections_max_idle.as_millis() as u64,
+            )?),
+            frame_read_timeout: millis(positive(
+                "--frame-read-timeout-ms",
+                defaults.frame_read_timeout.as_millis() as u64,
+            )?),
+            fetch_max_bytes: as_usize(positive(
+                "--fetch-max-bytes",
+                defaults.fetch_max_bytes as u64,
+            )?),
+            max_partitions_per_request: as_usize(positive(
+                "--max-partitions-per-request",
+                defaults.max_partitions_per_request as u64,
+            )?),
             listen: flags.get("--listen", defaults.listen)?,
             topic,
             partitions,
@@ -154,6 +242,16 @@ mod tests {
             "1000",
             "--max-produce-wait-ms",
             "250",
+            "--max-connections",
+            "40",
+            "--connections-max-idle-ms",
+            "1500",
+            "--frame-read-timeout-ms",
+            "700",
+            "--fetch-max-bytes",
+            "4096",
+            "--max-partitions-per-request",
+            "12",
         ])
         .unwrap();
         assert_eq!(config.listen.port(), 0);
@@ -163,6 +261,11 @@ mod tests {
         assert!(config.followers.stalled);
         assert_eq!(config.max_frame_bytes, 1000);
         assert_eq!(config.max_produce_wait, Some(Duration::from_millis(250)));
+        assert_eq!(config.max_connections, 40);
+        assert_eq!(config.connections_max_idle, Duration::from_millis(1500));
+        assert_eq!(config.frame_read_timeout, Duration::from_millis(700));
+        assert_eq!(config.fetch_max_bytes, 4096);
+        assert_eq!(config.max_partitions_per_request, 12);
     }
 
     #[test]
@@ -171,5 +274,16 @@ mod tests {
         assert!(parse(&["--listen", "nowhere"]).is_err());
         assert!(parse(&["--topic", ""]).is_err());
         assert!(parse(&["--followers", "-1"]).is_err());
+        assert!(parse(&["--max-connections", "0"]).is_err());
+        assert!(parse(&["--connections-max-idle-ms", "0"]).is_err());
+        assert!(parse(&["--fetch-max-bytes", "0"]).is_err());
+    }
+
+    #[test]
+    fn the_connection_cap_leaves_descriptors_for_the_broker() {
+        let cap = default_max_connections();
+        assert!(cap >= 1);
+        assert_eq!(BrokerConfig::default().connections_max_idle.as_secs(), 600);
+        assert_eq!(BrokerConfig::default().fetch_max_bytes, 57_671_680);
     }
 }

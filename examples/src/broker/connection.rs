@@ -4,13 +4,22 @@
 //! Invariants:
 //! - Requests of one connection are handled strictly in order; a long poll holds back the
 //!   requests behind it on its connection (as in Kafka), never other connections.
-//! - A waiting request costs a parked task, not a thread.
+//! - A waiting request costs a parked task, not a thread. While it waits the socket is
+//!   still read (`client_socket.rs`): a client that leaves (end of stream or reset) ends the
+//!   connection at once, and dropping the request's future cancels its operation in the
+//!   purgatory (an appended produce stays appended; only its answer is dropped).
+//! - Time limits: the next request must start within `connections_max_idle` of the last
+//!   answer, and a started request must arrive whole within `frame_read_timeout`; a waiting
+//!   request is never idle. Each closes the connection with a log line.
 //! - Bad input ends only its own connection: a frame size outside the limit, a header that
 //!   does not decode, an unknown API, an unsupported version (except ApiVersions, answered
-//!   with UNSUPPORTED_VERSION as KIP-511 asks) or a body that does not decode closes it.
+//!   with UNSUPPORTED_VERSION as KIP-511 asks), a body that does not decode, or a request
+//!   naming more partitions (Metadata: topics) than `max_partitions_per_request` closes it.
 //!   Nothing a client sends can make the broker panic.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Buf, Bytes};
 use kafka_protocol::messages::{
@@ -21,35 +30,69 @@ use kafka_protocol::protocol::Decodable;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::sync::watch;
+use tokio::time::timeout;
 
 use super::api_versions;
-use super::frame::read_frame;
+use super::client_socket::ClientReader;
+use super::frame::{read_frame, FrameError};
 use super::reply::{respond, Reply};
 use super::{fetch, init_producer_id, list_offsets, metadata, produce, BrokerState};
 
-/// Serves one connection until the client leaves, it misbehaves, or the broker stops.
+/// Serves one connection until the client leaves, it misbehaves, it stays idle or half-way
+/// through a request too long, or the broker stops.
 pub async fn serve(state: Arc<BrokerState>, stream: TcpStream, mut stop: watch::Receiver<bool>) {
     let peer = stream
         .peer_addr()
         .map_or_else(|_| "?".to_string(), |a| a.to_string());
     let _ = stream.set_nodelay(true);
-    let (mut reader, mut writer) = stream.into_split();
-    let limit = state.config.max_frame_bytes;
+    let (reader, mut writer) = stream.into_split();
+    let mut reader = ClientReader::new(reader);
+    let config = &state.config;
     loop {
+        // Between requests: the next one must start within the idle timeout, and then
+        // arrive whole within the frame read timeout.
+        let next = async {
+            let started = reader.wait_for_data();
+            let started = async {
+                let started = started.await.map_err(FrameError::Io)?;
+                Ok::<_, FrameError>(started.then_some(()))
+            };
+            let idle = config.connections_max_idle;
+            within(idle, "no request for", "--connections-max-idle-ms", started).await?;
+            let frame = read_frame(&mut reader, config.max_frame_bytes);
+            let whole = config.frame_read_timeout;
+            within(
+                whole,
+                "request not whole after",
+                "--frame-read-timeout-ms",
+                frame,
+            )
+            .await
+        };
         let frame = tokio::select! {
-            frame = read_frame(&mut reader, limit) => frame,
+            frame = next => frame,
             _ = stop.changed() => return,
         };
         let frame = match frame {
-            Ok(Some(frame)) => frame,
-            Ok(None) => return,
-            Err(e) => {
-                state.log(&format!("closing {peer}: {e}"));
+            Ok(frame) => frame,
+            Err(reason) => {
+                if let Some(reason) = reason {
+                    state.log(&format!("closing {peer}: {reason}"));
+                }
                 return;
             }
         };
+        // While the request is handled (it may wait in a purgatory), watch the socket: a
+        // client that leaves drops the request, whose pending answer cancels its operation.
+        let handling = handle(&state, frame);
+        tokio::pin!(handling);
         let reply = tokio::select! {
-            reply = handle(&state, frame) => reply,
+            biased;
+            reply = &mut handling => reply,
+            left = reader.until_closed() => {
+                state.log(&format!("closing {peer}: {left} while its request waited"));
+                return;
+            }
             _ = stop.changed() => return,
         };
         match reply {
@@ -64,6 +107,26 @@ pub async fn serve(state: Arc<BrokerState>, stream: TcpStream, mut stop: watch::
                 return;
             }
         }
+    }
+}
+
+/// Runs one step of reading a request within `limit`. `Err(None)`: the client closed the
+/// connection; `Err(Some(reason))`: the step failed or took too long (the reason names the
+/// flag that set the limit).
+async fn within<T, E: std::fmt::Display>(
+    limit: Duration,
+    timed_out: &str,
+    flag: &str,
+    step: impl Future<Output = Result<Option<T>, E>>,
+) -> Result<T, Option<String>> {
+    match timeout(limit, step).await {
+        Ok(Ok(Some(value))) => Ok(value),
+        Ok(Ok(None)) => Err(None),
+        Ok(Err(e)) => Err(Some(e.to_string())),
+        Err(_) => Err(Some(format!(
+            "{timed_out} {} ms ({flag})",
+            limit.as_millis()
+        ))),
     }
 }
 
@@ -98,12 +161,13 @@ pub async fn handle(state: &BrokerState, mut frame: Bytes) -> Reply {
 }
 
 async fn dispatch(state: &BrokerState, api: ApiKey, version: i16, id: i32, body: Bytes) -> Reply {
+    let cap = state.config.max_partitions_per_request;
     match api {
-        ApiKey::ApiVersions => match decode::<ApiVersionsRequest>(body, version) {
+        ApiKey::ApiVersions => match decode::<ApiVersionsRequest>(body, version, cap) {
             Ok(_) => respond(api, version, id, &api_versions::response(false)),
             Err(reason) => Reply::Close(reason),
         },
-        ApiKey::Metadata => match decode::<MetadataRequest>(body, version) {
+        ApiKey::Metadata => match decode::<MetadataRequest>(body, version, cap) {
             Ok(request) => respond(
                 api,
                 version,
@@ -112,27 +176,27 @@ async fn dispatch(state: &BrokerState, api: ApiKey, version: i16, id: i32, body:
             ),
             Err(reason) => Reply::Close(reason),
         },
-        ApiKey::InitProducerId => match decode::<InitProducerIdRequest>(body, version) {
+        ApiKey::InitProducerId => match decode::<InitProducerIdRequest>(body, version, cap) {
             Ok(request) => respond(api, version, id, &init_producer_id::handle(state, &request)),
             Err(reason) => Reply::Close(reason),
         },
-        ApiKey::ListOffsets => match decode::<ListOffsetsRequest>(body, version) {
+        ApiKey::ListOffsets => match decode::<ListOffsetsRequest>(body, version, cap) {
             Ok(request) => {
                 let response = list_offsets::handle(state, &request, version);
                 respond(api, version, id, &response)
             }
             Err(reason) => Reply::Close(reason),
         },
-        ApiKey::Produce => match decode::<ProduceRequest>(body, version) {
+        ApiKey::Produce => match decode::<ProduceRequest>(body, version, cap) {
             Ok(request) => match produce::handle(state, request, version).await {
                 Some(response) => respond(api, version, id, &response),
                 None => Reply::Nothing,
             },
             Err(reason) => Reply::Close(reason),
         },
-        ApiKey::Fetch => match decode::<FetchRequest>(body, version) {
+        ApiKey::Fetch => match decode::<FetchRequest>(body, version, cap) {
             Ok(request) => {
-                let response = fetch::handle(state, &request, version).await;
+                let response = fetch::handle(state, request, version).await;
                 respond(api, version, id, &response)
             }
             Err(reason) => Reply::Close(reason),
@@ -141,7 +205,18 @@ async fn dispatch(state: &BrokerState, api: ApiKey, version: i16, id: i32, body:
     }
 }
 
-fn decode<R: Decodable>(mut body: Bytes, version: i16) -> Result<R, String> {
+/// Decodes a request body that must be whole and name at most `cap` partitions (topics for
+/// Metadata).
+fn decode<R: Decodable + Entries>(mut body: Bytes, version: i16, cap: usize) -> Result<R, String> {
+    let too_many = |named: usize| {
+        format!(
+            "request names {named} partitions (Metadata: topics), more than \
+             --max-partitions-per-request {cap}"
+        )
+    };
+    if let Some(announced) = R::announced(&body, version).filter(|&n| n > cap) {
+        return Err(too_many(announced));
+    }
     let request = R::decode(&mut body, version)
         .map_err(|e| format!("malformed request body (v{version}): {e}"))?;
     if body.has_remaining() {
@@ -150,5 +225,62 @@ fn decode<R: Decodable>(mut body: Bytes, version: i16) -> Result<R, String> {
             body.remaining()
         ));
     }
+    let named = request.entries();
+    if named > cap {
+        return Err(too_many(named));
+    }
     Ok(request)
+}
+
+/// What the per-request cap counts: partitions named (topics for Metadata), duplicates
+/// included.
+trait Entries {
+    /// Entries of the decoded request.
+    fn entries(&self) -> usize;
+
+    /// Entries the raw body announces, where that can be read before decoding (so a
+    /// request over the cap costs no decoding).
+    fn announced(_body: &[u8], _version: i16) -> Option<usize> {
+        None
+    }
+}
+
+impl Entries for ApiVersionsRequest {
+    fn entries(&self) -> usize {
+        0
+    }
+}
+
+impl Entries for InitProducerIdRequest {
+    fn entries(&self) -> usize {
+        0
+    }
+}
+
+impl Entries for MetadataRequest {
+    fn entries(&self) -> usize {
+        self.topics.as_ref().map_or(0, Vec::len)
+    }
+
+    fn announced(body: &[u8], version: i16) -> Option<usize> {
+        metadata::announced_topics(body, version)
+    }
+}
+
+impl Entries for ProduceRequest {
+    fn entries(&self) -> usize {
+        self.topic_data.iter().map(|t| t.partition_data.len()).sum()
+    }
+}
+
+impl Entries for FetchRequest {
+    fn entries(&self) -> usize {
+        self.topics.iter().map(|t| t.partitions.len()).sum()
+    }
+}
+
+impl Entries for ListOffsetsRequest {
+    fn entries(&self) -> usize {
+        self.topics.iter().map(|t| t.partitions.len()).sum()
+    }
 }

@@ -6,21 +6,34 @@
 //! Consumers see only batches below the high watermark. Fetch sessions (v7+) are never
 //! created: every answer has session id 0, so clients send full fetches, and an incremental
 //! fetch naming a session gets FETCH_SESSION_ID_NOT_FOUND.
+//!
+//! Invariants (what keeps an answer proportional to the data, not to the request):
+//! - Each partition is answered once, however often the request names it, as Kafka does
+//!   (its request map keeps a partition at its first place, with its last mention's offset
+//!   and byte limit). The operation parked in the purgatory waits on the distinct
+//!   partitions only, so its `try_complete` costs one check per distinct partition.
+//! - The records of one answer stay within the client's `max_bytes` capped by the broker's
+//!   `fetch_max_bytes`, except that the first batch found is always sent (KIP-74), and each
+//!   partition within its `partition_max_bytes`.
+//! - The decoded request is dropped before the wait: a parked fetch holds one entry per
+//!   distinct partition.
 
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
-use kafka_protocol::messages::{FetchRequest, FetchResponse};
+use kafka_protocol::messages::{FetchRequest, FetchResponse, TopicName};
 use kafka_protocol::ResponseError;
 
 use super::BrokerState;
 use crate::delayed_fetch::BytesWait;
 use crate::partition::{Partition, PartitionKey};
 
-/// A partition of the request, checked.
+/// A partition of the request, named once, checked.
 struct Wanted {
-    topic: usize,
+    topic: TopicName,
     partition_index: i32,
     fetch_offset: i64,
     max_bytes: usize,
@@ -28,24 +41,22 @@ struct Wanted {
 }
 
 /// Answers a fetch request, waiting in the purgatory when it must.
-pub async fn handle(state: &BrokerState, request: &FetchRequest, version: i16) -> FetchResponse {
+pub async fn handle(state: &BrokerState, request: FetchRequest, version: i16) -> FetchResponse {
     if version >= 7 && request.session_id != 0 {
         let mut response = FetchResponse::default();
         response.error_code = ResponseError::FetchSessionIdNotFound.code();
         return response;
     }
-    let wanted: Vec<Wanted> = request
-        .topics
-        .iter()
-        .enumerate()
-        .flat_map(|(topic_index, topic)| {
-            topic.partitions.iter().map(move |p| Wanted {
-                topic: topic_index,
-                partition_index: p.partition,
-                fetch_offset: p.fetch_offset,
-                max_bytes: p.partition_max_bytes.max(0) as usize,
-                found: locate(state, &topic.topic.0, p.partition, p.fetch_offset),
-            })
+    let budget = (request.max_bytes.max(0) as usize).min(state.config.fetch_max_bytes);
+    let (min_bytes, max_wait_ms) = (request.min_bytes.max(0) as u64, request.max_wait_ms);
+    let wanted: Vec<Wanted> = distinct_partitions(request)
+        .into_iter()
+        .map(|(topic, partition_index, fetch_offset, max_bytes)| Wanted {
+            found: locate(state, &topic.0, partition_index, fetch_offset),
+            topic,
+            partition_index,
+            fetch_offset,
+            max_bytes: max_bytes.min(budget),
         })
         .collect();
 
@@ -62,17 +73,41 @@ pub async fn handle(state: &BrokerState, request: &FetchRequest, version: i16) -
         })
         .collect();
     let any_error = wanted.iter().any(|w| w.found.is_err());
-    let min_bytes = request.min_bytes.max(0) as u64;
     let available: u64 = waits.iter().map(BytesWait::available).sum();
-    if !any_error && !waits.is_empty() && request.max_wait_ms > 0 && available < min_bytes {
-        let max_wait = Duration::from_millis(request.max_wait_ms as u64);
+    if !any_error && !waits.is_empty() && max_wait_ms > 0 && available < min_bytes {
+        let max_wait = Duration::from_millis(max_wait_ms as u64);
         // Whatever ends the wait (bytes, max_wait, shutdown), the answer is what is there now.
         let _ = state
             .leader
             .wait_for_bytes(max_wait, min_bytes, waits)
             .await;
     }
-    response(request, wanted, version)
+    response(wanted, budget, version)
+}
+
+/// The request's partitions, each once: `(topic, partition, fetch offset, max bytes)` at the
+/// place of its first mention, with the values of its last.
+fn distinct_partitions(request: FetchRequest) -> Vec<(TopicName, i32, i64, usize)> {
+    let mut places: HashMap<(TopicName, i32), usize> = HashMap::new();
+    let mut distinct = Vec::new();
+    for topic in request.topics {
+        for p in topic.partitions {
+            let entry = (
+                topic.topic.clone(),
+                p.partition,
+                p.fetch_offset,
+                p.partition_max_bytes.max(0) as usize,
+            );
+            match places.entry((topic.topic.clone(), p.partition)) {
+                Entry::Occupied(place) => distinct[*place.get()] = entry,
+                Entry::Vacant(place) => {
+                    place.insert(distinct.len());
+                    distinct.push(entry);
+                }
+            }
+        }
+    }
+    distinct
 }
 
 /// Finds a fetched partition and the byte position of its fetch offset.
@@ -91,18 +126,9 @@ fn locate(
     Ok((key, partition.clone(), position))
 }
 
-fn response(request: &FetchRequest, wanted: Vec<Wanted>, version: i16) -> FetchResponse {
-    let mut topics: Vec<FetchableTopicResponse> = request
-        .topics
-        .iter()
-        .map(|topic| {
-            let mut answer = FetchableTopicResponse::default();
-            answer.topic = topic.topic.clone();
-            answer
-        })
-        .collect();
-    // The whole answer stays within max_bytes, except that its first batch is always sent.
-    let mut budget = request.max_bytes.max(0) as usize;
+/// The answer: partitions of one topic named one after the other share a topic entry.
+fn response(wanted: Vec<Wanted>, mut budget: usize, version: i16) -> FetchResponse {
+    let mut topics: Vec<FetchableTopicResponse> = Vec::new();
     let mut first = true;
     for w in wanted {
         let mut data = PartitionData::default();
@@ -115,27 +141,28 @@ fn response(request: &FetchRequest, wanted: Vec<Wanted>, version: i16) -> FetchR
                 data.records = Some(bytes::Bytes::new());
             }
             Ok((_, partition, _)) => {
-                let limit = if first {
-                    w.max_bytes
-                } else {
-                    w.max_bytes.min(budget)
-                };
-                let read = partition.read_committed(w.fetch_offset, limit, first);
-                let high_watermark = read.high_watermark;
-                let records = read.records;
-                if !records.is_empty() {
+                let read = partition.read_committed(w.fetch_offset, w.max_bytes.min(budget), first);
+                if !read.records.is_empty() {
                     first = false;
-                    budget = budget.saturating_sub(records.len());
+                    budget = budget.saturating_sub(read.records.len());
                 }
-                data.high_watermark = high_watermark;
-                data.last_stable_offset = high_watermark;
-                data.records = Some(records);
+                data.high_watermark = read.high_watermark;
+                data.last_stable_offset = read.high_watermark;
+                data.records = Some(read.records);
             }
         }
         if version >= 5 {
             data.log_start_offset = 0;
         }
-        topics[w.topic].partitions.push(data);
+        match topics.last_mut() {
+            Some(last) if last.topic == w.topic => last.partitions.push(data),
+            _ => {
+                let mut answer = FetchableTopicResponse::default();
+                answer.topic = w.topic;
+                answer.partitions.push(data);
+                topics.push(answer);
+            }
+        }
     }
     let mut response = FetchResponse::default();
     response.responses = topics;

@@ -3,6 +3,11 @@
 //! Only node 0 is listed as replica and in-sync replica: the simulated followers live inside
 //! this process and clients must never try to connect to them. Unknown topics are answered
 //! with UNKNOWN_TOPIC_OR_PARTITION (no automatic creation).
+//!
+//! Invariant: each topic named is answered once, however often the request names it (as
+//! Kafka does), so the answer grows with the distinct names, not with the request.
+
+use std::collections::HashSet;
 
 use kafka_protocol::messages::metadata_response::{
     MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
@@ -16,6 +21,24 @@ use super::BrokerState;
 /// The cluster id reported from Metadata v2 on.
 pub const CLUSTER_ID: &str = "purgatory-example";
 
+/// The number of topics a raw Metadata body announces (its first field), before decoding:
+/// a 32-bit count up to v8, an unsigned varint of the count plus one from v9. `None` for a
+/// null list (all topics) or a body too short to tell.
+pub fn announced_topics(body: &[u8], version: i16) -> Option<usize> {
+    if version < 9 {
+        let count = i32::from_be_bytes(body.get(..4)?.try_into().ok()?);
+        return usize::try_from(count).ok();
+    }
+    let mut value: u64 = 0;
+    for (i, byte) in body.iter().take(5).enumerate() {
+        value |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            return usize::try_from(value.checked_sub(1)?).ok();
+        }
+    }
+    None
+}
+
 /// Answers a Metadata request.
 pub fn handle(state: &BrokerState, request: &MetadataRequest, version: i16) -> MetadataResponse {
     let mut broker = MetadataResponseBroker::default();
@@ -25,10 +48,14 @@ pub fn handle(state: &BrokerState, request: &MetadataRequest, version: i16) -> M
 
     let names: Vec<Option<String>> = match &request.topics {
         // v0 has no null list: an empty list means every topic.
-        Some(topics) if !(version == 0 && topics.is_empty()) => topics
-            .iter()
-            .map(|t| t.name.as_ref().map(|n| n.0.to_string()))
-            .collect(),
+        Some(topics) if !(version == 0 && topics.is_empty()) => {
+            let mut seen = HashSet::new();
+            topics
+                .iter()
+                .filter(|t| seen.insert(t.name.as_ref()))
+                .map(|t| t.name.as_ref().map(|n| n.0.to_string()))
+                .collect()
+        }
         _ => vec![Some(state.config.topic.clone())],
     };
 
@@ -63,4 +90,38 @@ fn topic(state: &BrokerState, name: Option<String>) -> MetadataResponseTopic {
         }
     }
     topic
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+    use kafka_protocol::protocol::Encodable;
+
+    fn encoded(topics: Option<usize>, version: i16) -> Vec<u8> {
+        let mut request = MetadataRequest::default();
+        request.topics = topics.map(|n| {
+            let mut topic = MetadataRequestTopic::default();
+            topic.name = Some(TopicName(StrBytes::from_static_str("demo")));
+            vec![topic; n]
+        });
+        let mut out = bytes::BytesMut::new();
+        request.encode(&mut out, version).unwrap();
+        out.to_vec()
+    }
+
+    #[test]
+    fn the_announced_topic_count_is_read_before_decoding() {
+        for version in 0..=9 {
+            for n in [0, 1, 200, 20_000] {
+                let body = encoded(Some(n), version);
+                assert_eq!(announced_topics(&body, version), Some(n), "v{version} {n}");
+            }
+            if version >= 1 {
+                assert_eq!(announced_topics(&encoded(None, version), version), None);
+            }
+        }
+        assert_eq!(announced_topics(&[0, 0], 3), None);
+        assert_eq!(announced_topics(&[0x80, 0x80], 9), None);
+    }
 }

@@ -9,16 +9,24 @@
 //! Invariants:
 //! - Each connection is one tokio task; requests on it are answered in order
 //!   (`connection.rs`); waiting requests hold no thread.
-//! - [`Broker::shutdown`] stops accepting, ends every connection task, stops the followers
-//!   and shuts the purgatories down (which answers whatever still waits).
+//! - At most `max_connections` connections are open: one accepted beyond the cap is closed
+//!   at once (logged at most once a second, with a count), so clients cannot use up the
+//!   broker's file descriptors.
+//! - After a burst of closed connections the freed memory goes back to the operating
+//!   system about a quarter of a second later (`memory.rs`); nothing ticks meanwhile.
+//! - [`Broker::shutdown`] stops accepting, stops the followers and shuts the purgatories
+//!   down (which expires whatever still waits, counted as expired), then ends every
+//!   connection task; it returns the counters as they are after all that.
 
 pub mod api_versions;
+mod client_socket;
 pub mod config;
 mod connection;
 mod fetch;
 pub(crate) mod frame;
 mod init_producer_id;
 mod list_offsets;
+mod memory;
 mod metadata;
 pub mod metrics_endpoint;
 mod produce;
@@ -28,10 +36,10 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 pub use config::BrokerConfig;
@@ -54,6 +62,10 @@ pub(crate) struct BrokerState {
     pub next_producer_id: AtomicI64,
     /// Open connections.
     pub connections: AtomicUsize,
+    /// Connections closed since memory was last handed back (`memory.rs`).
+    pub closed_since_trim: AtomicUsize,
+    /// Wakes the task that hands memory back.
+    pub trim_wanted: Notify,
     /// Whether to print connection problems to stderr.
     pub verbose: bool,
 }
@@ -110,9 +122,16 @@ impl Broker {
             advertised: local_addr,
             next_producer_id: AtomicI64::new(FIRST_PRODUCER_ID),
             connections: AtomicUsize::new(0),
+            closed_since_trim: AtomicUsize::new(0),
+            trim_wanted: Notify::new(),
             verbose,
         });
         let (stop, stopped) = watch::channel(false);
+        tokio::spawn(memory::release_after_bursts(
+            Arc::clone(&state),
+            stopped.clone(),
+        ));
+        // Ended by `shutdown`, which aborts it.
         let acceptor = tokio::spawn(accept(listener, Arc::clone(&state), stopped));
         Ok(Broker {
             state,
@@ -135,14 +154,21 @@ impl Broker {
         }
     }
 
-    /// Stops the broker: no new connections, every connection closed, followers stopped,
-    /// purgatories shut down.
-    pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
+    /// Stops the broker: no new connections, followers stopped, purgatories shut down
+    /// (what waits there expires), every connection closed. Returns the final counters.
+    pub async fn shutdown(self) -> BrokerStats {
+        self.acceptor.abort();
         let _ = self.acceptor.await;
         let state = Arc::clone(&self.state);
-        // Joining the follower threads blocks: keep it off the async workers.
+        // Joining the follower threads blocks: keep it off the async workers. The
+        // connections are still open here, so waiting requests expire rather than being
+        // cancelled by their connection's end.
         let _ = tokio::task::spawn_blocking(move || state.leader.shutdown()).await;
+        let _ = self.stop.send(true);
+        BrokerStats {
+            connections: self.state.connections.load(Ordering::Relaxed),
+            leader: self.state.leader.stats(),
+        }
     }
 }
 
@@ -150,30 +176,67 @@ impl Broker {
 struct OpenConnection(Arc<BrokerState>);
 
 impl OpenConnection {
-    fn new(state: Arc<BrokerState>) -> Self {
-        state.connections.fetch_add(1, Ordering::Relaxed);
-        OpenConnection(state)
+    /// Counts one more connection, unless `max_connections` are open already.
+    fn admit(state: &Arc<BrokerState>) -> Option<Self> {
+        let cap = state.config.max_connections;
+        state
+            .connections
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
+                (open < cap).then_some(open + 1)
+            })
+            .ok()?;
+        Some(OpenConnection(Arc::clone(state)))
     }
 }
 
 impl Drop for OpenConnection {
     fn drop(&mut self) {
-        self.0.connections.fetch_sub(1, Ordering::Relaxed);
+        self.0.connections.fetch_sub(1, Ordering::AcqRel);
+        memory::connection_closed(&self.0);
     }
 }
 
-async fn accept(listener: TcpListener, state: Arc<BrokerState>, mut stop: watch::Receiver<bool>) {
+/// Connections refused by the cap, reported at most once a second.
+struct Refusals {
+    since_report: u64,
+    last_report: Option<Instant>,
+}
+
+impl Refusals {
+    fn refused(&mut self, state: &BrokerState) {
+        self.since_report += 1;
+        if self
+            .last_report
+            .is_some_and(|at| at.elapsed() < Duration::from_secs(1))
+        {
+            return;
+        }
+        state.log(&format!(
+            "refused {} connection(s): {} open, the --max-connections cap",
+            self.since_report, state.config.max_connections
+        ));
+        self.since_report = 0;
+        self.last_report = Some(Instant::now());
+    }
+}
+
+async fn accept(listener: TcpListener, state: Arc<BrokerState>, stop: watch::Receiver<bool>) {
+    let mut refusals = Refusals {
+        since_report: 0,
+        last_report: None,
+    };
     loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = stop.changed() => return,
-        };
-        match accepted {
+        match listener.accept().await {
             Ok((stream, _)) => {
+                let Some(open) = OpenConnection::admit(&state) else {
+                    drop(stream);
+                    refusals.refused(&state);
+                    continue;
+                };
                 let state = Arc::clone(&state);
                 let stop = stop.clone();
                 tokio::spawn(async move {
-                    let _open = OpenConnection::new(Arc::clone(&state));
+                    let _open = open;
                     connection::serve(state, stream, stop).await;
                 });
             }

@@ -1,10 +1,13 @@
 //! The broker's load and measurement tool (binary `broker_load`, workload W4).
 //!
-//! - [`produce_latency`]: acks=all produce latency, to compare with the replication delay.
+//! - [`produce_latency`]: produce latency (acks=all: to compare with the replication
+//!   delay), optionally while fetches naming the partition many times are parked.
 //! - [`fetch_wakeup`]: how soon a waiting fetch is answered after the append that
 //!   satisfies it.
 //! - [`idle_polls`]: many connections long-polling at once; the broker's memory and CPU
 //!   while they wait (read from `/proc`), then one append that answers them all.
+//! - [`left_polls`]: many long polls whose clients then leave at once; how soon the
+//!   broker's descriptors and memory come back.
 //! - [`timer_jitter`]: the machine's own lateness on timed sleeps (no broker), the noise
 //!   floor under the followers' delay.
 //!
@@ -14,6 +17,7 @@
 pub mod fetch_wakeup;
 pub mod idle_polls;
 pub mod latency_summary;
+pub mod left_polls;
 pub mod process_usage;
 pub mod produce_latency;
 pub mod timer_jitter;

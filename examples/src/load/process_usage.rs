@@ -1,4 +1,5 @@
-//! Resident memory and CPU time of a process, read from Linux's `/proc/<pid>`.
+//! Resident memory (now and peak), CPU time and open file descriptors of a process, read
+//! from Linux's `/proc/<pid>`.
 //!
 //! CPU time is `utime + stime` of `/proc/<pid>/stat`, in clock ticks of `USER_HZ`, which
 //! Linux fixes at 100 per second for user space on every common architecture.
@@ -14,6 +15,8 @@ const USER_HZ: u64 = 100;
 pub struct ProcessUsage {
     /// Resident set size, KiB (`VmRSS`).
     pub rss_kib: u64,
+    /// Peak resident set size so far, KiB (`VmHWM`).
+    pub peak_rss_kib: u64,
     /// CPU time used so far (user + system).
     pub cpu: Duration,
 }
@@ -21,12 +24,15 @@ pub struct ProcessUsage {
 /// Reads the usage of process `pid`.
 pub fn read(pid: u32) -> io::Result<ProcessUsage> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let rss_kib = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|kib| kib.parse().ok())
-        .ok_or_else(|| io::Error::other("no VmRSS line"))?;
+    let kib = |field: &str| -> io::Result<u64> {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(field))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|kib| kib.parse().ok())
+            .ok_or_else(|| io::Error::other(format!("no {field} line")))
+    };
+    let (rss_kib, peak_rss_kib) = (kib("VmRSS:")?, kib("VmHWM:")?);
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // Fields after the command name (which may hold spaces) start at field 3 (state);
     // utime and stime are fields 14 and 15.
@@ -44,8 +50,14 @@ pub fn read(pid: u32) -> io::Result<ProcessUsage> {
     let total_ticks = ticks(11)? + ticks(12)?;
     Ok(ProcessUsage {
         rss_kib,
+        peak_rss_kib,
         cpu: Duration::from_millis(total_ticks * 1000 / USER_HZ),
     })
+}
+
+/// Open file descriptors of process `pid` (entries of `/proc/<pid>/fd`).
+pub fn open_files(pid: u32) -> io::Result<usize> {
+    Ok(std::fs::read_dir(format!("/proc/{pid}/fd"))?.count())
 }
 
 #[cfg(test)]
@@ -55,7 +67,10 @@ mod tests {
     #[test]
     fn reads_this_process() {
         let before = read(std::process::id()).unwrap();
-        assert!(before.rss_kib > 0);
+        assert!(before.rss_kib > 0 && before.peak_rss_kib >= before.rss_kib);
+        let file = std::fs::File::open("/proc/self/status").unwrap();
+        assert!(open_files(std::process::id()).unwrap() >= 1);
+        drop(file);
         // Burn some CPU so the counter moves.
         let started = std::time::Instant::now();
         let mut x = 0u64;

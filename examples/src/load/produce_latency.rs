@@ -3,6 +3,13 @@
 //!
 //! With acks=all the answer waits for the followers, so the figure to compare across
 //! purgatories is the latency minus the broker's replication delay.
+//!
+//! With `parked_fetches`, that many fetches are parked first, each naming the partition
+//! `fetch_entries` times and asking for more bytes than will ever come (min_bytes 2^31-1,
+//! max_wait 10 minutes): every append then runs their `try_complete`, and the latency
+//! shows what that costs. A parked fetch the broker closed (refused), or whose whole answer
+//! is there at the end of the run, fails the run; a large answer still arriving is not
+//! caught by that check.
 
 use std::io;
 use std::net::SocketAddr;
@@ -34,6 +41,10 @@ pub struct ProduceLatencyConfig {
     pub acks: i16,
     /// The requests' timeout.
     pub timeout_ms: i32,
+    /// Fetches parked on the partition during the run.
+    pub parked_fetches: usize,
+    /// How many times each parked fetch names the partition.
+    pub fetch_entries: usize,
 }
 
 /// What was measured.
@@ -50,6 +61,7 @@ pub struct ProduceLatencyReport {
 /// Runs the measurement.
 pub async fn run(config: &ProduceLatencyConfig) -> io::Result<ProduceLatencyReport> {
     let connections = config.connections.max(1);
+    let mut parked = park_fetches(config).await?;
     let started = Instant::now();
     let mut workers = Vec::with_capacity(connections);
     for worker in 0..connections {
@@ -67,11 +79,41 @@ pub async fn run(config: &ProduceLatencyConfig) -> io::Result<ProduceLatencyRepo
         latencies.append(&mut done);
         errors += failed;
     }
+    for client in &mut parked {
+        // Still waiting: nothing to read yet, and not closed.
+        if let Ok(read) = tokio::time::timeout(Duration::from_millis(1), client.read_raw()).await {
+            let what = match read {
+                Ok(Some(_)) => "was answered",
+                _ => "was closed by the broker",
+            };
+            return Err(io::Error::other(format!("a parked fetch {what}")));
+        }
+    }
     Ok(ProduceLatencyReport {
         latency: LatencySummary::of(&mut latencies),
         errors,
         elapsed: started.elapsed(),
     })
+}
+
+/// Parks `parked_fetches` fetches that will not complete during the run.
+async fn park_fetches(config: &ProduceLatencyConfig) -> io::Result<Vec<WireClient>> {
+    if config.parked_fetches == 0 {
+        return Ok(Vec::new());
+    }
+    let offset = super::latest_offset(config.broker, &config.topic, config.partition).await?;
+    let mut fetch = requests::fetch(&config.topic, config.partition, offset, i32::MAX, 600_000);
+    let wanted = fetch.topics[0].partitions[0].clone();
+    fetch.topics[0].partitions = vec![wanted; config.fetch_entries.max(1)];
+    let mut parked = Vec::with_capacity(config.parked_fetches);
+    for _ in 0..config.parked_fetches {
+        let mut client = WireClient::connect(config.broker).await?;
+        client.send(4, &fetch).await?;
+        parked.push(client);
+    }
+    // A moment for the broker to read and park them.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    Ok(parked)
 }
 
 async fn send_sequentially(

@@ -1,0 +1,205 @@
+//! The `broker` binary as a process of its own, where what is measured must not mix with
+//! the test's own memory: the counters it prints when stopped, and its peak memory under
+//! requests whose answers used to be far larger than they are (issue #14). Loopback only;
+//! every wait is bounded, and the child is killed if a test fails.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kafka_protocol::messages::fetch_request::FetchPartition;
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+use kafka_protocol::messages::{MetadataRequest, TopicName};
+use kafka_protocol::protocol::StrBytes;
+use purgatory_examples::load::process_usage;
+use purgatory_examples::record_batch::encode_batch;
+use purgatory_examples::wire_client::{requests, WireClient};
+use tokio::time::timeout;
+
+const LIMIT: Duration = Duration::from_secs(10);
+
+/// A broker child process, killed on drop.
+struct BrokerProcess {
+    child: Child,
+    addr: SocketAddr,
+    /// The lines it prints after the first, as they come.
+    lines: mpsc::Receiver<String>,
+}
+
+impl BrokerProcess {
+    fn start(flags: &[&str]) -> BrokerProcess {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_broker"))
+            .args(["--listen", "127.0.0.1:0", "--followers", "0"])
+            .args(flags)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the broker binary starts");
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut broker = BrokerProcess {
+            child,
+            addr: "127.0.0.1:0".parse().unwrap(),
+            lines,
+        };
+        let first = broker.next_line();
+        let addr = first
+            .strip_prefix("broker listening on ")
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("unexpected first line {first:?}"));
+        broker.addr = addr.parse().unwrap();
+        broker
+    }
+
+    fn next_line(&self) -> String {
+        self.lines
+            .recv_timeout(LIMIT)
+            .expect("the broker printed nothing in time")
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGINT and returns the rest of what it prints until it exits.
+    fn interrupt(mut self) -> String {
+        let pid = libc::pid_t::try_from(self.pid()).unwrap();
+        // SAFETY: kill only sends a signal to our own child process.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+        let mut out = String::new();
+        let deadline = Instant::now() + LIMIT;
+        while let Ok(line) = self
+            .lines
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            out.push_str(&line);
+            out.push('\n');
+        }
+        let started = Instant::now();
+        while self.child.try_wait().unwrap().is_none() {
+            assert!(started.elapsed() < LIMIT, "the broker did not exit");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        out
+    }
+}
+
+impl Drop for BrokerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(mut stdout) = self.child.stdout.take() {
+            let _ = stdout.read_to_end(&mut Vec::new());
+        }
+    }
+}
+
+async fn connect(addr: SocketAddr) -> WireClient {
+    timeout(LIMIT, WireClient::connect(addr))
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_final_counters_are_printed_after_shutdown_expired_what_waited() {
+    const WAITING: usize = 3;
+    let broker = BrokerProcess::start(&[]);
+    let mut clients = Vec::with_capacity(WAITING);
+    for _ in 0..WAITING {
+        let mut client = connect(broker.addr).await;
+        client
+            .send(4, &requests::fetch("demo", 0, 0, 1, 60_000))
+            .await
+            .unwrap();
+        clients.push(client);
+    }
+    // A request on each connection is read before the next; a metadata call after the
+    // polls, on a connection of its own, is no proof they are parked: give them a moment.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let printed = tokio::task::spawn_blocking(move || broker.interrupt())
+        .await
+        .unwrap();
+    assert!(
+        printed.contains("fetch purgatory 0 completed / 3 expired"),
+        "{printed}"
+    );
+    drop(clients);
+}
+
+/// Peak resident memory the broker gained, MiB, since `before`.
+fn peak_growth_mib(broker: &BrokerProcess, before: process_usage::ProcessUsage) -> u64 {
+    let after = process_usage::read(broker.pid()).unwrap();
+    after.peak_rss_kib.saturating_sub(before.peak_rss_kib) / 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fetch_naming_one_partition_4000_times_leaves_the_broker_memory_flat() {
+    let broker = BrokerProcess::start(&[]);
+    let mut client = connect(broker.addr).await;
+    // 256 KiB of committed data in partition 0.
+    let value = Bytes::from(vec![b'x'; 64 * 1024]);
+    for _ in 0..4 {
+        let produce = requests::produce(
+            "demo",
+            0,
+            1,
+            1000,
+            encode_batch(std::slice::from_ref(&value), 1_000),
+        );
+        client.call(7, &produce).await.unwrap();
+    }
+    let before = process_usage::read(broker.pid()).unwrap();
+    // A 64 KB fetch naming partition 0 4,000 times, asking for 2 GiB: one partition's
+    // worth comes back (it was 4,000 copies, 1 GB, and a 1.56 GB peak).
+    let mut fetch = requests::fetch("demo", 0, 0, 1, 0);
+    fetch.max_bytes = i32::MAX;
+    let mut wanted = FetchPartition::default();
+    wanted.partition_max_bytes = i32::MAX;
+    fetch.topics[0].partitions = vec![wanted; 4000];
+    let answer = timeout(LIMIT, client.call(4, &fetch))
+        .await
+        .unwrap()
+        .unwrap();
+    let records = answer.responses[0].partitions[0].records.as_ref().unwrap();
+    assert_eq!(answer.responses[0].partitions.len(), 1);
+    assert!(records.len() >= 4 * value.len() && records.len() < 5 * value.len());
+    let grown = peak_growth_mib(&broker, before);
+    assert!(grown < 32, "the peak grew by {grown} MiB");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metadata_request_naming_the_topic_a_million_times_is_refused_cheaply() {
+    let broker = BrokerProcess::start(&[]);
+    let before = process_usage::read(broker.pid()).unwrap();
+    // 6 MB naming the topic 1,000,000 times: over the cap, refused before decoding (it was
+    // answered with a million topics, a 490 MB peak and 274 MB left resident).
+    let mut topic = MetadataRequestTopic::default();
+    topic.name = Some(TopicName(StrBytes::from_static_str("demo")));
+    let mut metadata = MetadataRequest::default();
+    metadata.topics = Some(vec![topic; 1_000_000]);
+    let mut client = connect(broker.addr).await;
+    client.send(1, &metadata).await.unwrap();
+    let closed = timeout(LIMIT, client.read_raw()).await.unwrap();
+    let answered = closed
+        .as_ref()
+        .ok()
+        .and_then(|frame| frame.as_ref().map(Bytes::len));
+    assert!(answered.is_none(), "answered with {answered:?} bytes");
+    let grown = peak_growth_mib(&broker, before);
+    assert!(grown < 32, "the peak grew by {grown} MiB");
+    // The broker still serves.
+    let mut client = connect(broker.addr).await;
+    let answer = client.call(1, &MetadataRequest::default()).await.unwrap();
+    assert_eq!(answer.brokers.len(), 1);
+}
