@@ -57,7 +57,8 @@ pub(super) struct Common {
     /// (default) and the diagnostics wheel (our bare wheel), locked-wheel (the same
     /// behind one mutex) and ours-batch (our timer through its batch calls); w2: ours,
     /// binaryheap (a thread over Mutex<BinaryHeap> + Condvar), delayqueue; w3: ours,
-    /// naive (default) and null (no purgatory: the tool's own cost).
+    /// naive (default), null (no purgatory: the tool's own cost), tokio-task (a tokio task
+    /// per request) and tokio-delayqueue (one task driving a tokio-util DelayQueue).
     #[arg(long = "impl", value_delimiter = ',')]
     pub(super) implementations: Vec<String>,
     /// Repeat each measurement this many times, each in a fresh process; report medians.
