@@ -14,7 +14,11 @@
 //!   completed entries without locking them.
 //! - A watch tries the operation, lists it, then tries it again (Kafka's order), so an
 //!   event that fires while it is being listed is not lost; the caller arms the timeout
-//!   only for a request still pending after the second try.
+//!   only for a request still pending after the second try. A request with no key
+//!   (Kafka refuses those) is answered at once, as expired.
+//! - Every pending request is listed under at least one key until it completes, so
+//!   [`Watchers::expire_all`] reaches every one of them at shutdown, wherever its
+//!   timer is.
 //! - `check_and_complete` runs `try_complete` under its key's shard lock (the
 //!   operation's contract: cheap and non-blocking) but `on_complete` and the wake-up
 //!   only after that lock is released.
@@ -120,10 +124,15 @@ impl<O: DelayedOperation, W: Wake> Watchers<O, W> {
         }
     }
 
-    /// Tries `op`; if not ready, lists it under `keys` and tries it again.
+    /// Tries `op`; if not ready, lists it under `keys` and tries it again. With no key
+    /// it expires on the spot (nothing could ever complete it but a handle).
     pub fn watch(&self, mut op: O, keys: &[u64]) -> Watched<O, W> {
         if op.try_complete() {
             self.finish(&mut op, 0, Completion::Ready);
+            return Watched::Completed;
+        }
+        if keys.is_empty() {
+            self.finish(&mut op, 0, Completion::Expired);
             return Watched::Completed;
         }
         let slot = Arc::new(Slot {
@@ -187,9 +196,16 @@ impl<O: DelayedOperation, W: Wake> Watchers<O, W> {
         completed
     }
 
-    /// Drops every list (shutdown: the timers expire what is still pending).
-    pub fn clear(&self) {
-        self.lists.clear();
+    /// Expires every listed request still pending, then drops every list (shutdown).
+    pub fn expire_all(&self) {
+        let mut pending = Vec::new();
+        self.lists.retain(|_, list| {
+            pending.extend(list.drain(..).filter(|slot| !slot.is_done()));
+            false
+        });
+        for slot in pending {
+            self.complete(&slot, Completion::Expired);
+        }
         self.stale.store(0, Ordering::Relaxed);
     }
 
@@ -283,6 +299,19 @@ mod tests {
         );
         // Three completions crossed the purge interval: no completed entry is listed.
         assert!(w.lists.iter().all(|l| l.iter().all(|s| !s.is_done())));
+    }
+
+    #[test]
+    fn expire_all_reaches_every_pending_request_once() {
+        let w = Watchers::<_, ()>::new(1000);
+        let ops = Logged::default();
+        for keys in [&[1, 2][..], &[2], &[3]] {
+            assert!(matches!(w.watch(ops.op(60_000), keys), Watched::Pending(_)));
+        }
+        assert!(matches!(w.watch(ops.op(60_000), &[]), Watched::Completed));
+        w.expire_all();
+        assert_eq!(ops.log(), [Completion::Expired; 4]);
+        assert!(w.lists.is_empty());
     }
 
     #[test]

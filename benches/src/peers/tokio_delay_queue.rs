@@ -18,9 +18,11 @@
 //!   entry whose request already completed does nothing.
 //! - The deadline is read on the watching thread, before the hand-off, so time spent in
 //!   the channel counts as lateness, never as extra timeout.
-//! - Shutdown: the driver closes the channel, expires what is still in it and what is
-//!   still in the queue, and exits; a watch whose message the closed channel refuses
-//!   expires its requests on the spot.
+//! - Shutdown: the driver stops and drops its queue and channel; every request still
+//!   pending is listed under some key, and [`Watchers::expire_all`] expires it (the
+//!   queue has no way to hand back its entries in linear time: `peek` scans a wheel
+//!   slot). A watch whose message the stopped driver refuses expires its requests on
+//!   the spot.
 
 use std::future::poll_fn;
 use std::sync::Arc;
@@ -45,7 +47,7 @@ enum Message<O> {
     One(QueuedSlot<O>, Instant),
     /// The waiting requests of one watch batch, with their deadlines.
     Batch(Vec<(QueuedSlot<O>, Instant)>),
-    /// Expire everything and stop.
+    /// Stop.
     Shutdown,
 }
 
@@ -126,19 +128,31 @@ impl<O: DelayedOperation> TokioDelayQueuePurgatory<O> {
         self.watchers.stats()
     }
 
-    /// Stops the driver, which expires every request still pending, and waits for it.
+    /// Stops the driver, waits for it, and expires every request still pending.
     pub fn shutdown(&self) {
         self.send(Message::Shutdown);
         if let Some(driver) = self.driver.lock().take() {
             let _ = driver.join();
         }
-        self.watchers.clear();
+        self.watchers.expire_all();
     }
 
     /// Hands `message` to the driver; if the driver is gone, expires its requests here.
     fn send(&self, message: Message<O>) {
-        if let Err(refused) = self.to_driver.send(message) {
-            expire_all(&self.watchers, refused.0);
+        let Err(refused) = self.to_driver.send(message) else {
+            return;
+        };
+        let expire = |slot: &QueuedSlot<O>| self.watchers.complete(slot, Completion::Expired);
+        match refused.0 {
+            Message::One(slot, _) => {
+                expire(&slot);
+            }
+            Message::Batch(batch) => {
+                for (slot, _) in &batch {
+                    expire(slot);
+                }
+            }
+            Message::Shutdown => {}
         }
     }
 }
@@ -153,7 +167,8 @@ impl<O> Drop for TokioDelayQueuePurgatory<O> {
 }
 
 /// The driver task: files deadlines as they arrive and expires requests as their
-/// deadlines pass, until told to shut down (or every sender is gone).
+/// deadlines pass, until told to shut down (or every sender is gone). What it leaves
+/// pending, the purgatory's shutdown expires.
 async fn drive<O: DelayedOperation>(
     mut inbox: UnboundedReceiver<Message<O>>,
     watchers: &Watchers<O, ()>,
@@ -180,28 +195,6 @@ async fn drive<O: DelayedOperation>(
                 }
             }
         }
-    }
-    inbox.close();
-    while let Ok(message) = inbox.try_recv() {
-        expire_all(watchers, message);
-    }
-    while let Some(key) = queue.peek() {
-        watchers.complete(&queue.remove(&key).into_inner(), Completion::Expired);
-    }
-}
-
-/// Expires the requests of `message` that are still pending.
-fn expire_all<O: DelayedOperation>(watchers: &Watchers<O, ()>, message: Message<O>) {
-    match message {
-        Message::One(slot, _) => {
-            watchers.complete(&slot, Completion::Expired);
-        }
-        Message::Batch(batch) => {
-            for (slot, _) in batch {
-                watchers.complete(&slot, Completion::Expired);
-            }
-        }
-        Message::Shutdown => {}
     }
 }
 

@@ -121,7 +121,7 @@ impl<O: DelayedOperation> TokioTaskPurgatory<O> {
         if let Some(runtime) = self.runtime.lock().take() {
             drop(runtime);
         }
-        self.watchers.clear();
+        self.watchers.expire_all();
     }
 }
 
