@@ -105,35 +105,43 @@ fn w2_fires_everything_and_ours_never_early() {
 
 #[test]
 fn w3_and_w3_events_account_for_every_request() {
-    for extra in [
-        &[][..],
-        &["--events", "--keys", "1", "--key-space-size", "1000"][..],
-    ] {
-        let mut args = vec!["w3", "--num", "3000", "--rate", "100000", "--json"];
-        args.extend_from_slice(extra);
-        let v = json(&args);
-        assert_eq!(results(&v).len(), 2);
-        for r in results(&v) {
-            for key in [
-                "elapsed_ms",
-                "target_rate",
-                "actual_rate",
-                "cpu_ms",
-                "peak_rss_bytes",
-                "expiry_late_p50_ms",
-                "expiry_late_p99_ms",
-                "expiry_late_max_ms",
-            ] {
-                assert!(r[key].is_number(), "{key} missing in {r}");
-            }
-            assert_eq!(
-                num(r, "completed") + num(r, "expired"),
-                3000.0,
-                "{args:?}: {r}"
-            );
-            assert!(num(r, "expired") > 0.0, "some latencies exceed the timeout");
-            assert!(r["impl"].is_string());
+    // The defaults (ours, naive), then the two tokio peers.
+    for impls in [&[][..], &["--impl", "tokio-task,tokio-delayqueue"][..]] {
+        for extra in [
+            &[][..],
+            &["--events", "--keys", "1", "--key-space-size", "1000"][..],
+        ] {
+            w3_accounts_for_every_request(impls, extra);
         }
+    }
+}
+
+fn w3_accounts_for_every_request(impls: &[&str], extra: &[&str]) {
+    let mut args = vec!["w3", "--num", "3000", "--rate", "100000", "--json"];
+    args.extend_from_slice(impls);
+    args.extend_from_slice(extra);
+    let v = json(&args);
+    assert_eq!(results(&v).len(), 2);
+    for r in results(&v) {
+        for key in [
+            "elapsed_ms",
+            "target_rate",
+            "actual_rate",
+            "cpu_ms",
+            "peak_rss_bytes",
+            "expiry_late_p50_ms",
+            "expiry_late_p99_ms",
+            "expiry_late_max_ms",
+        ] {
+            assert!(r[key].is_number(), "{key} missing in {r}");
+        }
+        assert_eq!(
+            num(r, "completed") + num(r, "expired"),
+            3000.0,
+            "{args:?}: {r}"
+        );
+        assert!(num(r, "expired") > 0.0, "some latencies exceed the timeout");
+        assert!(r["impl"].is_string());
     }
 }
 
@@ -163,6 +171,40 @@ fn w3_find_max_reports_a_rate() {
 }
 
 #[test]
+fn w3_find_max_draws_the_sweep() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let svg = dir.join(format!("w3-sweep-{}.svg", std::process::id()));
+    let _ = std::fs::remove_file(&svg);
+    let impls = ["ours", "naive", "tokio-task", "tokio-delayqueue"];
+    let v = json(&[
+        "w3",
+        "--num",
+        "1000",
+        "--rate",
+        "4000000",
+        "--timeout",
+        "20",
+        "--pct50",
+        "2",
+        "--pct75",
+        "6",
+        "--find-max",
+        "--impl",
+        &impls.join(","),
+        "--plot",
+        svg.to_str().expect("a UTF-8 temp path"),
+        "--json",
+    ]);
+    assert_eq!(results(&v).len(), impls.len());
+    let text = std::fs::read_to_string(&svg).expect("the SVG was written");
+    let _ = std::fs::remove_file(&svg);
+    assert!(text.contains("<svg"), "not an SVG: {text:.200}");
+    for name in impls {
+        assert!(text.contains(name), "{name} is not in the picture");
+    }
+}
+
+#[test]
 fn bad_arguments_fail_with_a_message() {
     let cases: &[(&[&str], &str)] = &[
         (&["w3", "--rate", "-5"], "--rate"),
@@ -174,6 +216,7 @@ fn bad_arguments_fail_with_a_message() {
         ),
         (&["w1", "--impl", "ours,fast"], "unknown implementation"),
         (&["w3", "--impl", "btreemap"], "unknown implementation"),
+        (&["w3", "--plot", "x.svg"], "--find-max"),
         (&["w1", "--tasks", "many"], "--tasks"),
         (&["w1", "--threads", "0"], "--threads"),
         (
