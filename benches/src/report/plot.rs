@@ -7,7 +7,7 @@
 //! - Every attempt of the sweep is one point, joined in order of offered rate; a rate
 //!   held is a filled dot, a rate missed a hollow one.
 //! - The x axis is logarithmic (the sweep doubles) and covers every attempt; the y axis
-//!   starts at 0 and covers every point.
+//!   starts at 0 and covers every point, with room above them for the legend.
 //! - Each implementation's name is in the legend, with the rate it held; its knee is a
 //!   dashed vertical line from the axis up to its point, in its colour. An
 //!   implementation that held no rate has no knee.
@@ -61,7 +61,11 @@ pub fn plot_sweeps(path: &Path, title: &str, sweeps: &[Sweep]) -> Result<(), Str
     if !(x_lo.is_finite() && x_lo > 0.0) {
         return Err("nothing to plot: the sweep made no attempt".into());
     }
-    draw(path, title, sweeps, (x_lo / 1.3, x_hi * 1.3), y_hi * 1.15)
+    // Headroom above the highest point for the legend (about 18 px a line of the
+    // ~480 px plot, plus its frame), so the legend never hides a point.
+    let legend = (40.0 + 18.0 * sweeps.len() as f64) / 480.0;
+    let y_top = y_hi / (1.0 - legend.min(0.6)) * 1.05;
+    draw(path, title, sweeps, (x_lo / 1.3, x_hi * 1.3), y_top)
         .map_err(|e| format!("cannot draw {}: {e}", path.display()))
 }
 
@@ -70,7 +74,7 @@ fn draw(
     title: &str,
     sweeps: &[Sweep],
     (x_lo, x_hi): (f64, f64),
-    y_hi: f64,
+    y_top: f64,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let root = SVGBackend::new(path, (960, 600)).into_drawing_area();
     root.fill(&WHITE)?;
@@ -81,7 +85,7 @@ fn draw(
         .y_label_area_size(64)
         .build_cartesian_2d(
             (x_lo..x_hi).log_scale().with_key_points(ticks(x_lo, x_hi)),
-            0.0..y_hi.max(1e-3),
+            0.0..y_top.max(1e-3),
         )?;
     chart
         .configure_mesh()
