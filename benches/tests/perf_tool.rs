@@ -145,25 +145,28 @@ fn w3_accounts_for_every_request(impls: &[&str], extra: &[&str]) {
     }
 }
 
+/// A W3-max search small enough for a test: 1,000 requests with a 20 ms timeout,
+/// starting at 4,000,000/s.
+const TINY_SWEEP: [&str; 12] = [
+    "w3",
+    "--num",
+    "1000",
+    "--rate",
+    "4000000",
+    "--timeout",
+    "20",
+    "--pct50",
+    "2",
+    "--pct75",
+    "6",
+    "--find-max",
+];
+
 #[test]
 fn w3_find_max_reports_a_rate() {
-    let v = json(&[
-        "w3",
-        "--num",
-        "1000",
-        "--rate",
-        "4000000",
-        "--timeout",
-        "20",
-        "--pct50",
-        "2",
-        "--pct75",
-        "6",
-        "--find-max",
-        "--impl",
-        "naive",
-        "--json",
-    ]);
+    let mut args = TINY_SWEEP.to_vec();
+    args.extend(["--impl", "naive", "--json"]);
+    let v = json(&args);
     assert_eq!(v["workload"], "w3-max");
     let r = &results(&v)[0];
     assert!(r["max_rate_held"].is_number());
@@ -176,25 +179,11 @@ fn w3_find_max_draws_the_sweep() {
     let svg = dir.join(format!("w3-sweep-{}.svg", std::process::id()));
     let _ = std::fs::remove_file(&svg);
     let impls = ["ours", "naive", "tokio-task", "tokio-delayqueue"];
-    let v = json(&[
-        "w3",
-        "--num",
-        "1000",
-        "--rate",
-        "4000000",
-        "--timeout",
-        "20",
-        "--pct50",
-        "2",
-        "--pct75",
-        "6",
-        "--find-max",
-        "--impl",
-        &impls.join(","),
-        "--plot",
-        svg.to_str().expect("a UTF-8 temp path"),
-        "--json",
-    ]);
+    let joined = impls.join(",");
+    let mut args = TINY_SWEEP.to_vec();
+    args.extend(["--impl", &joined, "--json", "--plot"]);
+    args.push(svg.to_str().expect("a UTF-8 temp path"));
+    let v = json(&args);
     assert_eq!(results(&v).len(), impls.len());
     let text = std::fs::read_to_string(&svg).expect("the SVG was written");
     let _ = std::fs::remove_file(&svg);

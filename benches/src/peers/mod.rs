@@ -10,6 +10,9 @@
 //! | [`TokioTaskPurgatory`] | W3 | a tokio task per waiting request (`Notify` or `sleep_until`), watcher lists in a `DashMap` |
 //! | [`TokioDelayQueuePurgatory`] | W3 | one tokio task driving a `DelayQueue` fed by an unbounded channel, lazy deletion, watcher lists in a `DashMap` |
 //!
+//! The two tokio peers share their front, [`DashMapPurgatory`] (watcher lists in a
+//! `DashMap`, [`Watchers`]), and differ only in the [`Timeouts`] they plug into it.
+//!
 //! # Invariants
 //! - Each is written as well as its design allows: no artificial locks, copies or clock
 //!   reads that a careful user of that design would avoid.
@@ -20,6 +23,7 @@
 mod binary_heap;
 mod btree_map;
 mod condvar_thread;
+mod dashmap_purgatory;
 mod dashmap_watchers;
 mod delay_queue;
 mod heap_entry;
@@ -32,8 +36,9 @@ mod tokio_task;
 pub use binary_heap::{HeapHandle, LazyHeapTimer};
 pub use btree_map::{BTreeHandle, BTreeTimer};
 pub use condvar_thread::CondvarTimer;
-pub use dashmap_watchers::WatcherStats;
+pub use dashmap_purgatory::{DashMapPurgatory, Pending, PendingHandle, Timeouts};
+pub use dashmap_watchers::{Slot, Wake, WatcherStats, Watchers};
 pub use delay_queue::{delay_queue_expiry_run, paused_runtime, DelayQueueTimer};
 pub use naive_purgatory::{NaiveHandle, NaivePurgatory};
-pub use tokio_delay_queue::{DelayQueueHandle, TokioDelayQueuePurgatory};
-pub use tokio_task::{TokioTaskHandle, TokioTaskPurgatory};
+pub use tokio_delay_queue::{DelayQueueDriver, TokioDelayQueuePurgatory};
+pub use tokio_task::{TaskPerRequest, TokioTaskPurgatory};

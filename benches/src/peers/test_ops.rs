@@ -1,5 +1,6 @@
 //! Test operations for the purgatory peers' unit tests: each is ready once released,
-//! logs how it completed, and notes an expiry that came before its deadline.
+//! logs how it completed, and notes an expiry that came before its deadline; and the
+//! checks every purgatory peer passes through the W3 trait.
 //!
 //! # Invariants
 //! - Operation `i` (the `i`-th made by one [`Logged`]) is ready once `release(i)` was
@@ -11,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use purgatory::{Completion, DelayedOperation};
+
+use crate::workloads::w3::LoadPurgatory;
 
 /// Makes operations and records how they complete.
 #[derive(Clone, Default)]
@@ -79,4 +82,52 @@ pub(crate) fn wait_for(done: impl Fn() -> bool) {
         assert!(Instant::now() < limit, "condition not met within 5 s");
         std::thread::sleep(Duration::from_millis(2));
     }
+}
+
+/// Runs every check below on fresh purgatories from `start`; `expired` reads a
+/// purgatory's expiry counter.
+pub(crate) fn passes_the_purgatory_checks<P: LoadPurgatory<LoggedOp>>(
+    start: impl Fn() -> P,
+    expired: impl Fn(&P) -> u64,
+) {
+    let p = start();
+    completes_each_once(&p, || expired(&p));
+    let p = start();
+    shutdown_expires_every_request(&p, || expired(&p));
+}
+
+/// An event, a force and an expiry each complete their request once, in that order,
+/// and the expiry is not early; `expired` reads the purgatory's expiry counter.
+fn completes_each_once<P: LoadPurgatory<LoggedOp>>(p: &P, expired: impl Fn() -> u64) {
+    let ops = Logged::default();
+    assert!(p.watch(ops.op(60_000), &[1, 2]).is_some());
+    let mut out = Vec::new();
+    p.watch_batch(
+        &mut vec![(ops.op(60_000), &[2][..]), (ops.op(20), &[3])],
+        &mut out,
+    );
+    let forced = out[0].take().expect("not ready yet");
+    ops.release(0);
+    assert_eq!(p.check_and_complete(2), 1);
+    assert_eq!(p.check_and_complete(1), 0, "already completed via key 2");
+    assert!(p.force_complete(&forced));
+    assert!(!p.force_complete(&forced));
+    wait_for(|| expired() == 1);
+    assert_eq!(
+        ops.log(),
+        [Completion::Ready, Completion::Forced, Completion::Expired]
+    );
+    assert_eq!(ops.early_expiries(), 0);
+    p.shutdown();
+}
+
+/// Shutdown expires what waits, and a watch after it expires at once.
+fn shutdown_expires_every_request<P: LoadPurgatory<LoggedOp>>(p: &P, expired: impl Fn() -> u64) {
+    let ops = Logged::default();
+    assert!(p.watch(ops.op(60_000), &[1]).is_some());
+    p.shutdown();
+    assert_eq!(expired(), 1);
+    p.watch(ops.op(60_000), &[1]);
+    wait_for(|| expired() == 2);
+    assert_eq!(ops.log(), [Completion::Expired, Completion::Expired]);
 }
