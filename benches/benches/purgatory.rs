@@ -1,5 +1,6 @@
 //! Criterion benches of the purgatory's two completion paths, ours vs the naive
-//! baseline in the same run, at 1 and 2 threads:
+//! baseline and the two tokio peers (`tokio-task`, `tokio-delayqueue`) in the same run,
+//! at 1 and 2 threads:
 //! - `watch_then_event`: each thread watches a batch of operations on one key each
 //!   (1,024 keys per thread), then completes them one by one through
 //!   `check_and_complete` after marking them ready.
@@ -7,14 +8,17 @@
 //!   the iteration ends when the purgatory's reaper has expired all of them.
 //!
 //! Times include everything a caller waits for (the expiry bench includes the reaper's
-//! wake-up, up to one 1 ms tick).
+//! wake-up, up to one 1 ms tick; for the tokio peers, the runtime's timer).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::measurement::WallTime;
+use criterion::{
+    criterion_group, criterion_main, BenchmarkGroup, BenchmarkId, Criterion, Throughput,
+};
 use purgatory::{Completion, DelayedOperation, Purgatory};
-use purgatory_benches::peers::NaivePurgatory;
+use purgatory_benches::peers::{NaivePurgatory, TokioDelayQueuePurgatory, TokioTaskPurgatory};
 use purgatory_benches::workloads::w3::LoadPurgatory;
 
 const OPS_PER_THREAD: u64 = 20_000;
@@ -114,6 +118,26 @@ fn run_threads<P: LoadPurgatory<BenchOp>>(
     start.elapsed()
 }
 
+/// Benches `p` as `name` in `group`, then shuts it down.
+fn bench_one<P: LoadPurgatory<BenchOp>>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    p: P,
+    threads: usize,
+    event: bool,
+) {
+    let lanes = lanes(threads);
+    let round = if event {
+        event_round::<P>
+    } else {
+        expiry_round::<P>
+    };
+    group.bench_function(BenchmarkId::from_parameter(name), |b| {
+        b.iter_custom(|iters| run_threads(&p, &lanes, iters, round))
+    });
+    p.shutdown();
+}
+
 fn completion_paths(c: &mut Criterion) {
     for (name, event) in [("watch_then_event", true), ("watch_then_expiry", false)] {
         for threads in [1usize, 2] {
@@ -126,29 +150,14 @@ fn completion_paths(c: &mut Criterion) {
                 .name("bench")
                 .build()
                 .expect("valid configuration");
-            let ours_lanes = lanes(threads);
-            group.bench_function(BenchmarkId::from_parameter("ours"), |b| {
-                let round = if event {
-                    event_round::<Purgatory<u64, BenchOp>>
-                } else {
-                    expiry_round
-                };
-                b.iter_custom(|iters| run_threads(&ours, &ours_lanes, iters, round))
-            });
-            let naive: NaivePurgatory<u64, BenchOp> =
-                NaivePurgatory::start(1000).expect("reaper thread");
-            let naive_lanes = lanes(threads);
-            group.bench_function(BenchmarkId::from_parameter("naive"), |b| {
-                let round = if event {
-                    event_round::<NaivePurgatory<u64, BenchOp>>
-                } else {
-                    expiry_round
-                };
-                b.iter_custom(|iters| run_threads(&naive, &naive_lanes, iters, round))
-            });
+            bench_one(&mut group, "ours", ours, threads, event);
+            let naive = NaivePurgatory::start(1000).expect("reaper thread");
+            bench_one(&mut group, "naive", naive, threads, event);
+            let task = TokioTaskPurgatory::start(1000).expect("tokio runtime");
+            bench_one(&mut group, "tokio-task", task, threads, event);
+            let queue = TokioDelayQueuePurgatory::start(1000).expect("driver thread");
+            bench_one(&mut group, "tokio-delayqueue", queue, threads, event);
             group.finish();
-            LoadPurgatory::shutdown(&ours);
-            LoadPurgatory::shutdown(&naive);
         }
     }
 }

@@ -105,61 +105,92 @@ fn w2_fires_everything_and_ours_never_early() {
 
 #[test]
 fn w3_and_w3_events_account_for_every_request() {
-    for extra in [
-        &[][..],
-        &["--events", "--keys", "1", "--key-space-size", "1000"][..],
-    ] {
-        let mut args = vec!["w3", "--num", "3000", "--rate", "100000", "--json"];
-        args.extend_from_slice(extra);
-        let v = json(&args);
-        assert_eq!(results(&v).len(), 2);
-        for r in results(&v) {
-            for key in [
-                "elapsed_ms",
-                "target_rate",
-                "actual_rate",
-                "cpu_ms",
-                "peak_rss_bytes",
-                "expiry_late_p50_ms",
-                "expiry_late_p99_ms",
-                "expiry_late_max_ms",
-            ] {
-                assert!(r[key].is_number(), "{key} missing in {r}");
-            }
-            assert_eq!(
-                num(r, "completed") + num(r, "expired"),
-                3000.0,
-                "{args:?}: {r}"
-            );
-            assert!(num(r, "expired") > 0.0, "some latencies exceed the timeout");
-            assert!(r["impl"].is_string());
+    // The defaults (ours, naive), then the two tokio peers.
+    for impls in [&[][..], &["--impl", "tokio-task,tokio-delayqueue"][..]] {
+        for extra in [
+            &[][..],
+            &["--events", "--keys", "1", "--key-space-size", "1000"][..],
+        ] {
+            w3_accounts_for_every_request(impls, extra);
         }
     }
 }
 
+fn w3_accounts_for_every_request(impls: &[&str], extra: &[&str]) {
+    let mut args = vec!["w3", "--num", "3000", "--rate", "100000", "--json"];
+    args.extend_from_slice(impls);
+    args.extend_from_slice(extra);
+    let v = json(&args);
+    assert_eq!(results(&v).len(), 2);
+    for r in results(&v) {
+        for key in [
+            "elapsed_ms",
+            "target_rate",
+            "actual_rate",
+            "cpu_ms",
+            "peak_rss_bytes",
+            "expiry_late_p50_ms",
+            "expiry_late_p99_ms",
+            "expiry_late_max_ms",
+        ] {
+            assert!(r[key].is_number(), "{key} missing in {r}");
+        }
+        assert_eq!(
+            num(r, "completed") + num(r, "expired"),
+            3000.0,
+            "{args:?}: {r}"
+        );
+        assert!(num(r, "expired") > 0.0, "some latencies exceed the timeout");
+        assert!(r["impl"].is_string());
+    }
+}
+
+/// A W3-max search small enough for a test: 1,000 requests with a 20 ms timeout,
+/// starting at 4,000,000/s.
+const TINY_SWEEP: [&str; 12] = [
+    "w3",
+    "--num",
+    "1000",
+    "--rate",
+    "4000000",
+    "--timeout",
+    "20",
+    "--pct50",
+    "2",
+    "--pct75",
+    "6",
+    "--find-max",
+];
+
 #[test]
 fn w3_find_max_reports_a_rate() {
-    let v = json(&[
-        "w3",
-        "--num",
-        "1000",
-        "--rate",
-        "4000000",
-        "--timeout",
-        "20",
-        "--pct50",
-        "2",
-        "--pct75",
-        "6",
-        "--find-max",
-        "--impl",
-        "naive",
-        "--json",
-    ]);
+    let mut args = TINY_SWEEP.to_vec();
+    args.extend(["--impl", "naive", "--json"]);
+    let v = json(&args);
     assert_eq!(v["workload"], "w3-max");
     let r = &results(&v)[0];
     assert!(r["max_rate_held"].is_number());
     assert!(!r["attempts"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn w3_find_max_draws_the_sweep() {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let svg = dir.join(format!("w3-sweep-{}.svg", std::process::id()));
+    let _ = std::fs::remove_file(&svg);
+    let impls = ["ours", "naive", "tokio-task", "tokio-delayqueue"];
+    let joined = impls.join(",");
+    let mut args = TINY_SWEEP.to_vec();
+    args.extend(["--impl", &joined, "--json", "--plot"]);
+    args.push(svg.to_str().expect("a UTF-8 temp path"));
+    let v = json(&args);
+    assert_eq!(results(&v).len(), impls.len());
+    let text = std::fs::read_to_string(&svg).expect("the SVG was written");
+    let _ = std::fs::remove_file(&svg);
+    assert!(text.contains("<svg"), "not an SVG: {text:.200}");
+    for name in impls {
+        assert!(text.contains(name), "{name} is not in the picture");
+    }
 }
 
 #[test]
@@ -174,6 +205,7 @@ fn bad_arguments_fail_with_a_message() {
         ),
         (&["w1", "--impl", "ours,fast"], "unknown implementation"),
         (&["w3", "--impl", "btreemap"], "unknown implementation"),
+        (&["w3", "--plot", "x.svg"], "--find-max"),
         (&["w1", "--tasks", "many"], "--tasks"),
         (&["w1", "--threads", "0"], "--threads"),
         (

@@ -29,7 +29,8 @@ Without arguments it runs a ~15 s demo: W3-low-timeout at 100,000 requests/s for
 requests, ours vs naive.",
     after_help = "Examples:\n  purgatory-perf w1 --runs 3\n  purgatory-perf w1 --threads 2\n  \
 purgatory-perf w2\n  purgatory-perf w3 --num 1000000 --rate 10000 --timeout 200 --pct50 20 --pct75 60\n  \
-purgatory-perf w3 --num 3000000 --rate 250000 --find-max --impl ours"
+purgatory-perf w3 --num 3000000 --rate 250000 --find-max --impl ours\n  \
+purgatory-perf w3 --num 300000 --rate 250000 --find-max --plot sweep.svg --impl ours,naive,tokio-task"
 )]
 pub(super) struct Cli {
     #[command(subcommand)]
@@ -57,7 +58,8 @@ pub(super) struct Common {
     /// (default) and the diagnostics wheel (our bare wheel), locked-wheel (the same
     /// behind one mutex) and ours-batch (our timer through its batch calls); w2: ours,
     /// binaryheap (a thread over Mutex<BinaryHeap> + Condvar), delayqueue; w3: ours,
-    /// naive (default) and null (no purgatory: the tool's own cost).
+    /// naive (default), null (no purgatory: the tool's own cost), tokio-task (a tokio task
+    /// per request) and tokio-delayqueue (one task driving a tokio-util DelayQueue).
     #[arg(long = "impl", value_delimiter = ',')]
     pub(super) implementations: Vec<String>,
     /// Repeat each measurement this many times, each in a fresh process; report medians.
@@ -147,6 +149,10 @@ pub(super) struct W3Args {
     /// doubling, then bisecting.
     #[arg(long)]
     pub(super) find_max: bool,
+    /// With --find-max: also draw the sweep as an SVG picture at this path (CPU s per
+    /// 1M requests against the offered rate, one line per implementation, knees marked).
+    #[arg(long, value_name = "FILE.svg", requires = "find_max")]
+    pub(super) plot: Option<std::path::PathBuf>,
     /// Shortest generator sleep in µs when ahead of schedule (bursts requests at low rates
     /// to save wake-ups; the average rate is unchanged), and the completer's tick (at
     /// least 1 ms): completions happen within one tick after they are due.

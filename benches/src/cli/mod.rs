@@ -2,7 +2,8 @@
 //! measurement job in this process (a child) or, as the parent, takes one workload
 //! through the one path every workload shares (`run_workload`): pick the
 //! implementations, measure each in child processes, summarise, print. W3's `--find-max`
-//! search is `max_rate.rs`; without arguments the tool runs a short W3 demo.
+//! search (and its `--plot`) is `max_rate.rs`; without arguments the tool runs a short
+//! W3 demo.
 //!
 //! # Invariants
 //! - Bad arguments end in a message on stderr and a non-zero exit status (2), never a
@@ -54,7 +55,8 @@ pub fn main() -> ExitCode {
             pick::<PurgatoryLoad>(&a.common.implementations).and_then(|implementations| {
                 let params = a.params()?;
                 let allocator = a.common.allocator::<PurgatoryLoad>();
-                max_rate::find_max(&implementations, &params, a.common.json, allocator)
+                let plot = a.plot.as_deref();
+                max_rate::find_max(&implementations, &params, a.common.json, allocator, plot)
             })
         }
         (None, Some(Command::W3(a))) => run_workload::<PurgatoryLoad>(&a.common, || a.params()),

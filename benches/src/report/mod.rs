@@ -1,6 +1,7 @@
 //! What the load tool reports: the runs of each implementation, reduced to a median and
 //! a spread per figure and related to ours, then shown as a table ([`table`]) and as
-//! one JSON object ([`json`]); [`statistics`] has the order statistics underneath.
+//! one JSON object ([`json`]); [`statistics`] has the order statistics underneath, and
+//! [`plot`] draws a W3 rate sweep as an SVG picture.
 //!
 //! # Invariants
 //! - Each run's result is flattened to `figure -> number` (nested objects become dotted
@@ -11,6 +12,7 @@
 //!   missing.
 
 pub mod json;
+pub mod plot;
 pub mod statistics;
 pub mod table;
 

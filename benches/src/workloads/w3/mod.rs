@@ -31,12 +31,12 @@ use crate::harness::process::peak_resident_bytes;
 use crate::harness::progress::Progress;
 use crate::harness::sampling::{CyclicTable, KeyTable};
 use crate::harness::stall_probe::{NetCpu, Stalls};
-use crate::peers::NaivePurgatory;
+use crate::peers::{NaivePurgatory, TokioDelayQueuePurgatory, TokioTaskPurgatory};
 use crate::report::{Figure, MIB};
 use crate::workloads::{implementation_name, Job, Measurement, Workload};
 pub use op::{LoadContext, LoadOp};
 
-/// What the load tool needs of a purgatory (ours and the naive peer implement it).
+/// What the load tool needs of a purgatory (ours and the purgatory peers implement it).
 pub trait LoadPurgatory<O>: Send + Sync {
     /// Names a waiting operation, for forced completion.
     type Handle: Send;
@@ -70,6 +70,13 @@ pub enum Implementation {
     Naive,
     /// No purgatory: the tool's own cost (plain W3 only; see [`null`]).
     Null,
+    /// A tokio task per waiting request, watcher lists in a `DashMap`
+    /// ([`TokioTaskPurgatory`]).
+    TokioTask,
+    /// One tokio task driving a `DelayQueue`, fed through an unbounded channel
+    /// ([`TokioDelayQueuePurgatory`]). Its hand-off never pushes back: read its held
+    /// rate next to its expiry lateness and memory.
+    TokioDelayqueue,
 }
 
 /// W3 as the load tool runs it.
@@ -304,6 +311,16 @@ pub fn run(implementation: Implementation, p: &W3Params) -> Result<W3Result, W3E
             "`null` measures the tool alone and cannot run W3-events".into(),
         )),
         Implementation::Null => Ok(run_with(name, &null::NullPurgatory, p)),
+        Implementation::TokioTask => {
+            let purgatory = TokioTaskPurgatory::<LoadOp>::start(1000)
+                .map_err(|e| W3Error::Setup(e.to_string()))?;
+            Ok(run_with(name, &purgatory, p))
+        }
+        Implementation::TokioDelayqueue => {
+            let purgatory = TokioDelayQueuePurgatory::<LoadOp>::start(1000)
+                .map_err(|e| W3Error::Setup(e.to_string()))?;
+            Ok(run_with(name, &purgatory, p))
+        }
     }
 }
 
