@@ -28,10 +28,11 @@ use crate::operation::DelayedOperation;
 use crate::state::State;
 
 /// List entries a purge step looks at under one shard lock. Each costs a few cache
-/// misses (its list's buffer, its tag, the freeing of an emptied list): measured here at
-/// 0.5-0.7 us each when the lists are cold, so a step holds the lock for well under a
-/// millisecond (`purge-lateness` in `docs/benchmarks.md`).
-pub(crate) const STEP: usize = 1024;
+/// misses when the lists are cold (its list, its tag, the freeing of an emptied list):
+/// measured here at up to 3.7 us each, so a step holds the lock for about a millisecond
+/// at most (`purge-lateness` in `docs/benchmarks.md`; 1,024 a step left timeouts up to
+/// 4-6 ms late).
+pub(crate) const STEP: usize = 256;
 
 /// When to purge, and where the next purge step starts.
 pub(crate) struct PurgePolicy {

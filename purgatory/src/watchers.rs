@@ -14,8 +14,10 @@
 //!
 //! # Invariants
 //! - A key is present only while its list is non-empty: whoever empties a list removes
-//!   the key, and a table under a quarter full gives half its capacity back, so memory
-//!   follows the keys in use, not the keys ever seen or the peak.
+//!   the key, and a table under a quarter full and down to a few thousand keys shrinks to
+//!   twice its keys, so memory follows the keys in use, not the keys ever seen or the peak
+//!   (a table of more keys keeps its capacity until they are fewer: moving them all would
+//!   hold the lock for milliseconds).
 //! - `entries` of a shard equals the total length of its lists.
 //! - An entry names an operation by [`OpRef`]; it may name one that was completed (through
 //!   another key, or by force, expiry or cancel), which the op table tells without a lock.
@@ -61,7 +63,7 @@ type Flags = SmallVec<[bool; 128]>;
 /// the second compacts the list. In one pass, every mispredicted keep-or-drop branch
 /// would wait for its miss before the next could start.
 fn drop_completed_entries(
-    list: &mut Vec<OpRef>,
+    list: &mut Ops,
     waiting: &impl Fn(OpRef) -> bool,
     flags: &mut Flags,
 ) -> usize {
@@ -73,11 +75,18 @@ fn drop_completed_entries(
     before - list.len()
 }
 
+/// The operations of one key's list, in arrival order. Up to two stay inline, in the
+/// space a `Vec` header takes anyway: most keys have few waiters, and a list that never
+/// allocates is one allocation fewer per new key and one free fewer per purged key (a
+/// purge of millions of single-entry lists otherwise leaves the allocator with millions
+/// of small frees to sort out).
+pub(crate) type Ops = SmallVec<[OpRef; 2]>;
+
 /// One key's list, with the key's hash.
 struct List<K> {
     hash: u64,
     key: K,
-    ops: Vec<OpRef>,
+    ops: Ops,
 }
 
 struct ShardState<K> {
@@ -104,12 +113,15 @@ impl<K: Eq> ShardState<K> {
         list
     }
 
-    /// Halves the table's capacity when it is under a quarter full, so a spike of keys
-    /// does not hold its memory forever; amortised O(1) per removal.
+    /// Shrinks the table to twice its keys when it is under a quarter full, so a spike of
+    /// keys does not hold its memory forever; amortised O(1) per removal. Only while it
+    /// holds at most [`SHRINK_LIMIT`] keys: shrinking moves every key to a new table under
+    /// the shard lock, and a bigger move (measured at 5-10 ms for 31,000 keys out of a
+    /// 217,000-slot table) would hold up checks and the purge's next step that long.
     fn shrink_if_sparse(&mut self) {
-        let capacity = self.lists.capacity();
-        if capacity > 64 && self.lists.len() * 4 < capacity {
-            self.lists.shrink_to(capacity / 2, |list| list.hash);
+        let (capacity, len) = (self.lists.capacity(), self.lists.len());
+        if capacity > 64 && len * 4 < capacity && len <= SHRINK_LIMIT {
+            self.lists.shrink_to(len * 2, |list| list.hash);
         }
     }
 }
@@ -161,6 +173,9 @@ pub(crate) struct Watchers<K> {
 /// Entries of a [`Watchers::watch_many`] call that were not listed because their key's
 /// `Hash` or `Eq` panicked: their positions in the call's input.
 pub(crate) type Unlisted = SmallVec<[usize; 4]>;
+
+/// Most keys a shard's table holds when it shrinks (see `ShardState::shrink_if_sparse`).
+const SHRINK_LIMIT: usize = 4096;
 
 /// Most entries [`Watchers::watch_many`] lists one at a time rather than sorted by shard.
 const FEW: usize = 4;
@@ -366,7 +381,7 @@ impl<K: Hash + Eq> Watchers<K> {
                 let list = List {
                     hash,
                     key,
-                    ops: vec![op],
+                    ops: smallvec![op],
                 };
                 shard.lists.insert_unique(hash, list, |list| list.hash);
                 None
@@ -412,11 +427,11 @@ impl<K: Hash + Eq> Watchers<K> {
     /// the caller marks the operations it takes from them stale ([`mark_stale`]).
     ///
     /// [`mark_stale`]: Self::mark_stale
-    pub(crate) fn take(&self, key: &K) -> Vec<OpRef> {
+    pub(crate) fn take(&self, key: &K) -> Ops {
         let hash = self.hash(key);
         let mut shard = self.shard(hash).state.lock();
         let Some(bucket) = shard.find(hash, key) else {
-            return Vec::new();
+            return Ops::new();
         };
         let List { key, ops, .. } = shard.remove(bucket);
         drop(shard);
@@ -539,6 +554,18 @@ mod tests {
         );
         assert_eq!((watchers.entries(), watchers.keys()), (0, 0));
         assert_eq!((watchers.listed(), watchers.stale()), (0, 0));
+    }
+
+    #[test]
+    fn a_list_of_up_to_two_stays_in_the_space_of_a_vec() {
+        assert_eq!(
+            std::mem::size_of::<Ops>(),
+            std::mem::size_of::<Vec<OpRef>>()
+        );
+        let mut ops: Ops = smallvec![OpRef::for_test(1, 0), OpRef::for_test(2, 0)];
+        assert!(!ops.spilled());
+        ops.push(OpRef::for_test(3, 0));
+        assert!(ops.spilled());
     }
 
     #[test]

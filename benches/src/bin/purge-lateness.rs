@@ -7,10 +7,13 @@
 //! `--probes` operations with timeouts spread 1 ms apart (from 50 ms on) come due, and
 //! each records how late it expired. The same is
 //! run without a backlog for the baseline, and with the backlog but no purge (what the
-//! backlog costs by itself). Prints the lateness (ms) of each run: median,
+//! backlog costs by itself). A thread sleeping 1 ms at a time counts the machine's
+//! stalls meanwhile (sleeps more than 5 ms late): lateness that comes with stalls is the
+//! machine's, not the purgatory's. Prints the lateness (ms) of each run: median,
 //! p99, max, and the entries purged.
 //!
 //! `cargo run --release -p purgatory-benches --bin purge-lateness -- --stale 2000000`
+//! (mimalloc; `PURGATORY_PERF_ALLOCATOR=system` for the system allocator)
 //! (uses only calls every version of the purgatory has, so builds before and after a
 //! change can be compared side by side).
 
@@ -19,6 +22,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use purgatory::{Completion, DelayedOperation, Purgatory, PurgatoryBuilder};
+
+// mimalloc unless `PURGATORY_PERF_ALLOCATOR=system`, as in the load tool's W3: with
+// glibc's allocator, the millions of small lists a purge frees leave it slow for a while
+// after (the expiries that follow are delayed by its clean-up, not by the purgatory).
+#[global_allocator]
+static ALLOCATOR: purgatory_benches::harness::allocator::SelectableAllocator =
+    purgatory_benches::harness::allocator::SelectableAllocator;
 
 /// An operation of the backlog: ready once `ready` is set.
 struct Backlog {
@@ -60,8 +70,31 @@ impl DelayedOperation for Op {
 
 const COMMON: u64 = u64::MAX;
 
-/// One run; returns (lateness of every probe in ms, entries purged during the probes).
-fn run(stale: u64, probes: u64, purge: bool) -> (Vec<f64>, u64) {
+/// Watches the machine while a run lasts: a thread that sleeps 1 ms at a time and
+/// records how much longer than that each sleep took (the vCPU taken away, or a busy
+/// machine). Returns the stop flag and the thread, which yields (stalls > 5 ms, longest ms).
+fn watch_machine() -> (Arc<AtomicBool>, std::thread::JoinHandle<(u32, f64)>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&stop);
+    let thread = std::thread::spawn(move || {
+        let (mut stalls, mut longest) = (0u32, 0f64);
+        while !flag.load(Ordering::Relaxed) {
+            let before = Instant::now();
+            std::thread::sleep(Duration::from_millis(1));
+            let over = (before.elapsed().as_secs_f64() - 1e-3) * 1e3;
+            if over > 5.0 {
+                stalls += 1;
+            }
+            longest = longest.max(over);
+        }
+        (stalls, longest)
+    });
+    (stop, thread)
+}
+
+/// One run; returns (lateness of every probe in ms, entries purged during the probes,
+/// machine stalls > 5 ms and the longest, ms, while the probes came due).
+fn run(stale: u64, probes: u64, purge: bool) -> (Vec<f64>, u64, (u32, f64)) {
     let purgatory: Purgatory<u64, Op> = PurgatoryBuilder::new()
         .name("purge-lateness")
         .purge_interval(if purge {
@@ -91,8 +124,10 @@ fn run(stale: u64, probes: u64, purge: bool) -> (Vec<f64>, u64) {
     let start = Instant::now();
     for n in 0..probes {
         let timeout = Duration::from_millis(50 + n);
+        // Its own deadline: a watch that waited for a purge step does not count as expiry
+        // lateness (that wait is at most one step).
         let op = Op::Probe(Probe {
-            deadline: start + timeout,
+            deadline: Instant::now() + timeout,
             timeout,
             late: Arc::clone(&late),
         });
@@ -101,13 +136,16 @@ fn run(stale: u64, probes: u64, purge: bool) -> (Vec<f64>, u64) {
             .expect("accepted"));
     }
     let purged_before = purgatory.stats().purged;
+    let (stop, machine) = watch_machine();
     let end = start + Duration::from_millis(50 + probes + 2_000);
     while late.lock().unwrap().len() < probes as usize && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(10));
     }
+    stop.store(true, Ordering::Relaxed);
+    let stalls = machine.join().expect("the stall watcher does not panic");
     let purged = purgatory.stats().purged - purged_before;
     let late = late.lock().unwrap().clone();
-    (late, purged)
+    (late, purged, stalls)
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -134,16 +172,16 @@ fn main() {
             other => panic!("unknown argument {other} (--stale N, --probes N)"),
         }
     }
-    println!("run        stale     p50 ms   p99 ms   max ms   purged");
+    println!("run        stale     p50 ms   p99 ms   max ms   purged  stalls>5ms  longest ms");
     for (name, backlog, purge) in [
         ("baseline", 0, true),
         ("no purge", stale, false),
         ("purge", stale, true),
     ] {
-        let (mut late, purged) = run(backlog, probes, purge);
+        let (mut late, purged, (stalls, longest)) = run(backlog, probes, purge);
         late.sort_by(f64::total_cmp);
         println!(
-            "{name:<9} {backlog:>7} {:>9.3} {:>8.3} {:>8.3} {purged:>8}",
+            "{name:<9} {backlog:>7} {:>9.3} {:>8.3} {:>8.3} {purged:>8} {stalls:>11} {longest:>11.1}",
             percentile(&late, 0.5),
             percentile(&late, 0.99),
             late.last().copied().unwrap_or(f64::NAN),
