@@ -18,7 +18,8 @@
 //!   is retired instead of freed and never handed out again, so a stale `OpRef` can never
 //!   match a later operation, at any uptime. (The cost: one slot per 2^32 - 1 operations
 //!   of one slot. A retired slot's tag is `RETIRED as u8`; a stale entry whose tag equals
-//!   it is dropped by the full check of a `check_and_complete` on its key, not by purges.)
+//!   it is dropped by a `check_and_complete` on its key, which checks such entries against
+//!   the slot ([`OpTable::is_waiting_by_tag`]), not by purges.)
 //! - The operation lives in `state.op` until exactly one thread takes it out, under the
 //!   slot lock, with the matching generation. Whoever takes it completes it (or hands it
 //!   back, for a cancel); every later attempt finds another generation. So `on_complete`
@@ -27,12 +28,13 @@
 //! - An expiry never waits for a slot lock (its holder may be running `try_complete`,
 //!   user code that may block). If the lock is held it records the request in the slot
 //!   (`expiry_requested`: the occupant's generation + 1), then tries once more; whoever
-//!   holds the lock without taking the operation releases it through
-//!   [`Locked::release`], which looks for a request after unlocking and, finding one for
-//!   its operation, takes the operation for the caller to complete as expired. The
-//!   request is written before the second try and read after the unlock, each followed
-//!   or preceded by a `SeqCst` fence, so at least one of the two sees the other: the
-//!   expiry is never lost, and the taking is decided under the lock as always.
+//!   holds the lock without taking the operation unlocks it ([`Locked::unlock`]) and then
+//!   looks for a request ([`OpTable::claim_expiries`]) and, finding one for its
+//!   operation, takes the operation for the caller to complete as expired. The request is
+//!   written before the second try and read after the unlock, with a `SeqCst` fence
+//!   between each pair (one fence serves a batch of unlocks), so at least one of the two
+//!   sees the other: the expiry is never lost, and the taking is decided under the lock
+//!   as always.
 //! - `state.timer` is the operation's armed timeout; it is taken with the operation, so
 //!   the taker (and only it) disarms the timer. The watcher arms the timer while holding
 //!   the lock, so a completion can never miss a timer armed after it.
@@ -356,6 +358,15 @@ impl<O: DelayedOperation> OpTable<O> {
         self.tag(op.index).load(Ordering::Acquire) == op.generation as u8
     }
 
+    /// [`may_be_waiting`](Self::may_be_waiting), made certain for the one case a later
+    /// look would never settle: a retired slot keeps its tag forever, so an entry whose
+    /// generation has the retired tag is checked against the slot itself (one entry in
+    /// 256 reads its slot; the others only their tag).
+    #[inline]
+    pub(crate) fn is_waiting_by_tag(&self, op: OpRef) -> bool {
+        self.may_be_waiting(op) && (op.generation as u8 != RETIRED as u8 || self.is_waiting(op))
+    }
+
     /// Takes the operation `op` names, whatever its readiness (force, cancel).
     pub(crate) fn take(&self, op: OpRef) -> Option<Taken<O>> {
         self.lock(op).map(Locked::take)
@@ -382,19 +393,31 @@ impl<O: DelayedOperation> OpTable<O> {
         locked.map(Locked::take)
     }
 
-    /// After its holder unlocked the slot `op` names: if the operation's expiry came
-    /// while it was locked, takes the operation (without waiting: if someone holds the
-    /// lock again, they will see the request when they release it) for the caller to
-    /// complete as expired.
-    pub(crate) fn claim_expiry(&self, op: OpRef) -> Option<Taken<O>> {
-        fence(Ordering::SeqCst);
-        let slot = self.slot(op.index);
-        if slot.expiry_requested.load(Ordering::SeqCst) != op.generation + 1 {
-            return None;
+    /// After their holder unlocked the slots `ops` names: takes each operation whose
+    /// expiry came while its slot was locked (without waiting: if someone holds a lock
+    /// again, they see the request when they let go) and appends it to `expired`, for the
+    /// caller to complete as expired. One fence serves the whole batch: each unlock is
+    /// before it, each read of a request after it.
+    pub(crate) fn claim_expiries<const N: usize>(
+        &self,
+        ops: &[OpRef],
+        expired: &mut smallvec::SmallVec<[Taken<O>; N]>,
+    ) {
+        if ops.is_empty() {
+            return;
         }
-        let mut taken = self.try_lock(op).ok()??.take();
-        taken.timer = None; // it fired
-        Some(taken)
+        fence(Ordering::SeqCst);
+        for &op in ops {
+            let slot = self.slot(op.index);
+            if slot.expiry_requested.load(Ordering::Relaxed) != op.generation + 1 {
+                continue;
+            }
+            if let Ok(Some(locked)) = self.try_lock(op) {
+                let mut taken = locked.take();
+                taken.timer = None; // it fired
+                expired.push(taken);
+            }
+        }
     }
 
     /// Locks the slot `op` names if nobody holds it: `Ok(None)` if its operation is gone,
@@ -468,14 +491,11 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
         (taken, vacated)
     }
 
-    /// Unlocks the slot, leaving the operation in it, unless its expiry came while the
-    /// lock was held: then takes it (see [`OpTable::claim_expiry`]) and returns it for the
-    /// caller to complete as expired. Every holder that does not take the operation must
-    /// unlock through here, or drop the lock and call `claim_expiry` itself.
-    pub(crate) fn release(self) -> Option<Taken<O>> {
-        let (table, op) = (self.table, self.op);
-        drop(self);
-        table.claim_expiry(op)
+    /// Unlocks the slot, leaving the operation in it; returns its name, which every holder
+    /// that did not take the operation must pass to [`OpTable::claim_expiries`] (its
+    /// expiry may have come while the lock was held).
+    pub(crate) fn unlock(self) -> OpRef {
+        self.op
     }
 
     /// Runs `try_complete`, keeping the lock.

@@ -178,23 +178,27 @@ where
         candidates.retain(|op| waiting(*op));
         let saw_completed = candidates.len() < listed;
         let mut completed = 0;
-        for op in candidates {
-            let Some(mut locked) = state.table.lock(op) else {
+        // Tried and not ready: their timeouts may have come while they were locked.
+        let mut not_ready = SmallVec::<[OpRef; 16]>::with_capacity(candidates.len());
+        for op in &candidates {
+            let Some(mut locked) = state.table.lock(*op) else {
                 continue; // completed by someone else since the snapshot
             };
             if state.is_ready(&mut locked) {
                 // `take` releases the slot lock: callbacks run without it.
                 state.complete_one(locked.take(), Completion::Ready);
                 completed += 1;
-            } else if let Some(expired) = locked.release() {
-                // Its timeout came while `try_complete` ran: expire it now.
-                state.complete_one(expired, Completion::Expired);
+            } else {
+                not_ready.push(locked.unlock());
             }
         }
+        let mut expired = SmallVec::<[Taken<O>; 1]>::new();
+        state.table.claim_expiries(&not_ready, &mut expired);
+        state.complete(&mut expired, Completion::Expired);
         if completed > 0 || saw_completed {
             state
                 .watchers
-                .drop_completed(key, |op| waiting(op) && state.table.is_waiting(op));
+                .drop_completed(key, |op| state.table.is_waiting_by_tag(op));
         }
         completed
     }

@@ -181,7 +181,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
                 Ok(handle) => {
                     let mut locked = m.locked.take().expect("still locked");
                     locked.arm(handle);
-                    drop(locked);
+                    locked.unlock();
                     m.waiting = true;
                 }
                 Err(_) => {
@@ -194,20 +194,20 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
             }
         }
         // Step 6. An operation whose timeout fired while the chunk held its lock (a zero
-        // or tiny timeout) is expired now (see `OpTable::claim_expiry`).
+        // or tiny timeout) is expired now (see `OpTable::claim_expiries`).
         if !vacated.is_empty() {
             self.table.vacate(&vacated);
         }
         self.complete(&mut done, Completion::Ready);
-        let mut expired: SmallVec<[Taken<O>; 1]> = SmallVec::new();
+        let mut armed: SmallVec<[OpRef; N]> = SmallVec::new();
         for m in members.iter().filter(|m| m.waiting) {
-            if let Some(taken) = self.table.claim_expiry(m.op) {
-                expired.push(taken);
-            }
+            armed.push(m.op);
             out[m.position] = Some(Ok(WatchOutcome::Pending(OperationHandle::new(
                 m.op, self.id,
             ))));
         }
+        let mut expired: SmallVec<[Taken<O>; 1]> = SmallVec::new();
+        self.table.claim_expiries(&armed, &mut expired);
         self.complete(&mut expired, Completion::Expired);
         tracing::debug!(target: "purgatory", purgatory = %self.name, operations = out.len(), "watch");
         results.extend(

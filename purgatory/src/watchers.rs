@@ -70,9 +70,14 @@ fn drop_completed_entries(
     flags.clear();
     flags.extend(list.iter().map(|&op| waiting(op)));
     let before = list.len();
-    let mut keep = flags.iter();
-    list.retain(|_| keep.next().copied().unwrap_or(true));
-    before - list.len()
+    let entries = list.as_mut_slice();
+    let mut kept = 0;
+    for (read, &keep) in flags.iter().enumerate() {
+        entries[kept] = entries[read];
+        kept += usize::from(keep);
+    }
+    list.truncate(kept);
+    before - kept
 }
 
 /// The operations of one key's list, in arrival order. Up to two stay inline, in the
