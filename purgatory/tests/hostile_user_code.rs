@@ -122,23 +122,45 @@ fn in_a_batch_only_the_operation_with_the_hostile_key_is_refused() {
         )
     });
     let results = purgatory.watch_batch(batch);
+    only_69_refused(results, |refused| match refused {
+        WatchError::KeyPanicked(op) => op.id,
+        other => panic!("refused as {other:?}"),
+    });
+    every_other_one_expires(&purgatory, &clock, &ledger);
+}
+
+/// Checks the results of a batch of 100 in which only the 70th (id 69) is refused, as
+/// `refused_id` says.
+fn only_69_refused<O: std::fmt::Debug>(
+    results: Vec<Result<WatchOutcome<O>, WatchError<O>>>,
+    refused_id: impl Fn(WatchError<O>) -> usize,
+) {
     assert_eq!(results.len(), 100, "one result per operation");
     for (id, result) in results.into_iter().enumerate() {
         match result {
-            Err(WatchError::KeyPanicked(op)) => assert_eq!((id, op.id), (69, 69)),
+            Err(refused) => assert_eq!((id, refused_id(refused)), (69, 69)),
             Ok(WatchOutcome::Pending(_)) => assert_ne!(id, 69),
-            other => panic!("operation {id}: {other:?}"),
+            Ok(WatchOutcome::Completed) => panic!("operation {id} is never ready"),
         }
     }
+}
+
+/// After such a batch: 99 armed, one panic counted, and at their timeout every accepted
+/// operation is answered, the refused one never.
+fn every_other_one_expires<K, O>(purgatory: &Purgatory<K, O>, clock: &ManualClock, ledger: &Ledger)
+where
+    K: std::hash::Hash + Eq + Clone + Send + Sync + 'static,
+    O: DelayedOperation,
+{
     assert_eq!(purgatory.pending(), 99);
     assert_eq!(purgatory.stats().panicked, 1);
-    // Every accepted operation is answered at its timeout, the refused one never.
     clock.advance(LONG);
     purgatory.advance_clock(Duration::ZERO);
     for id in 0..100 {
         let expected = u32::from(id != 69);
         assert_eq!(ledger.completions(id), expected, "operation {id}");
     }
+    assert_eq!(ledger.count(Completion::Expired), 99);
     assert_eq!(ledger.violations(), 0);
 }
 
@@ -175,20 +197,11 @@ fn a_panicking_timeout_in_a_batch_refuses_that_operation_only() {
         )
     });
     let results = purgatory.watch_batch(batch);
-    assert_eq!(results.len(), 100);
-    for (id, result) in results.into_iter().enumerate() {
-        match result {
-            Err(WatchError::TimeoutPanicked(op)) => assert_eq!((id, op.0.id), (69, 69)),
-            Ok(WatchOutcome::Pending(_)) => assert_ne!(id, 69),
-            other => panic!("operation {id}: {other:?}"),
-        }
-    }
-    assert_eq!(purgatory.pending(), 99);
-    assert_eq!(purgatory.stats().panicked, 1);
-    clock.advance(LONG);
-    purgatory.advance_clock(Duration::ZERO);
-    assert_eq!(ledger.count(Completion::Expired), 99);
-    assert_eq!(ledger.completions(69), 0);
+    only_69_refused(results, |refused| match refused {
+        WatchError::TimeoutPanicked(op) => op.0.id,
+        other => panic!("refused as {other:?}"),
+    });
+    every_other_one_expires(&purgatory, &clock, &ledger);
 }
 
 impl std::fmt::Debug for BadTimeout {
