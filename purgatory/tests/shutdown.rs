@@ -392,3 +392,71 @@ fn a_shutdown_from_inside_an_expiry_callback_does_not_hang() {
         assert_eq!(answered.load(SeqCst), 3);
     }
 }
+
+/// A key whose drop panics once `armed`: shutdown drops the lists' keys.
+#[derive(Clone)]
+struct DropBomb {
+    id: u32,
+    armed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl PartialEq for DropBomb {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for DropBomb {}
+
+impl std::hash::Hash for DropBomb {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
+    }
+}
+
+impl Drop for DropBomb {
+    fn drop(&mut self) {
+        if self.armed.swap(false, SeqCst) {
+            panic!("a key's drop panics (on purpose)");
+        }
+    }
+}
+
+#[test]
+fn a_shutdown_whose_user_code_panics_still_releases_a_concurrent_shutdown() {
+    let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let purgatory: Purgatory<DropBomb, Counted> =
+        PurgatoryBuilder::new().name("drop-bomb").build().unwrap();
+    let key = DropBomb {
+        id: 1,
+        armed: Arc::clone(&armed),
+    };
+    let op = Counted {
+        answered: Arc::clone(&answered),
+    };
+    assert!(!purgatory.try_complete_else_watch(op, [key]).unwrap());
+    armed.store(true, SeqCst);
+    // Two callers at once: whichever shuts down meets the key's panic; the other must
+    // not wait forever for a shutdown that unwound.
+    let callers: Vec<_> = (0..2)
+        .map(|_| {
+            let purgatory = purgatory.clone();
+            std::thread::spawn(move || {
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| purgatory.shutdown()))
+                    .is_err()
+            })
+        })
+        .collect();
+    let panicked: Vec<bool> = callers
+        .into_iter()
+        .map(|caller| caller.join().expect("every shutdown call returns"))
+        .collect();
+    assert_eq!(
+        panicked.iter().filter(|p| **p).count(),
+        1,
+        "the key's panic reaches the caller that shut down"
+    );
+    assert_eq!(answered.load(SeqCst), 1, "the operation was answered first");
+    purgatory.shutdown();
+}

@@ -198,6 +198,9 @@ impl<E: Expire> Driver<E> {
             }
             *stop = Stop::Closing;
         }
+        // Done when this scope ends, even by a panic in `finish` (user code may run
+        // there), so no other caller waits forever.
+        let _done = StopDone(self);
         let core = self.shared.target.core();
         core.close();
         if let Some(reaper) = self.reaper.lock().take() {
@@ -208,10 +211,7 @@ impl<E: Expire> Driver<E> {
         if !inside {
             self.shared.wait_for_rounds();
         }
-        let result = finish(core.drain());
-        *self.stop.lock() = Stop::Done;
-        self.stopped.notify_all();
-        Some(result)
+        Some(finish(core.drain()))
     }
 
     fn is_expiring_here(&self) -> bool {
@@ -281,6 +281,17 @@ impl<E: Expire> Shared<E> {
         while *rounds > 0 {
             rounds = self.rounds_done.wait_until(rounds, None);
         }
+    }
+}
+
+/// Marks a driver's shutdown done and wakes the callers waiting for it, when dropped
+/// (also when unwinding).
+struct StopDone<'a, E: Expire>(&'a Driver<E>);
+
+impl<E: Expire> Drop for StopDone<'_, E> {
+    fn drop(&mut self) {
+        *self.0.stop.lock() = Stop::Done;
+        self.0.stopped.notify_all();
     }
 }
 
