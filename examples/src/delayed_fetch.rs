@@ -1,7 +1,7 @@
 //! The delayed operation of a long-polling fetch: done when at least `min_bytes` of
 //! committed data lie past the fetch offsets, or at `max_wait` with whatever is there.
 //!
-//! WatchOutcome on every partition fetched; woken by `check_and_complete` when a partition's high
+//! Watched on every partition fetched; woken by `check_and_complete` when a partition's high
 //! watermark moves (an append without followers, a follower advance with them).
 //!
 //! Invariants:

@@ -1,7 +1,7 @@
 //! The delayed operation of an acks=all produce: done when the high watermark of every
 //! partition it wrote has reached the end of what it wrote.
 //!
-//! WatchOutcome on every partition it wrote; woken by `check_and_complete` when a follower
+//! Watched on every partition it wrote; woken by `check_and_complete` when a follower
 //! advances. Its answer goes out through a one-shot channel, once, from `on_complete`.
 //!
 //! Invariants:

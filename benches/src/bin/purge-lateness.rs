@@ -7,9 +7,9 @@
 //! `--probes` operations with timeouts spread 1 ms apart (from 50 ms on) come due, and
 //! each records how late it expired. The same is
 //! run without a backlog for the baseline, and with the backlog but no purge (what the
-//! backlog costs by itself). A thread sleeping 1 ms at a time counts the machine's
-//! stalls meanwhile (sleeps more than 5 ms late): lateness that comes with stalls is the
-//! machine's, not the purgatory's. Prints the lateness (ms) of each run: median,
+//! backlog costs by itself). The load tool's stall probe counts the machine's stalls
+//! meanwhile: lateness that comes with stalls is the machine's, not the purgatory's.
+//! Percentiles are the load tool's (nearest rank). Prints the lateness (ms) of each run: median,
 //! p99, max, and the entries purged.
 //!
 //! `cargo run --release -p purgatory-benches --bin purge-lateness -- --stale 2000000`
@@ -22,6 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use purgatory::{Completion, DelayedOperation, Purgatory, PurgatoryBuilder};
+use purgatory_benches::harness::stall_probe::{StallProbe, Stalls};
+use purgatory_benches::report::statistics::percentile_sorted;
 
 // mimalloc unless `PURGATORY_PERF_ALLOCATOR=system`, as in the load tool's W3: with
 // glibc's allocator, the millions of small lists a purge frees leave it slow for a while
@@ -70,31 +72,9 @@ impl DelayedOperation for Op {
 
 const COMMON: u64 = u64::MAX;
 
-/// Watches the machine while a run lasts: a thread that sleeps 1 ms at a time and
-/// records how much longer than that each sleep took (the vCPU taken away, or a busy
-/// machine). Returns the stop flag and the thread, which yields (stalls > 5 ms, longest ms).
-fn watch_machine() -> (Arc<AtomicBool>, std::thread::JoinHandle<(u32, f64)>) {
-    let stop = Arc::new(AtomicBool::new(false));
-    let flag = Arc::clone(&stop);
-    let thread = std::thread::spawn(move || {
-        let (mut stalls, mut longest) = (0u32, 0f64);
-        while !flag.load(Ordering::Relaxed) {
-            let before = Instant::now();
-            std::thread::sleep(Duration::from_millis(1));
-            let over = (before.elapsed().as_secs_f64() - 1e-3) * 1e3;
-            if over > 5.0 {
-                stalls += 1;
-            }
-            longest = longest.max(over);
-        }
-        (stalls, longest)
-    });
-    (stop, thread)
-}
-
 /// One run; returns (lateness of every probe in ms, entries purged during the probes,
-/// machine stalls > 5 ms and the longest, ms, while the probes came due).
-fn run(stale: u64, probes: u64, purge: bool) -> (Vec<f64>, u64, (u32, f64)) {
+/// and what the stall probe saw while the probes came due).
+fn run(stale: u64, probes: u64, purge: bool) -> (Vec<f64>, u64, Stalls) {
     let purgatory: Purgatory<u64, Op> = PurgatoryBuilder::new()
         .name("purge-lateness")
         .purge_interval(if purge {
@@ -136,24 +116,15 @@ fn run(stale: u64, probes: u64, purge: bool) -> (Vec<f64>, u64, (u32, f64)) {
             .expect("accepted"));
     }
     let purged_before = purgatory.stats().purged;
-    let (stop, machine) = watch_machine();
+    let machine = StallProbe::start();
     let end = start + Duration::from_millis(50 + probes + 2_000);
     while late.lock().unwrap().len() < probes as usize && Instant::now() < end {
         std::thread::sleep(Duration::from_millis(10));
     }
-    stop.store(true, Ordering::Relaxed);
-    let stalls = machine.join().expect("the stall watcher does not panic");
+    let stalls = machine.finish();
     let purged = purgatory.stats().purged - purged_before;
     let late = late.lock().unwrap().clone();
     (late, purged, stalls)
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
 }
 
 fn main() {
@@ -178,13 +149,16 @@ fn main() {
         ("no purge", stale, false),
         ("purge", stale, true),
     ] {
-        let (mut late, purged, (stalls, longest)) = run(backlog, probes, purge);
+        let (mut late, purged, stalls) = run(backlog, probes, purge);
         late.sort_by(f64::total_cmp);
+        let at = |p| percentile_sorted(&late, p).unwrap_or(f64::NAN);
         println!(
-            "{name:<9} {backlog:>7} {:>9.3} {:>8.3} {:>8.3} {purged:>8} {stalls:>11} {longest:>11.1}",
-            percentile(&late, 0.5),
-            percentile(&late, 0.99),
-            late.last().copied().unwrap_or(f64::NAN),
+            "{name:<9} {backlog:>7} {:>9.3} {:>8.3} {:>8.3} {purged:>8} {:>11} {:>11.1}",
+            at(50.0),
+            at(99.0),
+            at(100.0),
+            stalls.stall_count,
+            stalls.stall_max_ms,
         );
     }
 }
