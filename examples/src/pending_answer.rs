@@ -75,10 +75,13 @@ where
     }
 
     /// Blocks the thread until the answer comes (not from inside an async task).
-    pub fn blocking_recv(mut self) -> Result<T, oneshot::error::RecvError> {
-        let (_, nothing) = oneshot::channel();
-        let received = std::mem::replace(&mut self.answer, nothing).blocking_recv();
-        self.settle();
+    pub fn blocking_recv(self) -> Result<T, oneshot::error::RecvError> {
+        let PendingAnswer { answer, parked } = self;
+        let received = answer.blocking_recv();
+        // Answered (or never to be): the operation no longer waits.
+        if let Some(guard) = parked {
+            guard.disarm();
+        }
         received
     }
 }

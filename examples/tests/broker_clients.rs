@@ -10,9 +10,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use kafka_protocol::messages::fetch_request::FetchPartition;
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
-use kafka_protocol::messages::{
-    FetchRequest, ListOffsetsRequest, MetadataRequest, ProduceRequest, TopicName,
-};
+use kafka_protocol::messages::{FetchRequest, MetadataRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use purgatory_examples::broker::{Broker, BrokerConfig};
 use purgatory_examples::followers::FollowerConfig;
@@ -436,6 +434,5 @@ async fn requests_naming_too_many_partitions_close_the_connection() {
             .unwrap();
         assert_eq!(answer.topics.len(), 1, "Metadata v{version}");
     }
-    let _unused: Option<(ListOffsetsRequest, ProduceRequest)> = None;
     broker.shutdown().await;
 }

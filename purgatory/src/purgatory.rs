@@ -361,10 +361,14 @@ where
     /// and its kin return [`WatchError::Shutdown`] with the operation.
     ///
     /// Returns only when every operation that was pending has had its callbacks, to
-    /// every caller: a second, concurrent call waits for the first. The exception is a
-    /// call from inside an expiry callback of this purgatory, which cannot wait for
-    /// itself: it returns once the rest is done, or at once if another call is shutting
-    /// down. Also run when the last handle is dropped.
+    /// every caller: a second, concurrent call waits for the first. Two exceptions, both
+    /// to avoid waiting for user code: a call from inside an expiry callback of this
+    /// purgatory (it cannot wait for itself) returns once the rest is done, or at once if
+    /// another call is shutting down; and an operation whose `try_complete` is running on
+    /// another thread at that moment is answered by that thread when it returns (Expired,
+    /// or Ready if it said ready), possibly after `shutdown` returned. A panic in user code
+    /// that shutdown runs outside a callback (a key's `Drop`) reaches this caller; other
+    /// callers still return. Also run when the last handle is dropped.
     pub fn shutdown(&self) {
         let state = self.state();
         self.driver
