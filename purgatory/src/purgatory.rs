@@ -178,10 +178,11 @@ where
         candidates.retain(|op| waiting(*op));
         let saw_completed = candidates.len() < listed;
         let mut completed = 0;
-        // Tried and not ready: their timeouts may have come while they were locked.
-        let mut not_ready = SmallVec::<[OpRef; 16]>::with_capacity(candidates.len());
-        for op in &candidates {
-            let Some(mut locked) = state.table.lock(*op) else {
+        // Tried and not ready (their timeouts may have come while they were locked):
+        // gathered at the front of `candidates`, which needs no second buffer.
+        let mut not_ready = 0;
+        for i in 0..candidates.len() {
+            let Some(mut locked) = state.table.lock(candidates[i]) else {
                 continue; // completed by someone else since the snapshot
             };
             if state.is_ready(&mut locked) {
@@ -189,11 +190,14 @@ where
                 state.complete_one(locked.take(), Completion::Ready);
                 completed += 1;
             } else {
-                not_ready.push(locked.unlock());
+                candidates[not_ready] = locked.unlock();
+                not_ready += 1;
             }
         }
         let mut expired = SmallVec::<[Taken<O>; 1]>::new();
-        state.table.claim_expiries(&not_ready, &mut expired);
+        state
+            .table
+            .claim_expiries(&candidates[..not_ready], &mut expired);
         state.complete(&mut expired, Completion::Expired);
         if completed > 0 || saw_completed {
             state
