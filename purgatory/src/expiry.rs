@@ -8,8 +8,11 @@
 //!   as expired; if an event, a force or a cancel took it first, firing does nothing.
 //! - Every round starts by applying the queued timer cancels of completed operations
 //!   (`cancels.rs`), and ends with a purge step if one is due (`purge.rs`), which also
-//!   says how long the next round may sleep: `REAPER_WAIT` at most while operations are
-//!   pending or a purge is due (Kafka's reaper wait), without limit when nothing is.
+//!   says how long the next round may sleep: `REAPER_WAIT` at most while the timer holds
+//!   anything (Kafka's reaper wait) or a purge is due, without limit when neither. The
+//!   timer applies the bound that holds when the round starts to wait, and the first add
+//!   wakes a reaper sleeping without limit, so operations watched just after a round
+//!   found the purgatory idle still get their purges and cancels within `REAPER_WAIT`.
 //! - With the cargo feature `metrics`, a round ends by publishing the figures if the last
 //!   publish is a second old (`metrics.rs`), which may shorten the next sleep.
 //! - Pending operations still there at shutdown (or when the last handle is dropped) are
@@ -18,7 +21,7 @@
 use std::hash::Hash;
 use std::time::Duration;
 
-use timer_core::{Expire, TimerCore, TimerTask};
+use timer_core::{Expire, NextRound, TimerCore, TimerTask};
 
 use crate::op_table::OpRef;
 use crate::operation::DelayedOperation;
@@ -56,13 +59,18 @@ where
         self.cancels.flush(&self.timer);
     }
 
-    fn after_round(&self) -> Duration {
+    fn after_round(&self) -> NextRound {
         let wait = if self.purge_some() {
-            Duration::ZERO
-        } else if self.timer.next_expiration().is_some() || self.purge_due() {
-            REAPER_WAIT
+            NextRound::at_most(Duration::ZERO)
         } else {
-            Duration::MAX
+            NextRound {
+                queued: REAPER_WAIT,
+                empty: if self.purge_due() {
+                    REAPER_WAIT
+                } else {
+                    Duration::MAX
+                },
+            }
         };
         #[cfg(feature = "metrics")]
         let wait = self.publish_if_due(wait);

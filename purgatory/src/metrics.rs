@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use ::metrics::Label;
 use parking_lot::Mutex;
+use timer_core::NextRound;
 
 use crate::operation::DelayedOperation;
 use crate::purgatory::Purgatory;
@@ -117,7 +118,7 @@ fn publish(name: &str, stats: &PurgatoryStats) {
 impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
     /// End of a round whose next sleep is `wait`: publishes if the last publish is an
     /// [`INTERVAL`] old, and returns how long the reaper may sleep (see the module doc).
-    pub(crate) fn publish_if_due(&self, wait: Duration) -> Duration {
+    pub(crate) fn publish_if_due(&self, wait: NextRound) -> NextRound {
         let now = Instant::now();
         {
             // Another thread's round is deciding now: the publish, if due, is its own.

@@ -33,6 +33,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::clock::{saturating_nanos, Clock};
+use crate::driver::NextRound;
 use crate::error::AddError;
 use crate::sleeper::Sleeper;
 use crate::sync::{AtomicBool, AtomicU64, Mutex};
@@ -293,23 +294,40 @@ impl<T> TimerCore<T> {
         fired
     }
 
-    /// Fires what is due; if nothing was, waits up to `max_wait` for the earliest bucket
-    /// (or an earlier add, or shutdown) and fires what is due then.
-    fn advance_with(&self, max_wait: Duration, mut sink: impl FnMut(Vec<T>)) -> usize {
+    /// Fires what is due; if nothing was, waits (see [`NextRound`]: `wait.queued` at most
+    /// while a task is queued, `wait.empty` at most while none is) for the earliest bucket,
+    /// an earlier add or shutdown, and fires what is due then.
+    pub(crate) fn advance_with(&self, wait: NextRound, mut sink: impl FnMut(Vec<T>)) -> usize {
         let fired = self.fire_due(&mut sink);
-        if fired > 0 || max_wait.is_zero() || self.closed.load(Ordering::SeqCst) {
+        if fired > 0 || self.closed.load(Ordering::SeqCst) {
+            return fired;
+        }
+        let earliest = self.earliest();
+        let max_wait = if earliest == IDLE {
+            wait.empty
+        } else {
+            wait.queued
+        };
+        if max_wait.is_zero() {
             return fired;
         }
         let now = self.now_nanos();
         let limit = now.saturating_add(saturating_nanos(max_wait));
-        let earliest = self.earliest();
         let wake_nanos = earliest.saturating_mul(self.tick_nanos).min(limit);
         if wake_nanos <= now {
             // A bucket came due since `fire_due` looked (an add raced it): fire it now
             // rather than going through the condition variable.
             return self.fire_due(sink);
         }
-        let wake_tick = wake_nanos / self.tick_nanos;
+        // An empty core sleeping longer than a queued one may must be woken by the first
+        // add, however late its bucket: from then on the shorter bound applies. Planning
+        // to wake at `IDLE` makes every add that queues a shard's first task notify, and
+        // the recheck catches one that came before the plan was published.
+        let wake_tick = if earliest == IDLE && wait.queued < wait.empty {
+            IDLE
+        } else {
+            wake_nanos / self.tick_nanos
+        };
         let deadline = if wake_nanos == u64::MAX {
             None
         } else {
@@ -452,7 +470,7 @@ impl<T> TimerCore<T> {
     /// tasks expired. With `Duration::ZERO` it never waits; after shutdown it moves
     /// nothing. The caller runs (or drops) the expired tasks: nothing here runs them.
     pub fn advance_into(&self, max_wait: Duration, expired: &mut Vec<T>) -> usize {
-        self.advance_with(max_wait, |batch| expired.extend(batch))
+        self.advance_with(NextRound::at_most(max_wait), |batch| expired.extend(batch))
     }
 
     /// Wakes a thread blocked in [`advance_into`](Self::advance_into).

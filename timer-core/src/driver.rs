@@ -10,8 +10,9 @@
 //! for bookkeeping of its own (the purgatory flushes queued cancels and purges there).
 //!
 //! # Invariants
-//! - A round is: `before_round`, one [`TimerCore::advance_into`], the batch to the
-//!   executor, `after_round`. Rounds run on the reaper thread (if started) and on any
+//! - A round is: `before_round`, one advance of the core (as
+//!   [`TimerCore::advance_into`], waiting as the last round's [`NextRound`] allows), the
+//!   batch to the executor, `after_round`. Rounds run on the reaper thread (if started) and on any
 //!   thread that calls [`Driver::advance_clock`].
 //! - `rounds` counts rounds in progress plus pool batches not yet finished. A round is
 //!   counted before it takes anything out of the core, so a shutdown that sees the count
@@ -53,17 +54,50 @@ pub trait Expire: Send + Sync + 'static {
     /// Runs at the start of every round, before the core is advanced.
     fn before_round(&self) {}
 
-    /// Runs at the end of every round; returns the longest the reaper's next round may
-    /// wait for a timeout (`Duration::ZERO` to come straight back, `Duration::MAX` to
-    /// wait for the earliest bucket however far away).
-    fn after_round(&self) -> Duration {
-        Duration::MAX
+    /// Runs at the end of every round; returns how long the reaper's next round may wait
+    /// for a timeout. The default waits for the earliest bucket however far away.
+    fn after_round(&self) -> NextRound {
+        NextRound::at_most(Duration::MAX)
     }
 
     /// What becomes of the tasks still pending when the driver is dropped without an
     /// explicit shutdown: dropped unrun, unless the owner overrides this.
     fn at_drop(&self, pending: Vec<Self::Task>) {
         drop(pending);
+    }
+}
+
+/// How long a round may wait when nothing is due, as [`Expire::after_round`] decides it
+/// for the next round: one bound while the core has tasks queued, another while it has
+/// none. The core picks the bound when the round starts to wait, not when it was decided,
+/// and a round waiting under `empty` ends at the first add if `queued` is shorter, so a
+/// target that wants to look at its state every `queued` while work is pending gets that
+/// from the first add on, even if the add raced the decision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NextRound {
+    /// The longest wait while at least one task is queued.
+    pub queued: Duration,
+    /// The longest wait while no task is queued.
+    pub empty: Duration,
+}
+
+impl NextRound {
+    /// The same bound whether or not anything is queued (`Duration::ZERO` to come
+    /// straight back, `Duration::MAX` to wait for the earliest bucket, or while none is
+    /// queued for the first add, however far away).
+    pub const fn at_most(wait: Duration) -> Self {
+        NextRound {
+            queued: wait,
+            empty: wait,
+        }
+    }
+
+    /// Both bounds capped at `wait`.
+    pub fn min(self, wait: Duration) -> Self {
+        NextRound {
+            queued: self.queued.min(wait),
+            empty: self.empty.min(wait),
+        }
     }
 }
 
@@ -172,7 +206,9 @@ impl<E: Expire> Driver<E> {
     /// then. Returns how many tasks expired. For owners without a reaper thread (for
     /// example on a manual clock); harmless beside one.
     pub fn advance_clock(&self, max_wait: Duration) -> usize {
-        self.shared.round(max_wait, &mut Vec::new()).0
+        self.shared
+            .round(NextRound::at_most(max_wait), &mut Vec::new())
+            .0
     }
 
     /// Whether shutdown has begun.
@@ -239,11 +275,14 @@ impl<E: Expire> std::fmt::Debug for Driver<E> {
 impl<E: Expire> Shared<E> {
     /// One round (see the module doc), with `batch` as the inline executor's buffer;
     /// returns how many tasks expired and the next round's longest wait.
-    fn round(self: &Arc<Self>, max_wait: Duration, batch: &mut Vec<E::Task>) -> (usize, Duration) {
+    fn round(self: &Arc<Self>, wait: NextRound, batch: &mut Vec<E::Task>) -> (usize, NextRound) {
         *self.rounds.lock() += 1;
         let _done = RoundDone(self);
         self.target.before_round();
-        let fired = self.target.core().advance_into(max_wait, batch);
+        let fired = self
+            .target
+            .core()
+            .advance_with(wait, |expired| batch.extend(expired));
         if fired > 0 {
             match &self.executor {
                 Executor::Inline => self.expire(batch),

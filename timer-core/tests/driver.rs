@@ -1,0 +1,124 @@
+//! A driver over an owner's own [`Expire`] target: the wait an `after_round` asks for is
+//! applied as the core stands when the round starts to wait, not as it stood when
+//! `after_round` decided.
+//!
+//! Every wait here is bounded (a hang fails the test instead of blocking the run); no test
+//! asserts how fast anything is.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Barrier;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use timer_core::{Expire, NextRound, TimerBuilder, TimerCore};
+
+/// How long a round may wait while a task is queued.
+const QUEUED_WAIT: Duration = Duration::from_millis(10);
+/// Far beyond the test: a round that waits for this bucket never comes back in time.
+const FAR: Duration = Duration::from_secs(1_000);
+/// Upper bound on any wait for something that should happen promptly.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// A target that asks for short waits while anything is queued and none while nothing
+/// is (as the purgatory does, to purge and flush cancels while work is pending), and
+/// whose first `after_round` (the reaper's, before its first round) stops between
+/// deciding and returning until the test has added a task.
+struct Target {
+    core: TimerCore<u32>,
+    after_rounds: AtomicUsize,
+    decided: Barrier,
+    resume: Barrier,
+}
+
+impl Expire for Target {
+    type Task = u32;
+
+    fn core(&self) -> &TimerCore<u32> {
+        &self.core
+    }
+
+    fn expire(&self, expired: &mut Vec<u32>) {
+        expired.clear();
+    }
+
+    fn after_round(&self) -> NextRound {
+        let wait = NextRound {
+            queued: QUEUED_WAIT,
+            empty: Duration::MAX,
+        };
+        if self.after_rounds.fetch_add(1, Ordering::SeqCst) == 0 {
+            self.decided.wait();
+            self.resume.wait();
+        }
+        wait
+    }
+}
+
+fn wait_until(mut done: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < PATIENCE {
+        if done() {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    done()
+}
+
+#[test]
+fn a_task_added_while_the_reaper_decides_to_sleep_idle_still_gets_the_queued_bound() {
+    let (core, config) = TimerBuilder::new().build_parts::<u32>().unwrap();
+    let target = Target {
+        core,
+        after_rounds: AtomicUsize::new(0),
+        decided: Barrier::new(2),
+        resume: Barrier::new(2),
+    };
+    let driver = config.start(target, "driver-test").unwrap();
+    // The reaper has found the core empty and asked to sleep without limit; before it
+    // starts its round, a task far in the future is queued.
+    driver.target().decided.wait();
+    driver.target().core.add(FAR, 7).unwrap();
+    driver.target().resume.wait();
+    // From now on the queued bound applies: rounds come every `QUEUED_WAIT`, not at the
+    // far bucket.
+    assert!(
+        wait_until(|| driver.target().after_rounds.load(Ordering::SeqCst) >= 5),
+        "the reaper slept past the queued bound: {} rounds",
+        driver.target().after_rounds.load(Ordering::SeqCst)
+    );
+    let pending = driver.shutdown_with(|pending| pending).unwrap();
+    assert_eq!(
+        pending,
+        vec![7],
+        "the far task never fired, and is handed back"
+    );
+}
+
+#[test]
+fn an_add_wakes_a_reaper_sleeping_idle_when_the_queued_bound_is_shorter() {
+    let (core, config) = TimerBuilder::new().build_parts::<u32>().unwrap();
+    let target = Target {
+        core,
+        after_rounds: AtomicUsize::new(0),
+        decided: Barrier::new(2),
+        resume: Barrier::new(2),
+    };
+    let driver = config.start(target, "driver-test").unwrap();
+    driver.target().decided.wait();
+    driver.target().resume.wait();
+    // Nothing queued: the reaper sleeps and does not come back by itself.
+    thread::sleep(QUEUED_WAIT * 10);
+    let idle_rounds = driver.target().after_rounds.load(Ordering::SeqCst);
+    assert!(
+        idle_rounds <= 2,
+        "an idle reaper kept waking: {idle_rounds}"
+    );
+    // An add whose bucket is far away still wakes it, and the rounds after it are bounded.
+    driver.target().core.add(FAR, 7).unwrap();
+    assert!(
+        wait_until(|| driver.target().after_rounds.load(Ordering::SeqCst) >= idle_rounds + 5),
+        "the add did not wake the idle reaper"
+    );
+    assert_eq!(driver.shutdown_with(|pending| pending).unwrap(), vec![7]);
+}
