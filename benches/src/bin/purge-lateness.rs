@@ -1,8 +1,11 @@
 //! How late timeouts fire while the reaper purges a large backlog of stale entries.
 //!
 //! Builds the backlog: `--stale` operations, each watched on a common key and a key of
-//! its own, are all completed by one event on the common key, leaving one stale entry per
-//! operation on a distinct key. The purge interval equals the backlog, so the reaper's
+//! its own. With `--layout distinct` (the default) one event on the common key completes
+//! them all, leaving one stale entry per operation on a distinct key; with `--layout hot`
+//! an event on each operation's own key completes it, leaving every stale entry on the
+//! common key's one list (a hot key that went quiet). The purge interval equals the
+//! backlog, so the reaper's
 //! first purge after that is one purge of all of it, within its 200 ms wait. Meanwhile
 //! `--probes` operations with timeouts spread 1 ms apart (from 50 ms on) come due, and
 //! each records how late it expired. The same is
@@ -12,7 +15,7 @@
 //! Percentiles are the load tool's (nearest rank). Prints the lateness (ms) of each run: median,
 //! p99, max, and the entries purged.
 //!
-//! `cargo run --release -p purgatory-benches --bin purge-lateness -- --stale 2000000`
+//! `cargo run --release -p purgatory-benches --bin purge-lateness -- --stale 2000000 [--layout hot]`
 //! (mimalloc; `PURGATORY_PERF_ALLOCATOR=system` for the system allocator)
 //! (uses only calls every version of the purgatory has, so builds before and after a
 //! change can be compared side by side).
@@ -21,6 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use clap::{Parser, ValueEnum};
 use purgatory::{Completion, DelayedOperation, Purgatory, PurgatoryBuilder};
 use purgatory_benches::harness::stall_probe::{StallProbe, Stalls};
 use purgatory_benches::report::statistics::percentile_sorted;
@@ -72,9 +76,32 @@ impl DelayedOperation for Op {
 
 const COMMON: u64 = u64::MAX;
 
+/// Where the backlog's stale entries are left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Layout {
+    /// One stale entry on each of `--stale` keys.
+    Distinct,
+    /// All of them on one key's list.
+    Hot,
+}
+
+/// How late timeouts fire while the reaper purges a backlog of stale entries.
+#[derive(Parser, Debug)]
+struct Args {
+    /// Operations in the backlog: each leaves one stale entry.
+    #[arg(long, default_value_t = 2_000_000)]
+    stale: u64,
+    /// Probes coming due 1 ms apart during the purge.
+    #[arg(long, default_value_t = 500)]
+    probes: u64,
+    /// Where the stale entries are.
+    #[arg(long, value_enum, default_value_t = Layout::Distinct)]
+    layout: Layout,
+}
+
 /// One run; returns (lateness of every probe in ms, entries purged during the probes,
 /// and what the stall probe saw while the probes came due).
-fn run(stale: u64, probes: u64, purge: bool) -> (Vec<f64>, u64, Stalls) {
+fn run(stale: u64, probes: u64, purge: bool, layout: Layout) -> (Vec<f64>, u64, Stalls) {
     let purgatory: Purgatory<u64, Op> = PurgatoryBuilder::new()
         .name("purge-lateness")
         .purge_interval(if purge {
@@ -94,12 +121,17 @@ fn run(stale: u64, probes: u64, purge: bool) -> (Vec<f64>, u64, Stalls) {
             .expect("accepted");
         assert!(waiting);
     }
-    // One event completes the whole backlog: `stale` entries are left on their own keys,
-    // and the purge is due. The reaper wakes within its 200 ms wait and purges them all
-    // while the probes, due from 50 ms on, 1 ms apart, come due.
+    // Events complete the whole backlog: `stale` entries are left (on their own keys, or
+    // on the common one), and the purge is due. The reaper wakes within its 200 ms wait
+    // and purges them all while the probes, due from 50 ms on, 1 ms apart, come due.
     ready.store(true, Ordering::Release);
-    let completed = purgatory.check_and_complete(&COMMON);
-    assert_eq!(completed as u64, stale);
+    let completed = match layout {
+        Layout::Distinct => purgatory.check_and_complete(&COMMON) as u64,
+        Layout::Hot => (0..stale)
+            .map(|i| purgatory.check_and_complete(&i) as u64)
+            .sum(),
+    };
+    assert_eq!(completed, stale);
     let late = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
     for n in 0..probes {
@@ -128,28 +160,18 @@ fn run(stale: u64, probes: u64, purge: bool) -> (Vec<f64>, u64, Stalls) {
 }
 
 fn main() {
-    let mut stale = 2_000_000u64;
-    let mut probes = 500u64;
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        let value = |args: &mut dyn Iterator<Item = String>| -> u64 {
-            args.next()
-                .and_then(|v| v.parse().ok())
-                .expect("a number after the flag")
-        };
-        match arg.as_str() {
-            "--stale" => stale = value(&mut args),
-            "--probes" => probes = value(&mut args),
-            other => panic!("unknown argument {other} (--stale N, --probes N)"),
-        }
-    }
+    let Args {
+        stale,
+        probes,
+        layout,
+    } = Args::parse();
     println!("run        stale     p50 ms   p99 ms   max ms   purged  stalls>5ms  longest ms");
     for (name, backlog, purge) in [
         ("baseline", 0, true),
         ("no purge", stale, false),
         ("purge", stale, true),
     ] {
-        let (mut late, purged, stalls) = run(backlog, probes, purge);
+        let (mut late, purged, stalls) = run(backlog, probes, purge, layout);
         late.sort_by(f64::total_cmp);
         let at = |p| percentile_sorted(&late, p).unwrap_or(f64::NAN);
         println!(
