@@ -63,6 +63,7 @@ mod expiry;
 mod handle;
 #[cfg(feature = "metrics")]
 mod metrics;
+mod op_list;
 mod op_table;
 mod operation;
 mod purgatory;

@@ -9,10 +9,11 @@
 //!
 //! # Invariants
 //! - The reaper purges between timer rounds, in steps: each step holds one watcher
-//!   shard's lock for about [`STEP`] list entries (`watchers.rs`), so a check or a watch
-//!   on that shard waits for at most one step. Between steps it stops to let the timer
-//!   run as soon as a bucket is due, and resumes where it stopped (the cursor) on its next
-//!   round; after a full pass over every shard it stops even if the (estimated) counts
+//!   shard's lock for about [`STEP`] list entries plus at most one segment of a long
+//!   list (`watchers.rs`, `op_list.rs`), so a check or a watch on that shard waits for
+//!   at most one step. Between steps it stops to let the timer run as soon as a bucket
+//!   is due, and resumes where it stopped (the cursor, which may be inside a list) on
+//!   its next round; after a full pass over every shard it stops even if the (estimated) counts
 //!   still say a purge is due, so a drifted estimate cannot make the reaper spin.
 //! - A purge reads only the dense generation tags (`OpTable::may_be_waiting`), so it
 //!   keeps an entry whose tag collides with its slot's current one: it is dropped by a
@@ -40,8 +41,9 @@ pub(crate) struct PurgePolicy {
     interval: i64,
     /// The shard the next purge step visits.
     shard: AtomicUsize,
-    /// Where in that shard it resumes.
+    /// Where in that shard it resumes: a bucket, and a segment of the list there.
     bucket: AtomicUsize,
+    segment: AtomicUsize,
 }
 
 impl PurgePolicy {
@@ -51,6 +53,7 @@ impl PurgePolicy {
             interval: interval.min(i64::MAX as usize) as i64,
             shard: AtomicUsize::new(0),
             bucket: AtomicUsize::new(0),
+            segment: AtomicUsize::new(0),
         }
     }
 }
@@ -73,7 +76,7 @@ impl<K: Hash + Eq, O: DelayedOperation> State<K, O> {
     pub(crate) fn purge_all(&self) -> usize {
         let mut removed = 0;
         for index in 0..self.watchers.shard_count() {
-            let mut cursor = Some(0);
+            let mut cursor = Some(PurgeCursor::default());
             while let Some(from) = cursor {
                 let (dropped, next) = self.purge_step(index, from);
                 removed += dropped;
@@ -101,7 +104,10 @@ impl<K: Hash + Eq, O: DelayedOperation> State<K, O> {
         let mut finished_shards = 0;
         let mut yielded = false;
         let mut index = self.purge.shard.load(Ordering::Relaxed) % shards;
-        let mut cursor = self.purge.bucket.load(Ordering::Relaxed);
+        let mut cursor = PurgeCursor {
+            bucket: self.purge.bucket.load(Ordering::Relaxed),
+            segment: self.purge.segment.load(Ordering::Relaxed),
+        };
         while finished_shards < shards {
             let (dropped, next) = self.purge_step(index, cursor);
             removed += dropped;
@@ -110,7 +116,7 @@ impl<K: Hash + Eq, O: DelayedOperation> State<K, O> {
                 None => {
                     finished_shards += 1;
                     index = (index + 1) % shards;
-                    cursor = 0;
+                    cursor = PurgeCursor::default();
                 }
             }
             if self.watchers.stale() < self.purge.interval / 2 {
@@ -126,7 +132,8 @@ impl<K: Hash + Eq, O: DelayedOperation> State<K, O> {
             }
         }
         self.purge.shard.store(index, Ordering::Relaxed);
-        self.purge.bucket.store(cursor, Ordering::Relaxed);
+        self.purge.bucket.store(cursor.bucket, Ordering::Relaxed);
+        self.purge.segment.store(cursor.segment, Ordering::Relaxed);
         tracing::debug!(target: "purgatory", purgatory = %self.name, removed, shards = finished_shards, "purge");
         yielded
     }

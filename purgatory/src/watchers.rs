@@ -24,10 +24,12 @@
 //!   Such entries are dropped by the next check of their key or by a purge. Dropping an
 //!   entry is a plain memory operation.
 //! - A purge works in steps of bounded work ([`Watchers::purge_step`]): each step holds
-//!   its shard's lock for at most about `budget` list entries (one list longer than that
-//!   is still filtered whole), and says where the next step resumes. If the table grew
-//!   or shrank between two steps, the next step may skip or revisit some lists: a purge
-//!   is a clean-up, and the next one finds what this one missed.
+//!   its shard's lock for at most about `budget` list entries plus one segment of a list
+//!   (`op_list.rs`: a long list is filtered a segment at a time, across steps), and says
+//!   where the next step resumes. If the table grew or shrank, or the list resumed in
+//!   was filtered by a check, between two steps, the next step may skip or revisit some
+//!   lists or segments: a purge is a clean-up, and the next one finds what this one
+//!   missed.
 //! - The lists own their counts ([`EntryCounts`]): `listed` moves with every entry added
 //!   or removed here, `stale` goes up by an operation's key count when whoever takes the
 //!   operation says so ([`Watchers::mark_stale`]) and down with every removal of an entry
@@ -48,50 +50,15 @@ use hashbrown::HashTable;
 use smallvec::{smallvec, SmallVec};
 
 use crate::counters::{stripe_index, STRIPES};
+use crate::op_list::{Flags, OpList};
 use crate::op_table::OpRef;
 use crate::sync::Mutex;
-
-/// Scratch space of [`drop_completed_entries`]: on the stack for lists of up to 128.
-type Flags = SmallVec<[bool; 128]>;
-
-/// Drops the entries for which `waiting` is false, keeping the others in order; returns
-/// how many it dropped. `flags` is scratch space.
-///
-/// Two passes, because a `waiting` read (a generation tag, written by whichever core
-/// completed the operation) may miss the cache: the first pass only stores the answers,
-/// with no branch on them, so the CPU runs ahead and has many misses in flight at once;
-/// the second compacts the list. In one pass, every mispredicted keep-or-drop branch
-/// would wait for its miss before the next could start.
-fn drop_completed_entries(
-    list: &mut Ops,
-    waiting: &impl Fn(OpRef) -> bool,
-    flags: &mut Flags,
-) -> usize {
-    flags.clear();
-    flags.extend(list.iter().map(|&op| waiting(op)));
-    let before = list.len();
-    let entries = list.as_mut_slice();
-    let mut kept = 0;
-    for (read, &keep) in flags.iter().enumerate() {
-        entries[kept] = entries[read];
-        kept += usize::from(keep);
-    }
-    list.truncate(kept);
-    before - kept
-}
-
-/// The operations of one key's list, in arrival order. Up to two stay inline, in the
-/// space a `Vec` header takes anyway: most keys have few waiters, and a list that never
-/// allocates is one allocation fewer per new key and one free fewer per purged key (a
-/// purge of millions of single-entry lists otherwise leaves the allocator with millions
-/// of small frees to sort out).
-pub(crate) type Ops = SmallVec<[OpRef; 2]>;
 
 /// One key's list, with the key's hash.
 struct List<K> {
     hash: u64,
     key: K,
-    ops: Ops,
+    ops: OpList,
 }
 
 struct ShardState<K> {
@@ -185,8 +152,13 @@ const SHRINK_LIMIT: usize = 4096;
 /// Most entries [`Watchers::watch_many`] lists one at a time rather than sorted by shard.
 const FEW: usize = 4;
 
-/// Where a purge of one shard resumes: a bucket of its table.
-pub(crate) type PurgeCursor = usize;
+/// Where a purge of one shard resumes: a bucket of its table, and a segment of the list
+/// there (see `op_list.rs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PurgeCursor {
+    pub(crate) bucket: usize,
+    pub(crate) segment: usize,
+}
 
 impl<K> Watchers<K> {
     /// Records that an operation listed on `keys` entries was taken (completed, expired
@@ -386,7 +358,7 @@ impl<K: Hash + Eq> Watchers<K> {
                 let list = List {
                     hash,
                     key,
-                    ops: smallvec![op],
+                    ops: OpList::one(op),
                 };
                 shard.lists.insert_unique(hash, list, |list| list.hash);
                 None
@@ -404,7 +376,7 @@ impl<K: Hash + Eq> Watchers<K> {
         let shard = self.shard(hash).state.lock();
         if let Some(bucket) = shard.find(hash, key) {
             let list = shard.lists.get_bucket(bucket).expect("found");
-            out.extend(list.ops.iter().copied());
+            list.ops.copy_into(out);
         }
     }
 
@@ -418,7 +390,7 @@ impl<K: Hash + Eq> Watchers<K> {
             return 0;
         };
         let list = shard.lists.get_bucket_mut(bucket).expect("found");
-        let removed = drop_completed_entries(&mut list.ops, &waiting, &mut Flags::new());
+        let removed = list.ops.drop_completed(&waiting);
         let emptied = list.ops.is_empty();
         shard.entries -= removed;
         let gone = emptied.then(|| shard.remove(bucket));
@@ -432,11 +404,11 @@ impl<K: Hash + Eq> Watchers<K> {
     /// the caller marks the operations it takes from them stale ([`mark_stale`]).
     ///
     /// [`mark_stale`]: Self::mark_stale
-    pub(crate) fn take(&self, key: &K) -> Ops {
+    pub(crate) fn take(&self, key: &K) -> OpList {
         let hash = self.hash(key);
         let mut shard = self.shard(hash).state.lock();
         let Some(bucket) = shard.find(hash, key) else {
-            return Ops::new();
+            return OpList::default();
         };
         let List { key, ops, .. } = shard.remove(bucket);
         drop(shard);
@@ -446,10 +418,12 @@ impl<K: Hash + Eq> Watchers<K> {
     }
 
     /// One step of a purge of shard `index`, from `cursor`: drops the entries no longer
-    /// `waiting` from its lists, visiting lists until about `budget` entries were looked
-    /// at. Returns how many it dropped, and where the next step resumes (`None` once the
-    /// shard is done). (`waiting` should read the dense generation tags, which stay in
-    /// this core's cache: the shard is locked while they are read.)
+    /// `waiting` from its lists, segment by segment (see `op_list.rs`), until about
+    /// `budget` entries were looked at (at least one segment; at most a segment more
+    /// than `budget`). Returns how many it dropped, and where the next step resumes
+    /// (`None` once the shard is done), which may be inside a long list. (`waiting`
+    /// should read the dense generation tags, which stay in this core's cache: the shard
+    /// is locked while they are read.)
     pub(crate) fn purge_step(
         &self,
         index: usize,
@@ -464,23 +438,34 @@ impl<K: Hash + Eq> Watchers<K> {
         let mut visited = 0;
         let mut emptied: SmallVec<[List<K>; 8]> = SmallVec::new();
         let buckets = shard.lists.num_buckets();
-        let mut bucket = cursor;
-        while bucket < buckets && visited < budget {
-            if let Some(list) = shard.lists.get_bucket_mut(bucket) {
-                visited += list.ops.len();
-                let dropped = drop_completed_entries(&mut list.ops, &waiting, &mut flags);
-                removed += dropped;
-                shard.entries -= dropped;
+        let mut at = cursor;
+        while at.bucket < buckets && visited < budget {
+            if let Some(list) = shard.lists.get_bucket_mut(at.bucket) {
+                let mut segment = Some(at.segment);
+                while let Some(s) = segment.filter(|_| visited < budget) {
+                    visited += list.ops.segment_len(s).max(1);
+                    let (dropped, next) = list.ops.drop_completed_in(s, &waiting, &mut flags);
+                    removed += dropped;
+                    shard.entries -= dropped;
+                    segment = next;
+                }
                 if list.ops.is_empty() {
-                    let Ok(entry) = shard.lists.get_bucket_entry(bucket) else {
+                    let Ok(entry) = shard.lists.get_bucket_entry(at.bucket) else {
                         unreachable!("the bucket of a list just visited");
                     };
                     emptied.push(entry.remove().0);
+                } else if let Some(segment) = segment {
+                    // Out of budget inside this list: the next step resumes here.
+                    at.segment = segment;
+                    break;
                 }
             }
-            bucket += 1;
+            at = PurgeCursor {
+                bucket: at.bucket + 1,
+                segment: 0,
+            };
         }
-        let next = (bucket < buckets).then_some(bucket);
+        let next = (at.bucket < buckets).then_some(at);
         if next.is_none() {
             shard.shrink_if_sparse();
         }
@@ -529,6 +514,7 @@ fn caught<R>(f: impl FnOnce() -> R) -> Option<R> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use crate::op_list::BLOCK;
     use crate::op_table::OpRef;
 
     #[test]
@@ -540,7 +526,7 @@ mod tests {
             .collect();
         assert!(watchers.watch_many(&mut entries).is_empty());
         watchers.mark_stale(10_000);
-        let mut cursor = Some(0);
+        let mut cursor = Some(PurgeCursor::default());
         let mut steps = 0;
         let mut removed = 0;
         while let Some(from) = cursor {
@@ -562,15 +548,33 @@ mod tests {
     }
 
     #[test]
-    fn a_list_of_up_to_two_stays_in_the_space_of_a_vec() {
-        assert_eq!(
-            std::mem::size_of::<Ops>(),
-            std::mem::size_of::<Vec<OpRef>>()
+    fn a_purge_step_stops_inside_a_long_list_and_resumes_there() {
+        let watchers: Watchers<u32> = Watchers::new(1);
+        // One key with 20 blocks' worth of entries, all stale but every tenth.
+        let n = 20 * BLOCK as u32;
+        let mut entries: Vec<(Option<u32>, OpRef)> =
+            (0..n).map(|i| (Some(7), OpRef::for_test(i, 0))).collect();
+        assert!(watchers.watch_many(&mut entries).is_empty());
+        let waiting = |op: OpRef| op.index() % 10 == 0;
+        let mut cursor = Some(PurgeCursor::default());
+        let mut steps = 0;
+        while let Some(from) = cursor {
+            let (dropped, next) = watchers.purge_step(0, from, BLOCK, waiting);
+            assert!(dropped <= 2 * BLOCK, "a step dropped {dropped} entries");
+            cursor = next;
+            steps += 1;
+        }
+        assert!(
+            steps >= 10,
+            "{steps} steps for one list of {n} at a block a step"
         );
-        let mut ops: Ops = smallvec![OpRef::for_test(1, 0), OpRef::for_test(2, 0)];
-        assert!(!ops.spilled());
-        ops.push(OpRef::for_test(3, 0));
-        assert!(ops.spilled());
+        let mut left = Vec::new();
+        watchers.snapshot(&7, &mut left);
+        assert_eq!(
+            left.iter().map(|op| op.index()).collect::<Vec<_>>(),
+            (0..n).filter(|i| i % 10 == 0).collect::<Vec<_>>()
+        );
+        assert_eq!(watchers.entries(), left.len());
     }
 
     #[test]
@@ -579,7 +583,9 @@ mod tests {
         let mut entries: Vec<(Option<u32>, OpRef)> =
             (0..6).map(|i| (Some(7), OpRef::for_test(i, 0))).collect();
         assert!(watchers.watch_many(&mut entries).is_empty());
-        let (dropped, next) = watchers.purge_step(0, 0, usize::MAX, |op| op.index() % 2 == 0);
+        let (dropped, next) = watchers.purge_step(0, PurgeCursor::default(), usize::MAX, |op| {
+            op.index() % 2 == 0
+        });
         assert_eq!((dropped, next), (3, None));
         let mut left = Vec::new();
         watchers.snapshot(&7, &mut left);

@@ -1,0 +1,342 @@
+//! One key's watcher list: the operations waiting on it, in arrival order, kept in
+//! segments of bounded length so that a purge can filter any list, however long, a
+//! segment at a time.
+//!
+//! # Layout
+//! A list is its `head`, then (only once the head holds [`BLOCK`] entries) a `tail` of
+//! blocks. The head keeps up to two entries inline, in the space a `Vec` header takes
+//! anyway: most keys have few waiters, and a list that never allocates is one allocation
+//! fewer per new key and one free fewer per purged key (a purge of millions of
+//! single-entry lists otherwise leaves the allocator with millions of small frees to sort
+//! out). The tail is one pointer while it is absent, which is almost always.
+//!
+//! # Invariants
+//! - Arrival order is segment order (the head, then the tail's blocks in order), then
+//!   position within a segment. Filtering keeps it; a push appends to the last segment.
+//! - Every segment holds at most [`BLOCK`] entries, so filtering one segment is bounded
+//!   work. A tail block is never empty, and an empty tail is `None`: the list is empty
+//!   exactly when its head is empty and it has no tail. The head may be empty while a
+//!   tail remains (its entries were filtered out); pushes then go to the tail.
+//! - A block left small by filtering is merged into the segment before it when both fit
+//!   in one, so filtering does not leave a long list of mostly empty blocks.
+
+use smallvec::SmallVec;
+
+use crate::op_table::OpRef;
+
+/// Longest segment. A purge step filters whole segments, so this bounds how far a step
+/// can overrun its budget: the longest step over a 2,000,000-entry list measured here
+/// took 0.09-0.36 ms (`purge-lateness --layout hot`, docs/benchmarks.md). Lists up to
+/// this long (nearly all) have no tail and cost what a single vector costs; 256 cost
+/// 2 % more instructions in a watch-and-check driver whose lists hold 300.
+pub(crate) const BLOCK: usize = 1024;
+
+/// A list's first segment: up to two entries inline.
+pub(crate) type Ops = SmallVec<[OpRef; 2]>;
+
+/// Scratch space of [`drop_completed_entries`]: on the stack for segments of up to 128.
+pub(crate) type Flags = SmallVec<[bool; 128]>;
+
+/// One key's operations, in arrival order (see the module doc).
+#[derive(Default)]
+pub(crate) struct OpList {
+    head: Ops,
+    // Boxed: one word per list instead of a `Vec` header's three, since almost no list
+    // has a tail.
+    #[allow(clippy::box_collection)]
+    tail: Option<Box<Vec<Vec<OpRef>>>>,
+}
+
+impl OpList {
+    /// A list of one operation.
+    pub(crate) fn one(op: OpRef) -> Self {
+        let mut head = Ops::new();
+        head.push(op);
+        OpList { head, tail: None }
+    }
+
+    /// Appends `op`.
+    #[inline]
+    pub(crate) fn push(&mut self, op: OpRef) {
+        match &mut self.tail {
+            None if self.head.len() < BLOCK => self.head.push(op),
+            None => self.tail = Some(Box::new(vec![block_of(op)])),
+            Some(blocks) => match blocks.last_mut() {
+                Some(last) if last.len() < BLOCK => last.push(op),
+                _ => blocks.push(block_of(op)),
+            },
+        }
+    }
+
+    /// Number of entries (walks the tail's blocks: O(len / BLOCK)).
+    pub(crate) fn len(&self) -> usize {
+        self.head.len() + self.blocks().iter().map(Vec::len).sum::<usize>()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.head.is_empty() && self.tail.is_none()
+    }
+
+    /// The entries, in arrival order.
+    #[cfg(test)]
+    pub(crate) fn iter(&self) -> impl Iterator<Item = OpRef> + '_ {
+        self.head
+            .iter()
+            .chain(self.blocks().iter().flatten())
+            .copied()
+    }
+
+    /// Appends the entries to `out`, in arrival order, a segment at a time (a slice's
+    /// exact length lets `out` reserve once per segment and copy in a tight loop).
+    #[inline]
+    pub(crate) fn copy_into(&self, out: &mut impl Extend<OpRef>) {
+        out.extend(self.head.iter().copied());
+        for block in self.blocks() {
+            out.extend(block.iter().copied());
+        }
+    }
+
+    /// Drops every entry whose operation is no longer `waiting`; returns how many.
+    pub(crate) fn drop_completed(&mut self, waiting: &impl Fn(OpRef) -> bool) -> usize {
+        let mut flags = Flags::new();
+        let mut dropped = 0;
+        let mut segment = Some(0);
+        while let Some(at) = segment {
+            let (n, next) = self.drop_completed_in(at, waiting, &mut flags);
+            dropped += n;
+            segment = next;
+        }
+        dropped
+    }
+
+    /// Drops the entries of segment `segment` (0 is the head) whose operation is no
+    /// longer `waiting`. Returns how many it dropped and the segment to visit next
+    /// (`None` past the end). A `segment` past the end (the list shrank since the caller
+    /// chose it) drops nothing.
+    pub(crate) fn drop_completed_in(
+        &mut self,
+        segment: usize,
+        waiting: &impl Fn(OpRef) -> bool,
+        flags: &mut Flags,
+    ) -> (usize, Option<usize>) {
+        if segment == 0 {
+            let dropped = drop_completed_entries(&mut self.head, waiting, flags);
+            let next = self.tail.is_some().then_some(1);
+            return (dropped, next);
+        }
+        let Some(blocks) = self.tail.as_deref_mut() else {
+            return (0, None);
+        };
+        let index = segment - 1;
+        let Some(block) = blocks.get_mut(index) else {
+            return (0, None);
+        };
+        let dropped = drop_completed_entries(block, waiting, flags);
+        let len = block.len();
+        let before = match index {
+            0 => self.head.len(),
+            _ => blocks[index - 1].len(),
+        };
+        // Empty, or small enough to join the segment before it: the block goes, and the
+        // next block takes its index.
+        let next = if len == 0 || before + len <= BLOCK {
+            let block = blocks.remove(index);
+            match index {
+                0 => self.head.extend_from_slice(&block),
+                _ => blocks[index - 1].extend_from_slice(&block),
+            }
+            segment
+        } else {
+            segment + 1
+        };
+        let more = next - 1 < blocks.len();
+        if blocks.is_empty() {
+            self.tail = None;
+        }
+        (dropped, more.then_some(next))
+    }
+
+    /// The segment lengths from `segment` on are what a purge step budgets by.
+    pub(crate) fn segment_len(&self, segment: usize) -> usize {
+        match segment {
+            0 => self.head.len(),
+            _ => self.blocks().get(segment - 1).map_or(0, Vec::len),
+        }
+    }
+
+    fn blocks(&self) -> &[Vec<OpRef>] {
+        self.tail.as_deref().map_or(&[], Vec::as_slice)
+    }
+}
+
+impl IntoIterator for OpList {
+    type Item = OpRef;
+    type IntoIter = std::iter::Chain<
+        smallvec::IntoIter<[OpRef; 2]>,
+        std::iter::Flatten<std::vec::IntoIter<Vec<OpRef>>>,
+    >;
+
+    fn into_iter(self) -> Self::IntoIter {
+        let blocks = self.tail.map(|blocks| *blocks).unwrap_or_default();
+        self.head.into_iter().chain(blocks.into_iter().flatten())
+    }
+}
+
+/// A new tail block holding `op`, with room for a whole block.
+fn block_of(op: OpRef) -> Vec<OpRef> {
+    let mut block = Vec::with_capacity(BLOCK);
+    block.push(op);
+    block
+}
+
+/// Drops the entries of one segment for which `waiting` is false, keeping the others in
+/// order; returns how many it dropped. `flags` is scratch space.
+///
+/// Two passes, because a `waiting` read (a generation tag, written by whichever core
+/// completed the operation) may miss the cache: the first pass only stores the answers,
+/// with no branch on them, so the CPU runs ahead and has many misses in flight at once;
+/// the second compacts the segment. In one pass, every mispredicted keep-or-drop branch
+/// would wait for its miss before the next could start.
+fn drop_completed_entries(
+    segment: &mut impl Segment,
+    waiting: &impl Fn(OpRef) -> bool,
+    flags: &mut Flags,
+) -> usize {
+    let entries = segment.entries();
+    flags.clear();
+    flags.extend(entries.iter().map(|&op| waiting(op)));
+    let before = entries.len();
+    let mut kept = 0;
+    for (read, &keep) in flags.iter().enumerate() {
+        entries[kept] = entries[read];
+        kept += usize::from(keep);
+    }
+    segment.truncate(kept);
+    before - kept
+}
+
+/// The head and a block, as [`drop_completed_entries`] sees them.
+trait Segment {
+    fn entries(&mut self) -> &mut [OpRef];
+    fn truncate(&mut self, len: usize);
+}
+
+impl Segment for Ops {
+    fn entries(&mut self) -> &mut [OpRef] {
+        self.as_mut_slice()
+    }
+    fn truncate(&mut self, len: usize) {
+        SmallVec::truncate(self, len);
+    }
+}
+
+impl Segment for Vec<OpRef> {
+    fn entries(&mut self) -> &mut [OpRef] {
+        self.as_mut_slice()
+    }
+    fn truncate(&mut self, len: usize) {
+        Vec::truncate(self, len);
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    fn op(i: u32) -> OpRef {
+        OpRef::for_test(i, 0)
+    }
+
+    fn indices(list: &OpList) -> Vec<u32> {
+        list.iter().map(|op| op.index()).collect()
+    }
+
+    fn list_of(n: u32) -> OpList {
+        let mut list = OpList::one(op(0));
+        for i in 1..n {
+            list.push(op(i));
+        }
+        list
+    }
+
+    #[test]
+    fn a_list_of_up_to_two_stays_in_the_space_of_a_vec_and_a_pointer() {
+        assert_eq!(
+            std::mem::size_of::<OpList>(),
+            std::mem::size_of::<Vec<OpRef>>() + std::mem::size_of::<usize>()
+        );
+        let mut list = OpList::one(op(1));
+        list.push(op(2));
+        assert!(!list.head.spilled());
+        list.push(op(3));
+        assert!(list.head.spilled());
+    }
+
+    #[test]
+    fn a_long_list_keeps_arrival_order_in_segments_of_at_most_a_block() {
+        let n = 5 * BLOCK as u32 + 17;
+        let list = list_of(n);
+        assert_eq!(list.len(), n as usize);
+        assert_eq!(indices(&list), (0..n).collect::<Vec<_>>());
+        assert_eq!(list.head.len(), BLOCK);
+        assert!(list
+            .blocks()
+            .iter()
+            .all(|b| !b.is_empty() && b.len() <= BLOCK));
+        assert_eq!(
+            list.into_iter().map(|op| op.index()).collect::<Vec<_>>(),
+            (0..n).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn filtering_segment_by_segment_keeps_order_and_merges_small_blocks() {
+        let n = 8 * BLOCK as u32;
+        let mut list = list_of(n);
+        let waiting = |op: OpRef| op.index() % 3 == 0;
+        let mut flags = Flags::new();
+        let mut segment = Some(0);
+        let mut dropped = 0;
+        let mut steps = 0;
+        while let Some(at) = segment {
+            assert!(list.segment_len(at) <= BLOCK);
+            let (n, next) = list.drop_completed_in(at, &waiting, &mut flags);
+            dropped += n;
+            segment = next;
+            steps += 1;
+        }
+        let kept: Vec<u32> = (0..n).filter(|i| i % 3 == 0).collect();
+        assert_eq!(dropped, n as usize - kept.len());
+        assert_eq!(steps, 8, "one step per segment");
+        assert_eq!(indices(&list), kept);
+        // A third of each block is left; merged, they need three segments, not eight.
+        assert!(list.blocks().len() <= 2, "{} blocks", list.blocks().len());
+        assert!(list
+            .blocks()
+            .iter()
+            .all(|b| !b.is_empty() && b.len() <= BLOCK));
+        // Pushes still append at the end.
+        list.push(op(n));
+        assert_eq!(indices(&list).last(), Some(&n));
+    }
+
+    #[test]
+    fn a_list_filtered_empty_is_empty_and_a_stale_segment_index_drops_nothing() {
+        let mut list = list_of(3 * BLOCK as u32);
+        assert_eq!(list.drop_completed(&|_| false), 3 * BLOCK);
+        assert!(list.is_empty());
+        assert!(list.tail.is_none());
+        assert_eq!(
+            list.drop_completed_in(5, &|_| false, &mut Flags::new()),
+            (0, None)
+        );
+        // An emptied head with a tail left: pushes go to the tail, order holds.
+        let mut list = list_of(2 * BLOCK as u32);
+        let (n, next) = list.drop_completed_in(0, &|_| false, &mut Flags::new());
+        assert_eq!((n, next), (BLOCK, Some(1)));
+        assert!(!list.is_empty());
+        list.push(op(9_999));
+        assert_eq!(indices(&list).len(), BLOCK + 1);
+        assert_eq!(indices(&list).last(), Some(&9_999));
+    }
+}
