@@ -7,9 +7,15 @@
 //! - `watch_then_expiry`: each thread watches a batch of operations with a zero timeout;
 //!   the iteration ends when the purgatory's reaper has expired all of them.
 //!
+//! - `check_not_ready`: the broker's most frequent call, an event on a key whose
+//!   operations are not ready (four of them, as on a partition with a few waiting
+//!   fetches) and on a key nobody watches; single-threaded, against the floor of any
+//!   design, one lookup in a `parking_lot::Mutex<HashMap>`.
+//!
 //! Times include everything a caller waits for (the expiry bench includes the reaper's
 //! wake-up, up to one 1 ms tick; for the tokio peers, the runtime's timer).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -162,5 +168,64 @@ fn completion_paths(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, completion_paths);
+/// Watches four never-ready operations on each of 1,024 keys; the bench then checks
+/// those keys in turn (`waiting`) or keys nobody watches (`unknown`).
+fn check_not_ready_of<P: LoadPurgatory<BenchOp>>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    p: P,
+) {
+    let lane = &lanes(1)[0];
+    for id in 0..4 * KEYS_PER_THREAD {
+        let op = BenchOp {
+            id,
+            released: lane.released,
+            done: lane.done,
+            timeout: Duration::from_secs(600),
+        };
+        assert!(p.watch(op, &[id % KEYS_PER_THREAD]).is_some());
+    }
+    for (case, offset) in [("waiting", 0), ("unknown", 1 << 40)] {
+        let mut key = 0;
+        group.bench_function(BenchmarkId::new(name, case), |b| {
+            b.iter(|| {
+                key = (key + 1) % KEYS_PER_THREAD;
+                std::hint::black_box(p.check_and_complete(offset + key))
+            })
+        });
+    }
+    p.shutdown();
+}
+
+fn check_not_ready(c: &mut Criterion) {
+    let mut group = c.benchmark_group("check_not_ready");
+    group.throughput(Throughput::Elements(1));
+    group.warm_up_time(Duration::from_millis(500));
+    group.measurement_time(Duration::from_secs(2));
+    let ours: Purgatory<u64, BenchOp> = purgatory::PurgatoryBuilder::new()
+        .name("bench")
+        .build()
+        .expect("valid configuration");
+    check_not_ready_of(&mut group, "ours", ours);
+    let naive = NaivePurgatory::start(1000).expect("reaper thread");
+    check_not_ready_of(&mut group, "naive", naive);
+    // The floor: one lock and one lookup of a key's (never empty) list.
+    let map: parking_lot::Mutex<HashMap<u64, Vec<u64>>> = parking_lot::Mutex::new(
+        (0..KEYS_PER_THREAD)
+            .map(|k| (k, vec![k, k + 1, k + 2, k + 3]))
+            .collect(),
+    );
+    for (case, offset) in [("waiting", 0u64), ("unknown", 1 << 40)] {
+        let mut key = 0;
+        group.bench_function(BenchmarkId::new("mutex-hashmap", case), |b| {
+            b.iter(|| {
+                key = (key + 1) % KEYS_PER_THREAD;
+                std::hint::black_box(map.lock().get(&(offset + key)).map_or(0, Vec::len))
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, completion_paths, check_not_ready);
 criterion_main!(benches);
