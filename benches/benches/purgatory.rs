@@ -10,7 +10,8 @@
 //! - `check_not_ready`: the broker's most frequent call, an event on a key whose
 //!   operations are not ready (four of them, as on a partition with a few waiting
 //!   fetches) and on a key nobody watches; single-threaded, against the floor of any
-//!   design, one lookup in a `parking_lot::Mutex<HashMap>`.
+//!   design, one lookup in a `parking_lot::Mutex<HashMap>` (with foldhash, the hasher
+//!   the purgatory's watcher lists use).
 //!
 //! Times include everything a caller waits for (the expiry bench includes the reaper's
 //! wake-up, up to one 1 ms tick; for the tokio peers, the runtime's timer).
@@ -210,11 +211,12 @@ fn check_not_ready(c: &mut Criterion) {
     let naive = NaivePurgatory::start(1000).expect("reaper thread");
     check_not_ready_of(&mut group, "naive", naive);
     // The floor: one lock and one lookup of a key's (never empty) list.
-    let map: parking_lot::Mutex<HashMap<u64, Vec<u64>>> = parking_lot::Mutex::new(
-        (0..KEYS_PER_THREAD)
-            .map(|k| (k, vec![k, k + 1, k + 2, k + 3]))
-            .collect(),
-    );
+    let map: parking_lot::Mutex<HashMap<u64, Vec<u64>, foldhash::fast::RandomState>> =
+        parking_lot::Mutex::new(
+            (0..KEYS_PER_THREAD)
+                .map(|k| (k, vec![k, k + 1, k + 2, k + 3]))
+                .collect(),
+        );
     for (case, offset) in [("waiting", 0u64), ("unknown", 1 << 40)] {
         let mut key = 0;
         group.bench_function(BenchmarkId::new("mutex-hashmap", case), |b| {

@@ -339,4 +339,82 @@ mod tests {
         assert_eq!(indices(&list).len(), BLOCK + 1);
         assert_eq!(indices(&list).last(), Some(&9_999));
     }
+
+    /// Checks the layout invariants and returns the entries.
+    fn checked(list: &OpList) -> Vec<u32> {
+        assert!(list.head.len() <= BLOCK);
+        if let Some(blocks) = &list.tail {
+            assert!(!blocks.is_empty(), "an empty tail is None");
+            assert!(blocks.iter().all(|b| !b.is_empty() && b.len() <= BLOCK));
+        }
+        let entries = indices(list);
+        assert_eq!(entries.len(), list.len());
+        assert_eq!(entries.is_empty(), list.is_empty());
+        let mut copied = Vec::new();
+        list.copy_into(&mut copied);
+        assert_eq!(
+            copied.iter().map(|op| op.index()).collect::<Vec<_>>(),
+            entries
+        );
+        entries
+    }
+
+    #[test]
+    fn random_pushes_and_filters_keep_every_waiting_entry_in_arrival_order() {
+        use rand::rngs::StdRng;
+        use rand::{Rng, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(0x0b5e55ed);
+        for _ in 0..16 {
+            let mut list = OpList::default();
+            // Ids are pushed in increasing order; an id is waiting unless completed.
+            let mut completed: Vec<bool> = Vec::new();
+            let mut flags = Flags::new();
+            for _ in 0..40 {
+                let next = completed.len() as u32;
+                match rng.gen_range(0..5) {
+                    0 | 1 => {
+                        for id in next..next + rng.gen_range(1..3 * BLOCK as u32) {
+                            list.push(op(id));
+                            completed.push(false);
+                        }
+                    }
+                    2 => {
+                        for _ in 0..rng.gen_range(0..2 * BLOCK) {
+                            let id = rng.gen_range(0..next.max(1)) as usize;
+                            if let Some(done) = completed.get_mut(id) {
+                                *done = true;
+                            }
+                        }
+                    }
+                    3 => {
+                        // A segment that may be past the end, as a stale purge cursor.
+                        let segment = rng.gen_range(0..8);
+                        let before = checked(&list).len();
+                        let waiting = |op: OpRef| !completed[op.index() as usize];
+                        let (dropped, next_segment) =
+                            list.drop_completed_in(segment, &waiting, &mut flags);
+                        assert_eq!(before - checked(&list).len(), dropped);
+                        if let Some(s) = next_segment {
+                            assert!(s <= segment + 1 && s >= segment.max(1));
+                        }
+                    }
+                    _ => {
+                        let waiting = |op: OpRef| !completed[op.index() as usize];
+                        list.drop_completed(&waiting);
+                        assert!(checked(&list).iter().all(|&id| !completed[id as usize]));
+                    }
+                }
+                let entries = checked(&list);
+                assert!(entries.windows(2).all(|w| w[0] < w[1]), "arrival order");
+                let mut present = vec![false; completed.len()];
+                for &id in &entries {
+                    present[id as usize] = true;
+                }
+                assert!(
+                    (0..completed.len()).all(|id| completed[id] || present[id]),
+                    "a waiting entry was lost"
+                );
+            }
+        }
+    }
 }

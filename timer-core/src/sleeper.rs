@@ -25,8 +25,11 @@
 //! `wake_at` is then the earliest planned wake of all sleepers; an add earlier than it
 //! wakes them all, and the earliest one wakes by itself before any later add is due. When
 //! a sleeper leaves while others still sleep, their earliest plan is unknown, so
-//! `wake_at` becomes `u64::MAX`: every add notifies until they have all left. That costs
-//! spurious notifications, never a missed one.
+//! `wake_at` becomes `u64::MAX`: every add notifies until they have all left. And the
+//! leaving sleeper wakes the others, so they re-plan: an add that came while its earlier
+//! plan was published did not notify, yet may be earlier than theirs (or may change the
+//! bound they sleep under, see `NextRound`). That costs spurious wake-ups, never a missed
+//! one.
 
 use std::time::Instant;
 
@@ -90,6 +93,11 @@ impl Sleeper {
         state.sleepers -= 1;
         let after = if state.sleepers == 0 { AWAKE } else { u64::MAX };
         self.wake_at.store(after, SeqCst);
+        if state.sleepers > 0 {
+            // An add made while this thread's earlier plan was published may not have
+            // notified, though it is earlier than the others' plans: let them re-plan.
+            self.cond.notify_all();
+        }
         drop(state);
     }
 

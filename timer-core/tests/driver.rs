@@ -22,7 +22,8 @@ const PATIENCE: Duration = Duration::from_secs(10);
 /// A target that asks for short waits while anything is queued and none while nothing
 /// is (as the purgatory does, to purge and flush cancels while work is pending), and
 /// whose first `after_round` (the reaper's, before its first round) stops between
-/// deciding and returning until the test has added a task.
+/// deciding and returning until the test lets it go (having added a task meanwhile, or
+/// not).
 struct Target {
     core: TimerCore<u32>,
     after_rounds: AtomicUsize,
@@ -119,6 +120,37 @@ fn an_add_wakes_a_reaper_sleeping_idle_when_the_queued_bound_is_shorter() {
     assert!(
         wait_until(|| driver.target().after_rounds.load(Ordering::SeqCst) >= idle_rounds + 5),
         "the add did not wake the idle reaper"
+    );
+    assert_eq!(driver.shutdown_with(|pending| pending).unwrap(), vec![7]);
+}
+
+#[test]
+fn an_add_missed_while_another_thread_drove_the_core_still_wakes_the_idle_reaper() {
+    let (core, config) = TimerBuilder::new().build_parts::<u32>().unwrap();
+    let target = Target {
+        core,
+        after_rounds: AtomicUsize::new(0),
+        decided: Barrier::new(2),
+        resume: Barrier::new(2),
+    };
+    let driver = config.start(target, "driver-test").unwrap();
+    driver.target().decided.wait();
+    driver.target().resume.wait();
+    thread::sleep(QUEUED_WAIT * 10);
+    thread::scope(|s| {
+        // A second driving thread plans to wake 300 ms from now; the reaper sleeps idle.
+        let other = s.spawn(|| driver.advance_clock(Duration::from_millis(300)));
+        thread::sleep(Duration::from_millis(100));
+        // Later than the other thread's plan: the add notifies nobody.
+        driver.target().core.add(FAR, 7).unwrap();
+        assert_eq!(other.join().unwrap(), 0);
+    });
+    // Once the other thread has left, the reaper re-plans under the queued bound.
+    let after_other = driver.target().after_rounds.load(Ordering::SeqCst);
+    assert!(
+        wait_until(|| driver.target().after_rounds.load(Ordering::SeqCst) >= after_other + 5),
+        "the reaper slept on after the other driver left: {} rounds",
+        driver.target().after_rounds.load(Ordering::SeqCst) - after_other
     );
     assert_eq!(driver.shutdown_with(|pending| pending).unwrap(), vec![7]);
 }
