@@ -146,7 +146,7 @@ pub(super) struct W3Args {
     #[arg(long)]
     events: bool,
     /// Find the highest rate held (actual >= 95 % of target), starting at --rate,
-    /// doubling, then bisecting.
+    /// doubling (or halving, if the starting rate is not held), then bisecting.
     #[arg(long)]
     pub(super) find_max: bool,
     /// With --find-max: also draw the sweep as an SVG picture at this path (CPU s per

@@ -1,13 +1,15 @@
 //! W3-max (`w3 --find-max`): the highest request rate each implementation holds.
 //!
-//! Starting at `--rate`, the target doubles while the implementation holds it, then the
-//! gap between the last rate held and the first one missed is bisected a few times.
+//! Starting at `--rate`, the target doubles while the implementation holds it (or, if it
+//! does not hold the starting rate, halves until it does), then the gap between the last
+//! rate held and the first one missed is bisected a few times.
 //! Each attempt is one W3 run in a child process of its own.
 //!
 //! # Invariants
 //! - A rate is held when the actual rate reaches 95 % of the target: the generator only
 //!   sleeps when ahead of schedule, so falling short means the system could not keep up.
-//! - Doubling stops once the target passes [`MAX_RATE`] (and then nothing is bisected).
+//! - Doubling stops once the target passes [`MAX_RATE`] (and then nothing is bisected);
+//!   halving stops before the target falls below [`MIN_RATE`] (held: 0).
 //! - Every attempt is printed on stderr as it ends and kept, with its full result, in
 //!   the JSON summary. The attempt line and the outcome line also give the expiry
 //!   lateness (p99) and peak memory, since a peer with an unbounded hand-off can keep
@@ -29,6 +31,8 @@ use crate::workloads::{implementation_name, Job, Workload};
 const BISECT_STEPS: u32 = 4;
 /// The highest target rate tried, requests/s.
 pub const MAX_RATE: f64 = 64e6;
+/// The lowest target rate tried, requests/s.
+pub const MIN_RATE: f64 = 1e3;
 
 /// Held: the actual rate reached 95 % of the target.
 fn held(result: &Value, target: f64) -> bool {
@@ -94,11 +98,22 @@ pub(super) fn find_max(
         };
         let mut low = 0.0;
         let mut high = params.rate;
-        while try_rate(high)? {
+        if try_rate(high)? {
             low = high;
             high *= 2.0;
-            if high > MAX_RATE {
-                break;
+            while high <= MAX_RATE && try_rate(high)? {
+                low = high;
+                high *= 2.0;
+            }
+        } else {
+            // Not even the starting rate: halve until a rate is held.
+            while high / 2.0 >= MIN_RATE {
+                let rate = (high / 2.0).round();
+                if try_rate(rate)? {
+                    low = rate;
+                    break;
+                }
+                high = rate;
             }
         }
         if low > 0.0 && high <= MAX_RATE {
