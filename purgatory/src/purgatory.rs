@@ -174,6 +174,9 @@ where
         let waiting = |op| state.table.may_be_waiting(op);
         let mut candidates = SmallVec::<[OpRef; 16]>::new();
         state.watchers.snapshot(key, &mut candidates);
+        if candidates.is_empty() {
+            return 0; // an unknown key: nothing to try, drop or expire
+        }
         let listed = candidates.len();
         candidates.retain(|op| waiting(*op));
         let saw_completed = candidates.len() < listed;
