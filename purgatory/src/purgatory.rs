@@ -177,15 +177,22 @@ where
         if candidates.is_empty() {
             return 0; // an unknown key: nothing to try, drop or expire
         }
-        let listed = candidates.len();
-        candidates.retain(|op| waiting(*op));
-        let saw_completed = candidates.len() < listed;
+        let mut saw_completed = false;
         let mut completed = 0;
         // Tried and not ready (their timeouts may have come while they were locked):
         // gathered at the front of `candidates`, which needs no second buffer.
         let mut not_ready = 0;
-        for i in 0..candidates.len() {
-            let Some(mut locked) = state.table.lock(candidates[i]) else {
+        let entries = candidates.as_mut_slice();
+        for i in 0..entries.len() {
+            let op = entries[i];
+            // The dense tag first: an entry of an operation already completed (through
+            // another key, or by force, expiry or cancel) is skipped without touching its
+            // slot, and the list is cleaned below.
+            if !waiting(op) {
+                saw_completed = true;
+                continue;
+            }
+            let Some(mut locked) = state.table.lock(op) else {
                 continue; // completed by someone else since the snapshot
             };
             if state.is_ready(&mut locked) {
@@ -193,14 +200,14 @@ where
                 state.complete_one(locked.take(), Completion::Ready);
                 completed += 1;
             } else {
-                candidates[not_ready] = locked.unlock();
+                entries[not_ready] = locked.unlock();
                 not_ready += 1;
             }
         }
         let mut expired = SmallVec::<[Taken<O>; 1]>::new();
         state
             .table
-            .claim_expiries(&candidates[..not_ready], &mut expired);
+            .claim_expiries(&entries[..not_ready], &mut expired);
         state.complete(&mut expired, Completion::Expired);
         if completed > 0 || saw_completed {
             state
