@@ -204,7 +204,10 @@ fn drop_completed_entries(
 ) -> usize {
     let entries = segment.entries();
     flags.clear();
-    flags.extend(entries.iter().map(|&op| waiting(op)));
+    flags.resize(entries.len(), false);
+    for (flag, &op) in flags.iter_mut().zip(entries.iter()) {
+        *flag = waiting(op);
+    }
     let before = entries.len();
     let mut kept = 0;
     for (read, &keep) in flags.iter().enumerate() {
