@@ -1,5 +1,6 @@
 //! Purging: entries of operations completed through another key (or forced, or expired)
-//! stay listed until a check of their key drops them, or a purge does. `purge()` drops
+//! stay listed until a check of their key drops them (once they are a quarter of its
+//! list), or a purge does. `purge()` drops
 //! them all at once; the reaper drops them by itself once `purge_interval` of them have
 //! accumulated (shard by shard, until fewer than `purge_interval` remain), without
 //! touching the operations still waiting.
@@ -106,5 +107,39 @@ fn the_reaper_purges_once_enough_completed_entries_accumulate() {
     for id in FORCED..OPS {
         assert!(!ledger.is_completed(id), "a purge completes nothing");
     }
+    assert_eq!(ledger.violations(), 0);
+}
+
+#[test]
+fn a_check_drops_completed_entries_once_they_are_a_quarter_of_its_list() {
+    const HOT: usize = 100;
+    let purgatory: Purgatory<usize, Probe> = PurgatoryBuilder::new()
+        .purge_interval(1_000_000)
+        .build()
+        .unwrap();
+    let ledger = Ledger::new(8);
+    let no = never();
+    let handles: Vec<_> = (0..8)
+        .map(|id| {
+            match purgatory
+                .watch(Probe::new(id, LONG, &ledger, &no), [HOT, id])
+                .unwrap()
+            {
+                WatchOutcome::Pending(handle) => handle,
+                WatchOutcome::Completed => panic!("never ready"),
+            }
+        })
+        .collect();
+    assert_eq!(purgatory.stats().watched, 16);
+    // One completed entry of eight: skipped by the check, left listed.
+    assert!(purgatory.force_complete(&handles[0]));
+    assert_eq!(purgatory.check_and_complete(&HOT), 0);
+    assert_eq!(purgatory.stats().watched, 16);
+    // Two of eight, a quarter: the check drops both.
+    assert!(purgatory.force_complete(&handles[1]));
+    assert_eq!(purgatory.check_and_complete(&HOT), 0);
+    assert_eq!(purgatory.stats().watched, 14);
+    // The rest of the list is intact and answerable.
+    assert_eq!(purgatory.cancel_for_key(&HOT).len(), 6);
     assert_eq!(ledger.violations(), 0);
 }
