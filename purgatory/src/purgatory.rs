@@ -197,7 +197,10 @@ where
                 continue;
             }
             let Some(mut locked) = state.table.lock(op) else {
-                continue; // completed by someone else since the snapshot
+                // Completed by someone else since the snapshot (or a retired slot's
+                // stale entry, whose tag never changes): dead all the same.
+                dead += 1;
+                continue;
             };
             if state.is_ready(&mut locked) {
                 // `take` releases the slot lock: callbacks run without it.
@@ -274,7 +277,7 @@ where
     }
 
     /// Takes the operation `handle` names back, uncompleted: its timeout is disarmed at
-    /// once, its watcher entries are left stale (dropped by the next check of their key
+    /// once, its watcher entries are left stale (dropped by a later check of their key
     /// or a purge), and no callback runs: the caller now owns answering it (or dropping
     /// it, for a request whose client left). `None` if it already completed, expired or
     /// was cancelled, or if the handle is another purgatory's.
