@@ -145,6 +145,14 @@ fn bench_one<P: LoadPurgatory<BenchOp>>(
     p.shutdown();
 }
 
+/// Our purgatory with its defaults.
+fn ours() -> Purgatory<u64, BenchOp> {
+    purgatory::PurgatoryBuilder::new()
+        .name("bench")
+        .build()
+        .expect("valid configuration")
+}
+
 fn completion_paths(c: &mut Criterion) {
     for (name, event) in [("watch_then_event", true), ("watch_then_expiry", false)] {
         for threads in [1usize, 2] {
@@ -153,11 +161,7 @@ fn completion_paths(c: &mut Criterion) {
             group.sample_size(10);
             group.warm_up_time(Duration::from_millis(500));
             group.measurement_time(Duration::from_secs(2));
-            let ours: Purgatory<u64, BenchOp> = purgatory::PurgatoryBuilder::new()
-                .name("bench")
-                .build()
-                .expect("valid configuration");
-            bench_one(&mut group, "ours", ours, threads, event);
+            bench_one(&mut group, "ours", ours(), threads, event);
             let naive = NaivePurgatory::start(1000).expect("reaper thread");
             bench_one(&mut group, "naive", naive, threads, event);
             let task = TokioTaskPurgatory::start(1000).expect("tokio runtime");
@@ -203,11 +207,7 @@ fn check_not_ready(c: &mut Criterion) {
     group.throughput(Throughput::Elements(1));
     group.warm_up_time(Duration::from_millis(500));
     group.measurement_time(Duration::from_secs(2));
-    let ours: Purgatory<u64, BenchOp> = purgatory::PurgatoryBuilder::new()
-        .name("bench")
-        .build()
-        .expect("valid configuration");
-    check_not_ready_of(&mut group, "ours", ours);
+    check_not_ready_of(&mut group, "ours", ours());
     let naive = NaivePurgatory::start(1000).expect("reaper thread");
     check_not_ready_of(&mut group, "naive", naive);
     // The floor: one lock and one lookup of a key's (never empty) list.

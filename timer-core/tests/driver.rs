@@ -10,7 +10,7 @@ use std::sync::Barrier;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use timer_core::{Expire, NextRound, TimerBuilder, TimerCore};
+use timer_core::{Driver, Expire, NextRound, TimerBuilder, TimerCore};
 
 /// How long a round may wait while a task is queued.
 const QUEUED_WAIT: Duration = Duration::from_millis(10);
@@ -55,6 +55,19 @@ impl Expire for Target {
     }
 }
 
+/// A driver over a fresh [`Target`], its reaper started (and held in its first
+/// `after_round` until the test passes both barriers).
+fn start() -> Driver<Target> {
+    let (core, config) = TimerBuilder::new().build_parts::<u32>().unwrap();
+    let target = Target {
+        core,
+        after_rounds: AtomicUsize::new(0),
+        decided: Barrier::new(2),
+        resume: Barrier::new(2),
+    };
+    config.start(target, "driver-test").unwrap()
+}
+
 fn wait_until(mut done: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
     while start.elapsed() < PATIENCE {
@@ -68,14 +81,7 @@ fn wait_until(mut done: impl FnMut() -> bool) -> bool {
 
 #[test]
 fn a_task_added_while_the_reaper_decides_to_sleep_idle_still_gets_the_queued_bound() {
-    let (core, config) = TimerBuilder::new().build_parts::<u32>().unwrap();
-    let target = Target {
-        core,
-        after_rounds: AtomicUsize::new(0),
-        decided: Barrier::new(2),
-        resume: Barrier::new(2),
-    };
-    let driver = config.start(target, "driver-test").unwrap();
+    let driver = start();
     // The reaper has found the core empty and asked to sleep without limit; before it
     // starts its round, a task far in the future is queued.
     driver.target().decided.wait();
@@ -98,14 +104,7 @@ fn a_task_added_while_the_reaper_decides_to_sleep_idle_still_gets_the_queued_bou
 
 #[test]
 fn an_add_wakes_a_reaper_sleeping_idle_when_the_queued_bound_is_shorter() {
-    let (core, config) = TimerBuilder::new().build_parts::<u32>().unwrap();
-    let target = Target {
-        core,
-        after_rounds: AtomicUsize::new(0),
-        decided: Barrier::new(2),
-        resume: Barrier::new(2),
-    };
-    let driver = config.start(target, "driver-test").unwrap();
+    let driver = start();
     driver.target().decided.wait();
     driver.target().resume.wait();
     // Nothing queued: the reaper sleeps and does not come back by itself.
@@ -126,14 +125,7 @@ fn an_add_wakes_a_reaper_sleeping_idle_when_the_queued_bound_is_shorter() {
 
 #[test]
 fn an_add_missed_while_another_thread_drove_the_core_still_wakes_the_idle_reaper() {
-    let (core, config) = TimerBuilder::new().build_parts::<u32>().unwrap();
-    let target = Target {
-        core,
-        after_rounds: AtomicUsize::new(0),
-        decided: Barrier::new(2),
-        resume: Barrier::new(2),
-    };
-    let driver = config.start(target, "driver-test").unwrap();
+    let driver = start();
     driver.target().decided.wait();
     driver.target().resume.wait();
     thread::sleep(QUEUED_WAIT * 10);
