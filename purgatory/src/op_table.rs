@@ -18,8 +18,9 @@
 //!   is retired instead of freed and never handed out again, so a stale `OpRef` can never
 //!   match a later operation, at any uptime. (The cost: one slot per 2^32 - 1 operations
 //!   of one slot. A retired slot's tag is `RETIRED as u8`; a stale entry whose tag equals
-//!   it is dropped by a `check_and_complete` on its key, which checks such entries against
-//!   the slot ([`OpTable::is_waiting_by_tag`]), not by purges.)
+//!   it is dropped only by a `check_and_complete` on its key (once the key's dead entries
+//!   are a quarter of its list), which checks such entries against the slot
+//!   ([`OpTable::is_waiting_by_tag`]), never by purges.)
 //! - The operation lives in `state.op` until exactly one thread takes it out, under the
 //!   slot lock, with the matching generation. Whoever takes it completes it (or hands it
 //!   back, for a cancel); every later attempt finds another generation. So `on_complete`

@@ -165,10 +165,10 @@ where
 
     /// Tries every operation watched on `key`, in arrival order, completing those that
     /// are ready, and drops the completed entries from the list (removing the key when
-    /// it empties) once they are a quarter of it or more: below that they are skipped by
-    /// a one-byte read each and left for a later check or a purge, so a long list is not
-    /// rewritten for every completion. Returns how many this call completed; an unknown
-    /// key returns 0.
+    /// it empties) once they are a quarter of it or more: below that they are skipped
+    /// (by a one-byte read each; the rare entry whose tag cannot tell, by a look at its
+    /// slot) and left for a later check or a purge, so a long list is not rewritten for
+    /// every completion. Returns how many this call completed; an unknown key returns 0.
     ///
     /// A key whose `Hash` or `Eq` panics: the panic reaches the caller, and every
     /// operation stays as it was, or was completed exactly once by this call.
@@ -180,7 +180,8 @@ where
         if candidates.is_empty() {
             return 0; // an unknown key: nothing to try, drop or expire
         }
-        // Entries of operations already completed before this check looked.
+        // Entries this check found naming an operation that is gone (completed, expired
+        // or cancelled before it looked, or while it looked).
         let mut dead = 0;
         let mut completed = 0;
         // Tried and not ready (their timeouts may have come while they were locked):
@@ -197,9 +198,11 @@ where
                 continue;
             }
             let Some(mut locked) = state.table.lock(op) else {
-                // Completed by someone else since the snapshot (or a retired slot's
-                // stale entry, whose tag never changes): dead all the same.
-                dead += 1;
+                // Gone since the snapshot, or a stale entry its tag could not tell apart
+                // (a retired slot's, or one whose tag matches a later generation). Counted
+                // only if the list filter below would drop it: a tag collision it keeps
+                // must not make every check rewrite the list for nothing.
+                dead += usize::from(!state.table.is_waiting_by_tag(op));
                 continue;
             };
             if state.is_ready(&mut locked) {
@@ -215,11 +218,12 @@ where
         state
             .table
             .claim_expiries(&entries[..not_ready], &mut expired);
+        let gone = dead + completed + expired.len();
         state.complete(&mut expired, Completion::Expired);
         // Each dead entry costs later checks one tag read; rewriting the list costs one
         // per entry. Dropping them once they are a quarter of the list keeps both O(1)
-        // per completion, amortised.
-        if (dead + completed) * 4 >= entries.len() && dead + completed > 0 {
+        // per completion, amortised. (`entries` is not empty: `gone` > 0 here.)
+        if gone * 4 >= entries.len() {
             state
                 .watchers
                 .drop_completed(key, |op| state.table.is_waiting_by_tag(op));

@@ -16,8 +16,9 @@
 //!   its next round; after a full pass over every shard it stops even if the (estimated) counts
 //!   still say a purge is due, so a drifted estimate cannot make the reaper spin.
 //! - A purge reads only the dense generation tags (`OpTable::may_be_waiting`), so it
-//!   keeps an entry whose tag collides with its slot's current one: it is dropped by a
-//!   later look.
+//!   keeps an entry whose tag collides with its slot's current one: a later purge drops
+//!   it once the slot's generation moves on, or a check of its key does (which also
+//!   drops a retired slot's entries, which no purge does).
 
 use std::hash::Hash;
 use std::sync::atomic::{AtomicUsize, Ordering};

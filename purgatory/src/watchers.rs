@@ -22,7 +22,9 @@
 //! - An entry names an operation by [`OpRef`]; it may name one that was completed (through
 //!   another key, or by force, expiry or cancel), which the op table tells without a lock.
 //!   Such entries are dropped by a check of their key (once they are a quarter of its
-//!   list) or by a purge. Dropping an entry is a plain memory operation.
+//!   list) or by a purge (except the rare entry whose one-byte tag cannot tell: only a
+//!   check drops those, see `op_table.rs`). Dropping an entry is a plain memory
+//!   operation.
 //! - A purge works in steps of bounded work ([`Watchers::purge_step`]): each step holds
 //!   its shard's lock for at most about `budget` list entries plus one segment of a list
 //!   (`op_list.rs`: a long list is filtered a segment at a time, across steps), and says
