@@ -19,13 +19,15 @@ const FAR: Duration = Duration::from_secs(1_000);
 /// Upper bound on any wait for something that should happen promptly.
 const PATIENCE: Duration = Duration::from_secs(10);
 
-/// A target that asks for short waits while anything is queued and none while nothing
-/// is (as the purgatory does, to purge and flush cancels while work is pending), and
+/// A target that asks for short waits while anything is queued and long ones (`empty`)
+/// while nothing is (as the purgatory does, to purge and flush cancels while work is
+/// pending), and
 /// whose first `after_round` (the reaper's, before its first round) stops between
 /// deciding and returning until the test lets it go (having added a task meanwhile, or
 /// not).
 struct Target {
     core: TimerCore<u32>,
+    empty: Duration,
     after_rounds: AtomicUsize,
     decided: Barrier,
     resume: Barrier,
@@ -45,7 +47,7 @@ impl Expire for Target {
     fn after_round(&self) -> NextRound {
         let wait = NextRound {
             queued: QUEUED_WAIT,
-            empty: Duration::MAX,
+            empty: self.empty,
         };
         if self.after_rounds.fetch_add(1, Ordering::SeqCst) == 0 {
             self.decided.wait();
@@ -55,12 +57,14 @@ impl Expire for Target {
     }
 }
 
-/// A driver over a fresh [`Target`], its reaper started (and held in its first
-/// `after_round` until the test passes both barriers).
-fn start() -> Driver<Target> {
+/// A driver over a fresh [`Target`] that waits up to `empty` while nothing is queued,
+/// its reaper started (and held in its first `after_round` until the test passes both
+/// barriers).
+fn start(empty: Duration) -> Driver<Target> {
     let (core, config) = TimerBuilder::new().build_parts::<u32>().unwrap();
     let target = Target {
         core,
+        empty,
         after_rounds: AtomicUsize::new(0),
         decided: Barrier::new(2),
         resume: Barrier::new(2),
@@ -81,7 +85,7 @@ fn wait_until(mut done: impl FnMut() -> bool) -> bool {
 
 #[test]
 fn a_task_added_while_the_reaper_decides_to_sleep_idle_still_gets_the_queued_bound() {
-    let driver = start();
+    let driver = start(Duration::MAX);
     // The reaper has found the core empty and asked to sleep without limit; before it
     // starts its round, a task far in the future is queued.
     driver.target().decided.wait();
@@ -104,7 +108,9 @@ fn a_task_added_while_the_reaper_decides_to_sleep_idle_still_gets_the_queued_bou
 
 #[test]
 fn an_add_wakes_a_reaper_sleeping_idle_when_the_queued_bound_is_shorter() {
-    let driver = start();
+    // Idle, the reaper plans to wake in a minute; the add below is due far later than
+    // that, so only a plan that any add wakes makes the queued bound apply at once.
+    let driver = start(Duration::from_secs(60));
     driver.target().decided.wait();
     driver.target().resume.wait();
     // Nothing queued: the reaper sleeps and does not come back by itself.
@@ -125,7 +131,7 @@ fn an_add_wakes_a_reaper_sleeping_idle_when_the_queued_bound_is_shorter() {
 
 #[test]
 fn an_add_missed_while_another_thread_drove_the_core_still_wakes_the_idle_reaper() {
-    let driver = start();
+    let driver = start(Duration::MAX);
     driver.target().decided.wait();
     driver.target().resume.wait();
     thread::sleep(QUEUED_WAIT * 10);
