@@ -13,16 +13,17 @@
 //!   list (`watchers.rs`, `op_list.rs`), so a check or a watch on that shard waits for
 //!   at most one step. Between steps it stops to let the timer run as soon as a bucket
 //!   is due, and resumes where it stopped (the cursor, which may be inside a list) on
-//!   its next round; after a full pass over every shard it stops even if the (estimated) counts
-//!   still say a purge is due, so a drifted estimate cannot make the reaper spin.
+//!   its next round; after a full pass over every shard it stops even if the
+//!   (estimated) counts still say a purge is due, so a drifted estimate cannot make the
+//!   reaper spin.
 //! - A purge reads only the dense generation tags (`OpTable::may_be_waiting`), so it
 //!   keeps an entry whose tag collides with its slot's current one: a later purge drops
 //!   it once the slot's generation moves on, or a check of its key does (which also
 //!   drops a retired slot's entries, which no purge does).
 
 use std::hash::Hash;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
+use crate::sync::Mutex;
 use crate::watchers::PurgeCursor;
 
 use crate::counters::Count;
@@ -42,11 +43,9 @@ pub(crate) const STEP: usize = 256;
 pub(crate) struct PurgePolicy {
     /// Completed entries still listed before a purge is considered.
     interval: i64,
-    /// The shard the next purge step visits.
-    shard: AtomicUsize,
-    /// Where in that shard it resumes: a bucket, and a segment of the list there.
-    bucket: AtomicUsize,
-    segment: AtomicUsize,
+    /// The shard the next purge step visits, and where in it the step resumes (read and
+    /// written once per `purge_some`).
+    position: Mutex<(usize, PurgeCursor)>,
 }
 
 impl PurgePolicy {
@@ -54,9 +53,7 @@ impl PurgePolicy {
         PurgePolicy {
             // Counts are i64; an interval beyond that means "practically never".
             interval: interval.min(i64::MAX as usize) as i64,
-            shard: AtomicUsize::new(0),
-            bucket: AtomicUsize::new(0),
-            segment: AtomicUsize::new(0),
+            position: Mutex::new((0, PurgeCursor::default())),
         }
     }
 }
@@ -106,11 +103,8 @@ impl<K: Hash + Eq, O: DelayedOperation> State<K, O> {
         let mut removed = 0;
         let mut finished_shards = 0;
         let mut yielded = false;
-        let mut index = self.purge.shard.load(Ordering::Relaxed) % shards;
-        let mut cursor = PurgeCursor {
-            bucket: self.purge.bucket.load(Ordering::Relaxed),
-            segment: self.purge.segment.load(Ordering::Relaxed),
-        };
+        let (index, mut cursor) = *self.purge.position.lock();
+        let mut index = index % shards;
         while finished_shards < shards {
             let (dropped, next) = self.purge_step(index, cursor);
             removed += dropped;
@@ -134,9 +128,7 @@ impl<K: Hash + Eq, O: DelayedOperation> State<K, O> {
                 break;
             }
         }
-        self.purge.shard.store(index, Ordering::Relaxed);
-        self.purge.bucket.store(cursor.bucket, Ordering::Relaxed);
-        self.purge.segment.store(cursor.segment, Ordering::Relaxed);
+        *self.purge.position.lock() = (index, cursor);
         tracing::debug!(target: "purgatory", purgatory = %self.name, removed, shards = finished_shards, "purge");
         yielded
     }
