@@ -24,6 +24,7 @@ use crate::state::State;
 impl<K, O: DelayedOperation> State<K, O> {
     /// `try_complete` on a locked operation, keeping the lock (a panic is counted and
     /// means "not ready").
+    #[inline]
     pub(crate) fn is_ready(&self, locked: &mut Locked<'_, O>) -> bool {
         match locked.try_complete() {
             Ok(ready) => ready,

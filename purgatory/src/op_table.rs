@@ -151,6 +151,31 @@ pub(crate) struct Vacated {
     retired: bool,
 }
 
+/// Where the slot and the tag of the operation an [`OpRef`] names are: found once
+/// ([`OpTable::find`]) for the several looks a check takes at one list entry (its tag,
+/// its lock, its expiry request), instead of working the segment out for each.
+pub(crate) struct Found<'a, O> {
+    slot: &'a Slot<O>,
+    tag: &'a AtomicU8,
+    op: OpRef,
+}
+
+impl<O> Clone for Found<'_, O> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<O> Copy for Found<'_, O> {}
+
+impl<O> Found<'_, O> {
+    /// [`OpTable::may_be_waiting`] of this operation.
+    #[inline]
+    pub(crate) fn may_be_waiting(&self) -> bool {
+        self.tag.load(Ordering::Acquire) == self.op.generation as u8
+    }
+}
+
 /// A locked slot holding the operation an [`OpRef`] names.
 pub(crate) struct Locked<'a, O> {
     table: &'a OpTable<O>,
@@ -159,13 +184,18 @@ pub(crate) struct Locked<'a, O> {
 }
 
 pub(crate) struct OpTable<O> {
-    segments: [OnceLock<Box<[Slot<O>]>>; SEGMENTS],
-    /// The low 8 bits of each slot's generation, packed 64 to a cache line, for telling
-    /// stale list entries apart without touching their slots (see [`OpTable::is_waiting`]).
-    tags: [OnceLock<Box<[AtomicU8]>>; SEGMENTS],
+    segments: [OnceLock<Segment<O>>; SEGMENTS],
     /// Slots ever handed out; the next new slot's index.
     high_water: StdAtomicU32,
     free: [FreeList; STRIPES],
+}
+
+/// One segment of slots and their tags, created together, so that one look-up finds both.
+struct Segment<O> {
+    slots: Box<[Slot<O>]>,
+    /// The low 8 bits of each slot's generation, packed 64 to a cache line, for telling
+    /// stale list entries apart without touching their slots (see [`OpTable::is_waiting`]).
+    tags: Box<[AtomicU8]>,
 }
 
 /// The segment and offset of slot `index`.
@@ -181,7 +211,6 @@ impl<O: DelayedOperation> OpTable<O> {
     pub(crate) fn new() -> Self {
         let table = OpTable {
             segments: std::array::from_fn(|_| OnceLock::new()),
-            tags: std::array::from_fn(|_| OnceLock::new()),
             high_water: StdAtomicU32::new(0),
             free: std::array::from_fn(|_| FreeList::default()),
         };
@@ -190,22 +219,36 @@ impl<O: DelayedOperation> OpTable<O> {
         table
     }
 
-    fn segment(&self, k: usize) -> &[Slot<O>] {
-        // Tags first: whoever can see a slot's index can then find its tag.
-        self.tags[k].get_or_init(|| (0..FIRST_SEGMENT << k).map(|_| AtomicU8::new(0)).collect());
-        self.segments[k].get_or_init(|| (0..FIRST_SEGMENT << k).map(|_| Slot::new()).collect())
+    fn segment(&self, k: usize) -> &Segment<O> {
+        self.segments[k].get_or_init(|| Segment {
+            slots: (0..FIRST_SEGMENT << k).map(|_| Slot::new()).collect(),
+            tags: (0..FIRST_SEGMENT << k).map(|_| AtomicU8::new(0)).collect(),
+        })
+    }
+
+    /// Where the slot and the tag of `op` are.
+    #[inline]
+    pub(crate) fn find(&self, op: OpRef) -> Found<'_, O> {
+        let (segment, offset) = locate(op.index);
+        let segment = match self.segments[segment].get() {
+            Some(segment) => segment,
+            // Only reachable for an index never handed out (a corrupt `OpRef`).
+            None => self.segment(segment),
+        };
+        Found {
+            slot: &segment.slots[offset],
+            tag: &segment.tags[offset],
+            op,
+        }
     }
 
     #[inline]
     fn tag(&self, index: u32) -> &AtomicU8 {
         let (segment, offset) = locate(index);
-        match self.tags[segment].get() {
-            Some(tags) => &tags[offset],
+        match self.segments[segment].get() {
+            Some(segment) => &segment.tags[offset],
             // Only reachable for an index never handed out (a corrupt `OpRef`).
-            None => {
-                self.segment(segment);
-                &self.tags[segment].get().expect("created just now")[offset]
-            }
+            None => &self.segment(segment).tags[offset],
         }
     }
 
@@ -213,9 +256,9 @@ impl<O: DelayedOperation> OpTable<O> {
     fn slot(&self, index: u32) -> &Slot<O> {
         let (segment, offset) = locate(index);
         match self.segments[segment].get() {
-            Some(slots) => &slots[offset],
+            Some(segment) => &segment.slots[offset],
             // Only reachable for an index never handed out (a corrupt `OpRef`).
-            None => &self.segment(segment)[offset],
+            None => &self.segment(segment).slots[offset],
         }
     }
 
@@ -332,11 +375,16 @@ impl<O: DelayedOperation> OpTable<O> {
 
     /// Locks the slot `op` names, if its operation is still there.
     pub(crate) fn lock(&self, op: OpRef) -> Option<Locked<'_, O>> {
-        let slot = self.slot(op.index);
-        let state = slot.state.lock();
-        (slot.generation.load(Ordering::Relaxed) == op.generation).then_some(Locked {
+        self.lock_found(self.find(op))
+    }
+
+    /// [`lock`](Self::lock) on a slot already found.
+    #[inline]
+    pub(crate) fn lock_found<'a>(&'a self, found: Found<'a, O>) -> Option<Locked<'a, O>> {
+        let state = found.slot.state.lock();
+        (found.slot.generation.load(Ordering::Relaxed) == found.op.generation).then_some(Locked {
             table: self,
-            op,
+            op: found.op,
             state,
         })
     }
@@ -409,15 +457,40 @@ impl<O: DelayedOperation> OpTable<O> {
         }
         fence(Ordering::SeqCst);
         for &op in ops {
-            let slot = self.slot(op.index);
-            if slot.expiry_requested.load(Ordering::Relaxed) != op.generation + 1 {
-                continue;
-            }
-            if let Ok(Some(locked)) = self.try_lock(op) {
-                let mut taken = locked.take();
-                taken.timer = None; // it fired
-                expired.push(taken);
-            }
+            self.claim_expiry(self.slot(op.index), op, expired);
+        }
+    }
+
+    /// [`claim_expiries`](Self::claim_expiries) of slots already found.
+    pub(crate) fn claim_found_expiries<const N: usize>(
+        &self,
+        found: &[Found<'_, O>],
+        expired: &mut smallvec::SmallVec<[Taken<O>; N]>,
+    ) {
+        if found.is_empty() {
+            return;
+        }
+        fence(Ordering::SeqCst);
+        for f in found {
+            self.claim_expiry(f.slot, f.op, expired);
+        }
+    }
+
+    /// One operation of [`claim_expiries`](Self::claim_expiries), after the fence.
+    #[inline]
+    fn claim_expiry<const N: usize>(
+        &self,
+        slot: &Slot<O>,
+        op: OpRef,
+        expired: &mut smallvec::SmallVec<[Taken<O>; N]>,
+    ) {
+        if slot.expiry_requested.load(Ordering::Relaxed) != op.generation + 1 {
+            return;
+        }
+        if let Ok(Some(locked)) = self.try_lock(op) {
+            let mut taken = locked.take();
+            taken.timer = None; // it fired
+            expired.push(taken);
         }
     }
 
@@ -500,6 +573,7 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
     }
 
     /// Runs `try_complete`, keeping the lock.
+    #[inline]
     pub(crate) fn try_complete(&mut self) -> Result<bool, ()> {
         let op = self
             .state
@@ -511,6 +585,7 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
 }
 
 /// Calls `try_complete`, turning a panic into `Err` (reported through `tracing`).
+#[inline]
 fn try_complete_caught<O: DelayedOperation>(op: &mut O) -> Result<bool, ()> {
     catch_unwind(AssertUnwindSafe(|| op.try_complete())).map_err(|payload| {
         tracing::error!(

@@ -26,7 +26,7 @@ use timer_core::Driver;
 use crate::counters::Count;
 use crate::error::WatchError;
 use crate::handle::{CancelOnDrop, OperationHandle, WatchOutcome};
-use crate::op_table::{OpRef, Taken};
+use crate::op_table::{Found, OpRef, Taken};
 use crate::operation::{Completion, DelayedOperation};
 use crate::state::State;
 use crate::stats::PurgatoryStats;
@@ -174,7 +174,6 @@ where
     /// operation stays as it was, or was completed exactly once by this call.
     pub fn check_and_complete(&self, key: &K) -> usize {
         let state = self.state();
-        let waiting = |op| state.table.may_be_waiting(op);
         let mut candidates = SmallVec::<[OpRef; 16]>::new();
         state.watchers.snapshot(key, &mut candidates);
         if candidates.is_empty() {
@@ -184,20 +183,19 @@ where
         // or cancelled before it looked, or while it looked).
         let mut dead = 0;
         let mut completed = 0;
-        // Tried and not ready (their timeouts may have come while they were locked):
-        // gathered at the front of `candidates`, which needs no second buffer.
-        let mut not_ready = 0;
-        let entries = candidates.as_mut_slice();
-        for i in 0..entries.len() {
-            let op = entries[i];
+        // Tried and not ready (their timeouts may have come while they were locked).
+        let mut not_ready = SmallVec::<[Found<'_, O>; 16]>::with_capacity(candidates.len());
+        for &op in candidates.iter() {
+            // Each entry's slot and tag are found once, for all the looks below.
+            let found = state.table.find(op);
             // The dense tag first: an entry of an operation already completed (through
             // another key, or by force, expiry or cancel) is skipped without touching its
             // slot, and the list is cleaned below.
-            if !waiting(op) {
+            if !found.may_be_waiting() {
                 dead += 1;
                 continue;
             }
-            let Some(mut locked) = state.table.lock(op) else {
+            let Some(mut locked) = state.table.lock_found(found) else {
                 // Gone since the snapshot, or a stale entry its tag could not tell apart
                 // (a retired slot's, or one whose tag matches a later generation). Counted
                 // only if the list filter below would drop it: a tag collision it keeps
@@ -210,20 +208,18 @@ where
                 state.complete_one(locked.take(), Completion::Ready);
                 completed += 1;
             } else {
-                entries[not_ready] = locked.unlock();
-                not_ready += 1;
+                locked.unlock();
+                not_ready.push(found);
             }
         }
         let mut expired = SmallVec::<[Taken<O>; 1]>::new();
-        state
-            .table
-            .claim_expiries(&entries[..not_ready], &mut expired);
+        state.table.claim_found_expiries(&not_ready, &mut expired);
         let gone = dead + completed + expired.len();
         state.complete(&mut expired, Completion::Expired);
         // Each dead entry costs later checks one tag read; rewriting the list costs one
         // per entry. Dropping them once they are a quarter of the list keeps both O(1)
         // per completion, amortised. (`entries` is not empty: `gone` > 0 here.)
-        if gone * 4 >= entries.len() {
+        if gone * 4 >= candidates.len() {
             state
                 .watchers
                 .drop_completed(key, |op| state.table.is_waiting_by_tag(op));
