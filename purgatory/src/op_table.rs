@@ -30,7 +30,8 @@
 //!   user code that may block). If the lock is held it records the request in the slot
 //!   (`expiry_requested`: the occupant's generation + 1), then tries once more; whoever
 //!   holds the lock without taking the operation unlocks it ([`Locked::unlock`]) and then
-//!   looks for a request ([`OpTable::claim_expiries`]) and, finding one for its
+//!   looks for a request ([`OpTable::claim_expiries`], or [`OpTable::claim_found_expiries`]
+//!   for slots already found) and, finding one for its
 //!   operation, takes the operation for the caller to complete as expired. The request is
 //!   written before the second try and read after the unlock, with a `SeqCst` fence
 //!   between each pair (one fence serves a batch of unlocks), so at least one of the two
@@ -194,7 +195,8 @@ pub(crate) struct OpTable<O> {
 struct Segment<O> {
     slots: Box<[Slot<O>]>,
     /// The low 8 bits of each slot's generation, packed 64 to a cache line, for telling
-    /// stale list entries apart without touching their slots (see [`OpTable::is_waiting`]).
+    /// stale list entries apart without touching their slots (see
+    /// [`OpTable::may_be_waiting`]).
     tags: Box<[AtomicU8]>,
 }
 
@@ -422,8 +424,8 @@ impl<O: DelayedOperation> OpTable<O> {
     }
 
     /// Takes the operation `op` names for its expiry, without waiting for its lock: if
-    /// another thread holds it, the expiry is left to that thread's
-    /// [`Locked::release`] (see the module doc) and this returns `None`, as it does when
+    /// another thread holds it, the expiry is left to that thread's claim after its
+    /// [`Locked::unlock`] (see the module doc) and this returns `None`, as it does when
     /// the operation is already gone.
     pub(crate) fn take_for_expiry(&self, op: OpRef) -> Option<Taken<O>> {
         let slot = self.slot(op.index);
@@ -566,8 +568,9 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
     }
 
     /// Unlocks the slot, leaving the operation in it; returns its name, which every holder
-    /// that did not take the operation must pass to [`OpTable::claim_expiries`] (its
-    /// expiry may have come while the lock was held).
+    /// that did not take the operation must pass to [`OpTable::claim_expiries`] (or its
+    /// slot to [`OpTable::claim_found_expiries`]): its expiry may have come while the lock
+    /// was held.
     pub(crate) fn unlock(self) -> OpRef {
         self.op
     }

@@ -183,10 +183,15 @@ where
         // or cancelled before it looked, or while it looked).
         let mut dead = 0;
         let mut completed = 0;
-        // Tried and not ready (their timeouts may have come while they were locked).
+        // Tried and not ready (their timeouts may have come while they were locked), with
+        // their slots for the claim below. A list longer than 16 costs one allocation
+        // here: fewer instructions than finding those slots again for the claim, or than
+        // growing the buffer as it fills (callgrind, hot-key driver: 193.5M against
+        // 219.2M and 200.0M).
         let mut not_ready = SmallVec::<[Found<'_, O>; 16]>::with_capacity(candidates.len());
         for &op in candidates.iter() {
-            // Each entry's slot and tag are found once, for all the looks below.
+            // Each entry's slot and tag are found once, for the tag, the lock and the
+            // expiry claim below (only the rare failed lock looks the slot up again).
             let found = state.table.find(op);
             // The dense tag first: an entry of an operation already completed (through
             // another key, or by force, expiry or cancel) is skipped without touching its
@@ -218,7 +223,7 @@ where
         state.complete(&mut expired, Completion::Expired);
         // Each dead entry costs later checks one tag read; rewriting the list costs one
         // per entry. Dropping them once they are a quarter of the list keeps both O(1)
-        // per completion, amortised. (`entries` is not empty: `gone` > 0 here.)
+        // per completion, amortised. (`candidates` is not empty: see the early return.)
         if gone * 4 >= candidates.len() {
             state
                 .watchers
