@@ -228,15 +228,21 @@ impl<O: DelayedOperation> OpTable<O> {
         })
     }
 
+    /// The segment holding slot `index`, and the slot's offset in it.
+    #[inline]
+    fn segment_of(&self, index: u32) -> (&Segment<O>, usize) {
+        let (k, offset) = locate(index);
+        match self.segments[k].get() {
+            Some(segment) => (segment, offset),
+            // Only reachable for an index never handed out (a corrupt `OpRef`).
+            None => (self.segment(k), offset),
+        }
+    }
+
     /// Where the slot and the tag of `op` are.
     #[inline]
     pub(crate) fn find(&self, op: OpRef) -> Found<'_, O> {
-        let (segment, offset) = locate(op.index);
-        let segment = match self.segments[segment].get() {
-            Some(segment) => segment,
-            // Only reachable for an index never handed out (a corrupt `OpRef`).
-            None => self.segment(segment),
-        };
+        let (segment, offset) = self.segment_of(op.index);
         Found {
             slot: &segment.slots[offset],
             tag: &segment.tags[offset],
@@ -246,22 +252,14 @@ impl<O: DelayedOperation> OpTable<O> {
 
     #[inline]
     fn tag(&self, index: u32) -> &AtomicU8 {
-        let (segment, offset) = locate(index);
-        match self.segments[segment].get() {
-            Some(segment) => &segment.tags[offset],
-            // Only reachable for an index never handed out (a corrupt `OpRef`).
-            None => &self.segment(segment).tags[offset],
-        }
+        let (segment, offset) = self.segment_of(index);
+        &segment.tags[offset]
     }
 
     #[inline]
     fn slot(&self, index: u32) -> &Slot<O> {
-        let (segment, offset) = locate(index);
-        match self.segments[segment].get() {
-            Some(segment) => &segment.slots[offset],
-            // Only reachable for an index never handed out (a corrupt `OpRef`).
-            None => &self.segment(segment).slots[offset],
-        }
+        let (segment, offset) = self.segment_of(index);
+        &segment.slots[offset]
     }
 
     /// Hands out `n` free slot indices (appended to `out`): the calling thread's free
@@ -406,7 +404,7 @@ impl<O: DelayedOperation> OpTable<O> {
     /// are mostly in other cores' caches, the tags mostly in this one's.
     #[inline]
     pub(crate) fn may_be_waiting(&self, op: OpRef) -> bool {
-        self.tag(op.index).load(Ordering::Acquire) == op.generation as u8
+        self.find(op).may_be_waiting()
     }
 
     /// [`may_be_waiting`](Self::may_be_waiting), made certain for the one case a later
@@ -454,13 +452,7 @@ impl<O: DelayedOperation> OpTable<O> {
         ops: &[OpRef],
         expired: &mut smallvec::SmallVec<[Taken<O>; N]>,
     ) {
-        if ops.is_empty() {
-            return;
-        }
-        fence(Ordering::SeqCst);
-        for &op in ops {
-            self.claim_expiry(self.slot(op.index), op, expired);
-        }
+        self.claim(ops.iter().map(|&op| (self.slot(op.index), op)), expired);
     }
 
     /// [`claim_expiries`](Self::claim_expiries) of slots already found.
@@ -469,30 +461,31 @@ impl<O: DelayedOperation> OpTable<O> {
         found: &[Found<'_, O>],
         expired: &mut smallvec::SmallVec<[Taken<O>; N]>,
     ) {
-        if found.is_empty() {
+        self.claim(found.iter().map(|f| (f.slot, f.op)), expired);
+    }
+
+    /// The claim of both: one fence, then each slot's request read.
+    #[inline]
+    fn claim<'s, const N: usize>(
+        &self,
+        slots: impl ExactSizeIterator<Item = (&'s Slot<O>, OpRef)>,
+        expired: &mut smallvec::SmallVec<[Taken<O>; N]>,
+    ) where
+        O: 's,
+    {
+        if slots.len() == 0 {
             return;
         }
         fence(Ordering::SeqCst);
-        for f in found {
-            self.claim_expiry(f.slot, f.op, expired);
-        }
-    }
-
-    /// One operation of [`claim_expiries`](Self::claim_expiries), after the fence.
-    #[inline]
-    fn claim_expiry<const N: usize>(
-        &self,
-        slot: &Slot<O>,
-        op: OpRef,
-        expired: &mut smallvec::SmallVec<[Taken<O>; N]>,
-    ) {
-        if slot.expiry_requested.load(Ordering::Relaxed) != op.generation + 1 {
-            return;
-        }
-        if let Ok(Some(locked)) = self.try_lock(op) {
-            let mut taken = locked.take();
-            taken.timer = None; // it fired
-            expired.push(taken);
+        for (slot, op) in slots {
+            if slot.expiry_requested.load(Ordering::Relaxed) != op.generation + 1 {
+                continue;
+            }
+            if let Ok(Some(locked)) = self.try_lock(op) {
+                let mut taken = locked.take();
+                taken.timer = None; // it fired
+                expired.push(taken);
+            }
         }
     }
 
