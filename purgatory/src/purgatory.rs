@@ -186,8 +186,8 @@ where
         // Tried and not ready (their timeouts may have come while they were locked), with
         // their slots for the claim below. A list longer than 16 costs one allocation
         // here: fewer instructions than finding those slots again for the claim, or than
-        // growing the buffer as it fills (callgrind, hot-key driver at `cb0a356`: 193.5M against
-        // 219.2M and 200.0M).
+        // growing the buffer as it fills (callgrind, hot-key driver at `cb0a356`: 193.5M
+        // against 219.2M and 200.0M).
         let mut not_ready = SmallVec::<[Found<'_, O>; 16]>::with_capacity(candidates.len());
         for &op in candidates.iter() {
             // Each entry's slot and tag are found once, for the tag, the lock and the
