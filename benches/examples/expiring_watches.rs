@@ -1,0 +1,55 @@
+//! Single watches that all expire, for counting what one `try_complete_else_watch`
+//! costs under `valgrind --tool=callgrind`: `N` operations (default 20,000), 10 a
+//! millisecond, each on 3 of 100 keys with a 20 ms timeout; it waits until the
+//! purgatory has expired every one.
+//!
+//! ```text
+//! cargo build --release -p purgatory-benches --example expiring_watches
+//! valgrind --tool=callgrind target/release/examples/expiring_watches 20000
+//! ```
+//!
+//! It uses only `Purgatory::new`, `try_complete_else_watch` and `shutdown`, so the same
+//! file also builds against older versions of the crate, for a before figure.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use purgatory::{Completion, DelayedOperation, Purgatory};
+
+static EXPIRED: AtomicU64 = AtomicU64::new(0);
+
+struct Request;
+
+impl DelayedOperation for Request {
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(20)
+    }
+    fn try_complete(&mut self) -> bool {
+        false
+    }
+    fn on_complete(&mut self, _how: Completion) {}
+    fn on_expiration(&mut self) {
+        EXPIRED.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn main() {
+    let n: u64 = std::env::args()
+        .nth(1)
+        .map(|a| a.parse().expect("N is a number"))
+        .unwrap_or(20_000);
+    let p: Purgatory<u64, Request> = Purgatory::new("expiring-watches");
+    let mut i = 0;
+    while i < n {
+        for _ in 0..10 {
+            let keys = [i % 100, (i * 7 + 3) % 100, (i * 13 + 5) % 100];
+            assert!(!p.try_complete_else_watch(Request, keys).expect("watched"));
+            i += 1;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    while EXPIRED.load(Ordering::Relaxed) < n {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    p.shutdown();
+}
