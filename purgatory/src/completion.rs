@@ -93,8 +93,9 @@ impl<K, O: DelayedOperation> State<K, O> {
 
     /// Expires every operation of `expired` still in the table (their timers have fired
     /// or were drained, so there is none to cancel); returns how many. An operation whose
-    /// slot is locked (its `try_complete` may be running on another thread) is not waited
-    /// for: the lock's holder expires it when it lets go, unless it completed it.
+    /// slot is held (its `try_complete` may be running on another thread) is not waited
+    /// for: the holder's unlock hands it to the holder to expire, unless the holder
+    /// completed it (see `slot.rs`).
     pub(crate) fn expire_all(&self, expired: impl IntoIterator<Item = Expiry>) -> usize {
         let mut taken: SmallVec<[Taken<O>; 16]> = SmallVec::new();
         let mut count = 0;
@@ -108,10 +109,26 @@ impl<K, O: DelayedOperation> State<K, O> {
             }
         }
         count += self.complete(&mut taken, Completion::Expired);
+        count += self.expire_orphans();
         if count > 0 {
             tracing::debug!(target: "purgatory", purgatory = %self.name, count, "expire");
         }
         count
+    }
+}
+
+impl<K, O: DelayedOperation> State<K, O> {
+    /// Expires the operations whose expiry only an unwinding holder saw (see
+    /// `op_table.rs`); returns how many.
+    pub(crate) fn expire_orphans(&self) -> usize {
+        let orphans = self.table.take_orphans();
+        if orphans.is_empty() {
+            return 0;
+        }
+        self.complete(
+            &mut SmallVec::<[Taken<O>; 1]>::from_vec(orphans),
+            Completion::Expired,
+        )
     }
 }
 

@@ -57,6 +57,7 @@ where
 
     fn before_round(&self) {
         self.cancels.flush(&self.timer);
+        self.expire_orphans();
     }
 
     fn after_round(&self) -> NextRound {

@@ -68,6 +68,7 @@ mod op_table;
 mod operation;
 mod purgatory;
 mod purge;
+mod slot;
 mod state;
 mod stats;
 mod sync;

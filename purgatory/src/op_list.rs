@@ -78,7 +78,7 @@ impl OpList {
     }
 
     /// The entries, in arrival order.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn iter(&self) -> impl Iterator<Item = OpRef> + '_ {
         self.head
             .iter()

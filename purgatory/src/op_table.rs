@@ -1,5 +1,7 @@
 //! The table of watched operations: one slot per operation in flight, named by an
-//! [`OpRef`] (slot index and generation). This is where "exactly once" is decided.
+//! [`OpRef`] (slot index and generation). This is where "exactly once" is decided; each
+//! slot's own protocol (its state word: generation, lock, expiry request) is
+//! `slot.rs`'s, with its state table.
 //!
 //! # Why a table of slots
 //! Watcher lists, timer entries and handles name an operation by `OpRef`, a plain 8-byte
@@ -8,57 +10,70 @@
 //! only reads each entry's slot generation (loads the CPU overlaps), and an operation's
 //! memory is reusable the moment it completes, however many stale entries still name it.
 //!
+//! # Who may do what with a slot
+//! | caller | call | with the slot's generation | with another generation |
+//! |---|---|---|---|
+//! | a watch, for a new operation | [`insert_many`](OpTable::insert_many) | holds it from the start | - |
+//! | a check, a force, a cancel | [`lock`](OpTable::lock) (waits for a holder) | holds it | `None`, without ever holding it |
+//! | an expiry | [`take_for_expiry`](OpTable::take_for_expiry) (never waits) | takes it, or leaves it to the holder | `None`, writes nothing |
+//! | a holder | [`Locked::take`] | takes it; every name of it is stale from then on | - |
+//! | a holder | [`Locked::unlock`] | releases it, or, if its expiry came meanwhile, takes it for the caller to expire | - |
+//!
 //! # Invariants
-//! - A slot's `generation` is the generation of its occupant while occupied, and of its
-//!   next occupant while free. It changes only when the occupant is taken (under the
-//!   slot lock, before the lock is released), so an `OpRef` names its operation from
-//!   insertion until it is taken, and nothing ever after: a stale `OpRef` (in a list, a
-//!   timer entry or a handle) finds another generation and touches nothing. Generations
-//!   never wrap: a slot whose generation reaches [`RETIRED`] (after 2^32 - 1 operations)
-//!   is retired instead of freed and never handed out again, so a stale `OpRef` can never
-//!   match a later operation, at any uptime. (The cost: one slot per 2^32 - 1 operations
-//!   of one slot. A retired slot's tag is `RETIRED as u8`; a stale entry whose tag equals
-//!   it is dropped only by a `check_and_complete` on its key (once the key's dead entries
-//!   are a quarter of its list), which checks such entries against the slot
-//!   ([`OpTable::is_waiting_by_tag`]), never by purges.)
-//! - The operation lives in `state.op` until exactly one thread takes it out, under the
-//!   slot lock, with the matching generation. Whoever takes it completes it (or hands it
+//! - A slot's generation is its occupant's while occupied, and its next occupant's while
+//!   free. It changes only when the occupant is taken, in the store that releases the
+//!   slot, so an `OpRef` names its operation from insertion until it is taken, and
+//!   nothing ever after: a stale `OpRef` (in a list, a timer entry or a handle) finds
+//!   another generation and touches nothing. It does not even hold the slot for a moment
+//!   (the lock compares the generation in the same instruction that takes it), so a stale
+//!   name never stands between an operation and its expiry.
+//! - Generations never wrap: a slot whose generation reaches [`RETIRED`] (after
+//!   2^32 - 1 operations) is retired instead of freed and never handed out again, so a
+//!   stale `OpRef` can never match a later operation, at any uptime. (The cost: one slot
+//!   per 2^32 - 1 operations of one slot. A retired slot's tag is the tag of `RETIRED`; a
+//!   stale entry with that tag is dropped only by a `check_and_complete` on its key
+//!   (once the key's dead entries are a quarter of its list), which checks such entries
+//!   against the slot ([`OpTable::is_waiting_by_tag`]), never by purges.)
+//! - The operation stays in its slot until exactly one thread takes it out, holding the
+//!   slot under the matching generation. Whoever takes it completes it (or hands it
 //!   back, for a cancel); every later attempt finds another generation. So `on_complete`
-//!   runs at most once, and `try_complete` (called under the same lock, on the value in
-//!   place) never runs concurrently with itself or after the operation was taken.
-//! - An expiry never waits for a slot lock (its holder may be running `try_complete`,
-//!   user code that may block). If the lock is held it records the request in the slot
-//!   (`expiry_requested`: the occupant's generation + 1), then tries once more; whoever
-//!   holds the lock without taking the operation unlocks it ([`Locked::unlock`]) and then
-//!   looks for a request ([`OpTable::claim_expiries`], or [`OpTable::claim_found_expiries`]
-//!   for slots already found) and, finding one for its
-//!   operation, takes the operation for the caller to complete as expired. The request is
-//!   written before the second try and read after the unlock, with a `SeqCst` fence
-//!   between each pair (one fence serves a batch of unlocks), so at least one of the two
-//!   sees the other: the expiry is never lost, and the taking is decided under the lock
-//!   as always.
+//!   runs at most once, and `try_complete` (called by the holder, on the value in place)
+//!   never runs concurrently with itself or after the operation was taken.
+//! - An expiry never waits for a holder (its `try_complete` is user code, which may
+//!   block): it leaves the expiry in the slot's word, and the holder's unlock, which must
+//!   compare-and-swap that same word, finds it and hands the operation to its caller to
+//!   complete as expired ([`Locked::unlock`] returns it). Every holder holds the slot
+//!   under its occupant's name, so every request is honoured: never none.
+//! - A [`Locked`] dropped without `take` or `unlock` (only when a panic unwinds through
+//!   the purgatory's own code while it holds a slot) still releases the slot; an expiry
+//!   that came meanwhile is honoured through the table's orphans, which the next reaper
+//!   round, `advance_clock` or shutdown completes ([`OpTable::take_orphans`]).
 //! - `state.timer` is the operation's armed timeout; it is taken with the operation, so
 //!   the taker (and only it) disarms the timer. The watcher arms the timer while holding
-//!   the lock, so a completion can never miss a timer armed after it.
+//!   the slot, so a completion can never miss a timer armed after it.
 //! - A slot goes back to the free lists only after its occupant was taken, and is handed
 //!   out again only from there: one occupant per slot at a time.
 //! - Slots live in segments that are allocated once and never move or shrink (segment
 //!   `k` holds `FIRST_SEGMENT << k` slots), so the table's memory is its peak number of
 //!   operations in flight (give or take the few slots freed on another thread at the
 //!   moment an allocation skipped that thread's list as empty).
-//! - No lock of this module is held while another of its slot locks is taken, except by
-//!   a batch watch on slots it has just allocated (see `batch.rs`); the free-list locks
-//!   are taken with at most one slot lock held and never the other way round.
+//! - No slot is waited for ([`OpTable::lock`]) while another is held, except by a batch
+//!   watch on slots it has just allocated (see `watch.rs`), which nobody else can be
+//!   waiting for; the free-list locks are leaves, taken with slots held and never the
+//!   other way round.
 
+use std::mem::ManuallyDrop;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicU32 as StdAtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32 as StdAtomicU32, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
-use crate::sync::{fence, AtomicU32, Mutex, MutexGuard};
 use timer_core::{panic_message, TimerHandle};
 
 use crate::counters::{stripe_index, STRIPES};
 use crate::operation::DelayedOperation;
+pub(crate) use crate::slot::RETIRED;
+use crate::slot::{ExpiryAttempt, Slot, Unlocked};
+use crate::sync::Parker;
 
 /// Slots in the first segment (each next segment doubles).
 #[cfg(not(loom))]
@@ -66,11 +81,22 @@ const FIRST_SEGMENT: usize = 1024;
 #[cfg(loom)]
 const FIRST_SEGMENT: usize = 8;
 
-/// The generation of a retired slot: no operation ever holds it, so no `OpRef` names it.
-const RETIRED: u32 = u32::MAX;
-
 /// Enough segments for every `u32` index.
 const SEGMENTS: usize = 33 - FIRST_SEGMENT.trailing_zeros() as usize;
+
+/// The bits of a generation its tag keeps. Under loom none: every tag matches every
+/// generation, as if every stale entry's tag collided with its slot's, so the models
+/// reach the slot behind every entry a check or a purge looks at.
+#[cfg(not(loom))]
+const TAG_MASK: u8 = u8::MAX;
+#[cfg(loom)]
+const TAG_MASK: u8 = 0;
+
+/// The tag of `generation`: its low 8 bits.
+#[inline]
+fn tag_of(generation: u32) -> u8 {
+    generation as u8 & TAG_MASK
+}
 
 /// Names one operation: its slot and the generation it occupies the slot with.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -101,35 +127,32 @@ struct OpState<O> {
 }
 
 /// An operation taken out of its slot, with the timer it still has armed and its key
-/// count.
+/// count. Whoever has it owes the operation its completion (or its return to the caller,
+/// for a cancel).
+#[must_use = "a taken operation must be completed or handed back"]
 pub(crate) struct Taken<O> {
     pub(crate) op: O,
     pub(crate) timer: Option<TimerHandle>,
     pub(crate) keys: u32,
 }
 
-struct Slot<O> {
-    generation: AtomicU32,
-    /// The generation + 1 of an occupant whose expiry found the slot locked (0: none);
-    /// see the module doc.
-    expiry_requested: AtomicU32,
+/// One slot of the table, and a word written only to pull its line into a cache.
+struct TableSlot<O> {
+    slot: Slot<OpState<O>>,
     /// Written (never read) by [`OpTable::prepare`] to pull the slot's line into this
     /// core's cache ahead of locking it.
     touch: StdAtomicU32,
-    state: Mutex<OpState<O>>,
 }
 
-impl<O> Slot<O> {
+impl<O> TableSlot<O> {
     fn new() -> Self {
-        Slot {
-            generation: AtomicU32::new(0),
-            expiry_requested: AtomicU32::new(0),
-            touch: StdAtomicU32::new(0),
-            state: Mutex::new(OpState {
+        TableSlot {
+            slot: Slot::new(OpState {
                 op: None,
                 timer: None,
                 keys: 0,
             }),
+            touch: StdAtomicU32::new(0),
         }
     }
 }
@@ -154,9 +177,9 @@ pub(crate) struct Vacated {
 
 /// Where the slot and the tag of the operation an [`OpRef`] names are: found once
 /// ([`OpTable::find`]) for the several looks a check takes at one list entry (its tag,
-/// its lock, its expiry request), instead of working the segment out for each.
+/// its lock), instead of working the segment out for each.
 pub(crate) struct Found<'a, O> {
-    slot: &'a Slot<O>,
+    slot: &'a TableSlot<O>,
     tag: &'a AtomicU8,
     op: OpRef,
 }
@@ -173,15 +196,17 @@ impl<O> Found<'_, O> {
     /// [`OpTable::may_be_waiting`] of this operation.
     #[inline]
     pub(crate) fn may_be_waiting(&self) -> bool {
-        self.tag.load(Ordering::Acquire) == self.op.generation as u8
+        self.tag.load(Ordering::Acquire) == tag_of(self.op.generation)
     }
 }
 
-/// A locked slot holding the operation an [`OpRef`] names.
-pub(crate) struct Locked<'a, O> {
+/// A slot held under the name of the operation in it. Consume it with
+/// [`take`](Self::take), [`take_deferred`](Self::take_deferred) or
+/// [`unlock`](Self::unlock); dropping it unlocks it too (see the module doc).
+pub(crate) struct Locked<'a, O: DelayedOperation> {
     table: &'a OpTable<O>,
+    slot: &'a Slot<OpState<O>>,
     op: OpRef,
-    state: MutexGuard<'a, OpState<O>>,
 }
 
 pub(crate) struct OpTable<O> {
@@ -189,11 +214,17 @@ pub(crate) struct OpTable<O> {
     /// Slots ever handed out; the next new slot's index.
     high_water: StdAtomicU32,
     free: [FreeList; STRIPES],
+    /// Where threads wait for a slot held by another.
+    parker: Parker,
+    /// Operations whose expiry came while a [`Locked`] that was dropped unconsumed held
+    /// their slot (see the module doc), for [`take_orphans`](Self::take_orphans).
+    orphans: parking_lot::Mutex<Vec<Taken<O>>>,
+    has_orphans: AtomicBool,
 }
 
 /// One segment of slots and their tags, created together, so that one look-up finds both.
 struct Segment<O> {
-    slots: Box<[Slot<O>]>,
+    slots: Box<[TableSlot<O>]>,
     /// The low 8 bits of each slot's generation, packed 64 to a cache line, for telling
     /// stale list entries apart without touching their slots (see
     /// [`OpTable::may_be_waiting`]).
@@ -215,6 +246,9 @@ impl<O: DelayedOperation> OpTable<O> {
             segments: std::array::from_fn(|_| OnceLock::new()),
             high_water: StdAtomicU32::new(0),
             free: std::array::from_fn(|_| FreeList::default()),
+            parker: Parker::default(),
+            orphans: parking_lot::Mutex::new(Vec::new()),
+            has_orphans: AtomicBool::new(false),
         };
         // The first segment up front, so small purgatories never race to create it.
         table.segment(0);
@@ -223,7 +257,7 @@ impl<O: DelayedOperation> OpTable<O> {
 
     fn segment(&self, k: usize) -> &Segment<O> {
         self.segments[k].get_or_init(|| Segment {
-            slots: (0..FIRST_SEGMENT << k).map(|_| Slot::new()).collect(),
+            slots: (0..FIRST_SEGMENT << k).map(|_| TableSlot::new()).collect(),
             tags: (0..FIRST_SEGMENT << k).map(|_| AtomicU8::new(0)).collect(),
         })
     }
@@ -257,7 +291,7 @@ impl<O: DelayedOperation> OpTable<O> {
     }
 
     #[inline]
-    fn slot(&self, index: u32) -> &Slot<O> {
+    fn slot(&self, index: u32) -> &TableSlot<O> {
         let (segment, offset) = self.segment_of(index);
         &segment.slots[offset]
     }
@@ -326,7 +360,7 @@ impl<O: DelayedOperation> OpTable<O> {
     }
 
     /// Puts `op` in a free slot (not listed yet) and returns it locked.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn insert(&self, op: O) -> Locked<'_, O> {
         let mut index = smallvec::SmallVec::<[u32; 1]>::new();
         self.allocate(1, &mut index);
@@ -335,20 +369,21 @@ impl<O: DelayedOperation> OpTable<O> {
 
     /// Puts `op` in slot `index` (just allocated) and returns it locked.
     fn occupy(&self, index: u32, op: O) -> Locked<'_, O> {
-        let slot = self.slot(index);
-        let mut state = slot.state.lock();
-        debug_assert!(state.op.is_none(), "slot {index} handed out while occupied");
-        state.op = Some(op);
-        state.timer = None;
-        state.keys = 0;
-        let op = OpRef {
-            index,
-            generation: slot.generation.load(Ordering::Relaxed),
-        };
+        let slot = &self.slot(index).slot;
+        let generation = slot.occupy();
+        // SAFETY: `occupy` locked the slot for this thread.
+        unsafe {
+            slot.with_state(|state| {
+                debug_assert!(state.op.is_none(), "slot {index} handed out while occupied");
+                state.op = Some(op);
+                state.timer = None;
+                state.keys = 0;
+            });
+        }
         Locked {
             table: self,
-            op,
-            state,
+            slot,
+            op: OpRef { index, generation },
         }
     }
 
@@ -373,7 +408,8 @@ impl<O: DelayedOperation> OpTable<O> {
         }
     }
 
-    /// Locks the slot `op` names, if its operation is still there.
+    /// Locks the slot `op` names, if its operation is still there, waiting while another
+    /// thread holds it. `None` once the operation is gone, without holding the slot.
     pub(crate) fn lock(&self, op: OpRef) -> Option<Locked<'_, O>> {
         self.lock_found(self.find(op))
     }
@@ -381,19 +417,21 @@ impl<O: DelayedOperation> OpTable<O> {
     /// [`lock`](Self::lock) on a slot already found.
     #[inline]
     pub(crate) fn lock_found<'a>(&'a self, found: Found<'a, O>) -> Option<Locked<'a, O>> {
-        let state = found.slot.state.lock();
-        (found.slot.generation.load(Ordering::Relaxed) == found.op.generation).then_some(Locked {
-            table: self,
-            op: found.op,
-            state,
-        })
+        let slot = &found.slot.slot;
+        // `then`, not `then_some`: a `Locked` made for nothing would unlock on drop.
+        slot.lock(found.op.generation, &self.parker)
+            .then(|| Locked {
+                table: self,
+                slot,
+                op: found.op,
+            })
     }
 
     /// Whether the operation `op` names is still waiting (not taken). Without the lock:
     /// may report "waiting" for a moment after it was taken, never the other way round.
     #[inline]
     pub(crate) fn is_waiting(&self, op: OpRef) -> bool {
-        self.slot(op.index).generation.load(Ordering::Acquire) == op.generation
+        self.slot(op.index).slot.generation() == op.generation
     }
 
     /// Like [`is_waiting`](Self::is_waiting), from the generation's low 8 bits kept in a
@@ -413,7 +451,7 @@ impl<O: DelayedOperation> OpTable<O> {
     /// 256 reads its slot; the others only their tag).
     #[inline]
     pub(crate) fn is_waiting_by_tag(&self, op: OpRef) -> bool {
-        self.may_be_waiting(op) && (op.generation as u8 != RETIRED as u8 || self.is_waiting(op))
+        self.may_be_waiting(op) && (tag_of(op.generation) != tag_of(RETIRED) || self.is_waiting(op))
     }
 
     /// Takes the operation `op` names, whatever its readiness (force, cancel).
@@ -421,86 +459,37 @@ impl<O: DelayedOperation> OpTable<O> {
         self.lock(op).map(Locked::take)
     }
 
-    /// Takes the operation `op` names for its expiry, without waiting for its lock: if
-    /// another thread holds it, the expiry is left to that thread's claim after its
-    /// [`Locked::unlock`] (see the module doc) and this returns `None`, as it does when
-    /// the operation is already gone.
+    /// Takes the operation `op` names for its expiry, without waiting: if another thread
+    /// holds its slot, the expiry is left to that holder, whose unlock hands it to its
+    /// caller to complete as expired (see `slot.rs`), and this returns `None`, as it does
+    /// when the operation is already gone. The timer entry has fired: the taken
+    /// operation has no timer to cancel.
     pub(crate) fn take_for_expiry(&self, op: OpRef) -> Option<Taken<O>> {
-        let slot = self.slot(op.index);
-        if slot.generation.load(Ordering::Acquire) != op.generation {
-            return None;
-        }
-        let locked = match self.try_lock(op) {
-            Ok(locked) => locked,
-            Err(()) => {
-                slot.expiry_requested
-                    .store(op.generation + 1, Ordering::SeqCst);
-                fence(Ordering::SeqCst);
-                self.try_lock(op).ok()?
+        let slot = &self.slot(op.index).slot;
+        match slot.lock_or_request_expiry(op.generation) {
+            ExpiryAttempt::Locked => {
+                let mut taken = Locked {
+                    table: self,
+                    slot,
+                    op,
+                }
+                .take();
+                taken.timer = None;
+                Some(taken)
             }
-        };
-        locked.map(Locked::take)
-    }
-
-    /// After their holder unlocked the slots `ops` names: takes each operation whose
-    /// expiry came while its slot was locked (without waiting: if someone holds a lock
-    /// again, they see the request when they let go) and appends it to `expired`, for the
-    /// caller to complete as expired. One fence serves the whole batch: each unlock is
-    /// before it, each read of a request after it.
-    pub(crate) fn claim_expiries<const N: usize>(
-        &self,
-        ops: &[OpRef],
-        expired: &mut smallvec::SmallVec<[Taken<O>; N]>,
-    ) {
-        self.claim(ops.iter().map(|&op| (self.slot(op.index), op)), expired);
-    }
-
-    /// [`claim_expiries`](Self::claim_expiries) of slots already found.
-    pub(crate) fn claim_found_expiries<const N: usize>(
-        &self,
-        found: &[Found<'_, O>],
-        expired: &mut smallvec::SmallVec<[Taken<O>; N]>,
-    ) {
-        self.claim(found.iter().map(|f| (f.slot, f.op)), expired);
-    }
-
-    /// The claim of both: one fence, then each slot's request read.
-    #[inline]
-    fn claim<'s, const N: usize>(
-        &self,
-        slots: impl ExactSizeIterator<Item = (&'s Slot<O>, OpRef)>,
-        expired: &mut smallvec::SmallVec<[Taken<O>; N]>,
-    ) where
-        O: 's,
-    {
-        if slots.len() == 0 {
-            return;
-        }
-        fence(Ordering::SeqCst);
-        for (slot, op) in slots {
-            if slot.expiry_requested.load(Ordering::Relaxed) != op.generation + 1 {
-                continue;
-            }
-            if let Ok(Some(locked)) = self.try_lock(op) {
-                let mut taken = locked.take();
-                taken.timer = None; // it fired
-                expired.push(taken);
-            }
+            ExpiryAttempt::Requested | ExpiryAttempt::Gone => None,
         }
     }
 
-    /// Locks the slot `op` names if nobody holds it: `Ok(None)` if its operation is gone,
-    /// `Err` if the lock is held.
-    fn try_lock(&self, op: OpRef) -> Result<Option<Locked<'_, O>>, ()> {
-        let slot = self.slot(op.index);
-        let state = slot.state.try_lock().ok_or(())?;
-        Ok(
-            (slot.generation.load(Ordering::Relaxed) == op.generation).then_some(Locked {
-                table: self,
-                op,
-                state,
-            }),
-        )
+    /// The operations whose expiry only a dropped, unconsumed [`Locked`] saw (see the
+    /// module doc), for the caller to complete as expired. Cheap when there are none.
+    pub(crate) fn take_orphans(&self) -> Vec<Taken<O>> {
+        if !self.has_orphans.load(Ordering::Acquire) {
+            return Vec::new();
+        }
+        let mut orphans = self.orphans.lock();
+        self.has_orphans.store(false, Ordering::Relaxed);
+        std::mem::take(&mut *orphans)
     }
 }
 
@@ -510,14 +499,22 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
         self.op
     }
 
+    /// Runs `f` on the slot's state.
+    #[inline]
+    fn state<R>(&mut self, f: impl FnOnce(&mut OpState<O>) -> R) -> R {
+        // SAFETY: a `Locked` exists only while its slot is held under `op`, and the
+        // `&mut self` makes this the one access through it.
+        unsafe { self.slot.with_state(f) }
+    }
+
     /// Records that the operation is listed on `keys` keys; call before listing it.
     pub(crate) fn set_keys(&mut self, keys: u32) {
-        self.state.keys = keys;
+        self.state(|state| state.keys = keys);
     }
 
     /// Records the armed timeout; taken with the operation.
     pub(crate) fn arm(&mut self, timer: TimerHandle) {
-        self.state.timer = Some(timer);
+        self.state(|state| state.timer = Some(timer));
     }
 
     /// Takes the operation out and frees its slot.
@@ -528,55 +525,81 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
         taken
     }
 
-    /// Takes the operation out and unlocks its slot, but leaves updating the slot's tag
+    /// Takes the operation out and releases its slot, but leaves updating the slot's tag
     /// and freeing it to [`OpTable::vacate`], so that a batch does both for all its
     /// slots at once (the tag stores then overlap, and one free-list lock serves the
     /// batch). Until then the tag still says "maybe waiting" and nobody can reuse the
     /// slot: both are allowed states, the slot's generation has already moved on.
-    pub(crate) fn take_deferred(mut self) -> (Taken<O>, Vacated) {
-        let op = self
-            .state
-            .op
-            .take()
-            .expect("a locked slot holds its operation");
-        let taken = Taken {
-            op,
-            timer: self.state.timer.take(),
-            keys: self.state.keys,
-        };
+    pub(crate) fn take_deferred(self) -> (Taken<O>, Vacated) {
+        let mut this = ManuallyDrop::new(self);
+        let taken = this.state(|state| Taken {
+            op: state.op.take().expect("a held slot holds its operation"),
+            timer: state.timer.take(),
+            keys: state.keys,
+        });
         // No occupant has generation `RETIRED` (a slot that reaches it is never handed out
         // again), so this never wraps.
-        let generation = self.op.generation + 1;
-        self.table
-            .slot(self.op.index)
-            .generation
-            .store(generation, Ordering::Release);
+        let next = this.op.generation + 1;
+        this.slot.release_taken(next, &this.table.parker);
         let vacated = Vacated {
-            index: self.op.index,
-            tag: generation as u8,
-            retired: generation == RETIRED,
+            index: this.op.index,
+            tag: tag_of(next),
+            retired: next == RETIRED,
         };
-        drop(self);
         (taken, vacated)
     }
 
-    /// Unlocks the slot, leaving the operation in it; returns its name, which every holder
-    /// that did not take the operation must pass to [`OpTable::claim_expiries`] (or its
-    /// slot to [`OpTable::claim_found_expiries`]): its expiry may have come while the lock
-    /// was held.
-    pub(crate) fn unlock(self) -> OpRef {
-        self.op
+    /// Releases the slot, leaving the operation in it, unless its timeout fired while it
+    /// was held: then the operation is taken (its slot freed) and returned, for the
+    /// caller to complete as expired once it holds no other slot. No caller can miss an
+    /// expiry that came while it held the slot: the one way to let go of it is through
+    /// here (or `take`).
+    #[must_use = "an operation returned here expired while held, and is the caller's to complete"]
+    #[inline]
+    pub(crate) fn unlock(self) -> Option<Taken<O>> {
+        let this = ManuallyDrop::new(self);
+        match this.slot.unlock(this.op.generation, &this.table.parker) {
+            Unlocked::Released => None,
+            Unlocked::MustExpire => Some(ManuallyDrop::into_inner(this).take_expired()),
+        }
+    }
+
+    /// Takes the operation out as expired (its timer fired), freeing its slot.
+    #[cold]
+    #[inline(never)]
+    fn take_expired(self) -> Taken<O> {
+        let mut taken = self.take();
+        taken.timer = None;
+        taken
     }
 
     /// Runs `try_complete`, keeping the lock.
     #[inline]
     pub(crate) fn try_complete(&mut self) -> Result<bool, ()> {
-        let op = self
-            .state
-            .op
-            .as_mut()
-            .expect("a locked slot holds its operation");
-        try_complete_caught(op)
+        self.state(|state| {
+            let op = state.op.as_mut().expect("a held slot holds its operation");
+            try_complete_caught(op)
+        })
+    }
+}
+
+impl<O: DelayedOperation> Drop for Locked<'_, O> {
+    /// Reached only when a panic unwinds through the purgatory while it holds a slot (every
+    /// path consumes its `Locked`): releases the slot, and keeps an expiry that came
+    /// meanwhile for [`OpTable::take_orphans`].
+    fn drop(&mut self) {
+        let this = Locked {
+            table: self.table,
+            slot: self.slot,
+            op: self.op,
+        };
+        // `this` is consumed by `unlock` (no second drop); `self` is dropped by its caller.
+        if let Some(orphan) = this.unlock() {
+            let table = self.table;
+            table.orphans.lock().push(orphan);
+            table.has_orphans.store(true, Ordering::Release);
+            tracing::error!(target: "purgatory", "a slot was released by unwinding; its operation's expiry is completed by the next reaper round");
+        }
     }
 }
 
@@ -598,10 +621,8 @@ fn try_complete_caught<O: DelayedOperation>(op: &mut O) -> Result<bool, ()> {
 #[cfg(all(test, not(loom)))]
 impl<O: DelayedOperation> OpTable<O> {
     pub(crate) fn age_slot(&self, index: u32, generation: u32) {
-        let slot = self.slot(index);
-        let _state = slot.state.lock();
-        slot.generation.store(generation, Ordering::Release);
-        self.tag(index).store(generation as u8, Ordering::Release);
+        self.slot(index).slot.set_free_generation(generation);
+        self.tag(index).store(tag_of(generation), Ordering::Release);
     }
 }
 
@@ -645,11 +666,96 @@ mod tests {
         assert!(table.take(b).is_none(), "taken once");
     }
 
+    /// A and then B in one slot, B held: every call naming A returns at once, without
+    /// holding the slot (it would otherwise wait for B's holder) and without touching B.
+    #[test]
+    fn a_stale_name_never_holds_the_slot_or_waits_for_its_holder() {
+        let table = OpTable::new();
+        let a = table.insert(Named("a")).op();
+        drop(table.take(a).expect("a is there"));
+        let held = table.insert(Named("b"));
+        let b = held.op();
+        assert_eq!(b.index, a.index);
+        assert!(table.lock(a).is_none(), "a stale lock returns at once");
+        assert!(table.take(a).is_none());
+        assert!(table.take_for_expiry(a).is_none());
+        // Nothing of those reached B: its holder unlocks it with no expiry to honour.
+        assert!(held.unlock().is_none());
+        assert_eq!(table.take(b).map(|t| t.op.0), Some("b"));
+    }
+
+    #[test]
+    fn an_expiry_that_finds_the_slot_held_is_handed_to_the_unlocker() {
+        let table = OpTable::new();
+        let held = table.insert(Named("x"));
+        let x = held.op();
+        assert!(
+            table.take_for_expiry(x).is_none(),
+            "the expiry does not wait"
+        );
+        assert!(table.is_waiting(x), "left to the holder");
+        let expired = held.unlock().expect("the unlock hands the expiry over");
+        assert_eq!(expired.op.0, "x");
+        assert!(expired.timer.is_none(), "its timer fired");
+        assert!(!table.is_waiting(x));
+        assert!(table.take_for_expiry(x).is_none(), "taken once");
+    }
+
+    #[test]
+    fn a_holder_that_takes_the_operation_makes_a_requested_expiry_moot() {
+        let table = OpTable::new();
+        let held = table.insert(Named("x"));
+        let x = held.op();
+        assert!(table.take_for_expiry(x).is_none());
+        assert_eq!(held.take().op.0, "x");
+        // The slot is free and clean: the next occupant has no expiry waiting for it.
+        let next = table.insert(Named("y"));
+        assert_eq!(next.op().index, x.index);
+        assert!(next.unlock().is_none());
+    }
+
+    #[test]
+    fn a_held_slot_dropped_unconsumed_keeps_its_expiry_as_an_orphan() {
+        let table = OpTable::new();
+        assert!(table.take_orphans().is_empty());
+        let held = table.insert(Named("x"));
+        let x = held.op();
+        assert!(table.take_for_expiry(x).is_none());
+        drop(held);
+        let orphans = table.take_orphans();
+        assert_eq!(orphans.iter().map(|t| t.op.0).collect::<Vec<_>>(), ["x"]);
+        assert!(!table.is_waiting(x));
+        assert!(table.take_orphans().is_empty(), "taken once");
+    }
+
+    /// A thread waiting for a held slot is woken when the holder lets go: it gets the slot
+    /// if the operation is still there, `None` if the holder took it.
+    #[test]
+    fn a_waiter_gets_the_slot_after_an_unlock_and_nothing_after_a_take() {
+        let table = OpTable::new();
+        for holder_takes in [false, true] {
+            let held = table.insert(Named("x"));
+            let x = held.op();
+            std::thread::scope(|s| {
+                let waiter = s.spawn(|| table.lock(x).map(Locked::take).map(|t| t.op.0));
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                if holder_takes {
+                    assert_eq!(held.take().op.0, "x");
+                    assert_eq!(waiter.join().unwrap(), None);
+                } else {
+                    assert!(held.unlock().is_none());
+                    assert_eq!(waiter.join().unwrap(), Some("x"));
+                }
+            });
+            assert!(!table.is_waiting(x));
+        }
+    }
+
     #[test]
     fn a_slot_whose_generation_is_used_up_is_retired_and_never_matches_again() {
         let table = OpTable::new();
         let first = table.insert(Named("first")).op();
-        table.take(first).expect("first is there");
+        drop(table.take(first).expect("first is there"));
         table.age_slot(first.index, RETIRED - 1);
         let last = table.insert(Named("last")).op();
         assert_eq!(

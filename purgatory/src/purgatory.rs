@@ -26,7 +26,7 @@ use timer_core::Driver;
 use crate::counters::Count;
 use crate::error::WatchError;
 use crate::handle::{CancelOnDrop, OperationHandle, WatchOutcome};
-use crate::op_table::{Found, OpRef, Taken};
+use crate::op_table::{OpRef, Taken};
 use crate::operation::{Completion, DelayedOperation};
 use crate::state::State;
 use crate::stats::PurgatoryStats;
@@ -183,15 +183,10 @@ where
         // or cancelled before it looked, or while it looked).
         let mut dead = 0;
         let mut completed = 0;
-        // Tried and not ready (their timeouts may have come while they were locked), with
-        // their slots for the claim below. A list longer than 16 costs one allocation
-        // here: fewer instructions than finding those slots again for the claim, or than
-        // growing the buffer as it fills (callgrind, hot-key driver at `cb0a356`: 193.5M
-        // against 219.2M and 200.0M).
-        let mut not_ready = SmallVec::<[Found<'_, O>; 16]>::with_capacity(candidates.len());
+        // Not ready, and whose timeout fired while this check held them.
+        let mut expired = SmallVec::<[Taken<O>; 1]>::new();
         for &op in candidates.iter() {
-            // Each entry's slot and tag are found once, for the tag, the lock and the
-            // expiry claim below (only the rare failed lock looks the slot up again).
+            // Each entry's slot and tag are found once, for the tag and the lock.
             let found = state.table.find(op);
             // The dense tag first: an entry of an operation already completed (through
             // another key, or by force, expiry or cancel) is skipped without touching its
@@ -209,16 +204,13 @@ where
                 continue;
             };
             if state.is_ready(&mut locked) {
-                // `take` releases the slot lock: callbacks run without it.
+                // `take` releases the slot: callbacks run without it.
                 state.complete_one(locked.take(), Completion::Ready);
                 completed += 1;
-            } else {
-                locked.unlock();
-                not_ready.push(found);
+            } else if let Some(taken) = locked.unlock() {
+                expired.push(taken);
             }
         }
-        let mut expired = SmallVec::<[Taken<O>; 1]>::new();
-        state.table.claim_found_expiries(&not_ready, &mut expired);
         let gone = dead + completed + expired.len();
         state.complete(&mut expired, Completion::Expired);
         // Each dead entry costs later checks one tag read; rewriting the list costs one
@@ -442,6 +434,32 @@ mod tests {
             Ok(WatchOutcome::Pending(handle)) => handle,
             other => panic!("expected a waiting operation, got {:?}", other.map(|_| ())),
         }
+    }
+
+    /// A slot released by unwinding (a `Locked` dropped unconsumed) while its expiry was
+    /// left to it: the next round expires the operation, counted as any expiry.
+    #[test]
+    fn an_expiry_only_an_unwinding_holder_saw_is_completed_by_the_next_round() {
+        let clock = ManualClock::new();
+        let purgatory: Purgatory<&str, Named> = PurgatoryBuilder::new()
+            .timer(TimerBuilder::new().clock(clock.clone()).reaper(false))
+            .build()
+            .unwrap();
+        let x = pending(purgatory.watch(Named, ["x"]));
+        let held = purgatory.state().table.lock(x.op).expect("x waits");
+        clock.advance(Duration::from_secs(60));
+        assert_eq!(
+            purgatory.advance_clock(Duration::ZERO),
+            1,
+            "its timer fired"
+        );
+        assert!(!purgatory.is_completed(&x), "left to the holder");
+        drop(held);
+        assert!(purgatory.is_completed(&x), "taken by the release");
+        assert_eq!(purgatory.stats().expired, 0, "not completed yet");
+        purgatory.advance_clock(Duration::ZERO);
+        let stats = purgatory.stats();
+        assert_eq!((stats.expired, stats.pending), (1, 0), "{stats:?}");
     }
 
     /// The scenario without 2^32 real reuses: operation A completes, its slot is

@@ -1,18 +1,18 @@
-//! The locks and atomics of the op table and the watcher lists, swapped for loom's under
-//! `cfg(loom)` so the loom model (`tests/loom.rs`) explores their interleavings.
-//! Crate-private: not part of the purgatory's API.
+//! The locks, atomics and parking of the op table and the watcher lists, swapped for
+//! loom's under `cfg(loom)` so the loom models (`tests/loom.rs`) explore their
+//! interleavings. Crate-private: not part of the purgatory's API.
 //!
-//! Normal builds use `parking_lot`'s mutex (small, no poisoning) and std atomics.
+//! Normal builds use `parking_lot`'s mutex (small, no poisoning), std atomics and
+//! `parking_lot_core`'s parking lot (threads park on an address; a hash table of queues
+//! keyed by address, so a slot costs no memory for it).
 
 #[cfg(not(loom))]
-pub(crate) use parking_lot::{Mutex, MutexGuard};
+pub(crate) use parking_lot::Mutex;
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{fence, AtomicU32};
+pub(crate) use std::sync::atomic::AtomicU64;
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{fence, AtomicU32};
-#[cfg(loom)]
-pub(crate) use loom::sync::MutexGuard;
+pub(crate) use loom::sync::atomic::AtomicU64;
 
 /// Loom's mutex with `parking_lot`'s signature (`lock` cannot fail).
 #[cfg(loom)]
@@ -25,11 +25,118 @@ impl<T> Mutex<T> {
         Mutex(loom::sync::Mutex::new(value))
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
+    pub(crate) fn lock(&self) -> loom::sync::MutexGuard<'_, T> {
         self.0.lock().expect("loom mutex poisoned")
     }
+}
 
-    pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
-        self.0.try_lock().ok()
+/// A value whose accesses the caller makes exclusive by its own protocol (the slot
+/// word, `slot.rs`); loom checks that they are.
+#[derive(Debug)]
+pub(crate) struct UnsafeCell<T>(
+    #[cfg(not(loom))] std::cell::UnsafeCell<T>,
+    #[cfg(loom)] loom::cell::UnsafeCell<T>,
+);
+
+impl<T> UnsafeCell<T> {
+    pub(crate) fn new(value: T) -> Self {
+        #[cfg(not(loom))]
+        return UnsafeCell(std::cell::UnsafeCell::new(value));
+        #[cfg(loom)]
+        return UnsafeCell(loom::cell::UnsafeCell::new(value));
+    }
+
+    /// Runs `f` on the value.
+    ///
+    /// # Safety
+    /// The caller has exclusive access to the value for the whole call (it holds the
+    /// protocol's lock).
+    #[inline]
+    pub(crate) unsafe fn with_mut<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+        #[cfg(not(loom))]
+        // SAFETY: exclusive access, by the caller's contract.
+        return f(unsafe { &mut *self.0.get() });
+        #[cfg(loom)]
+        // SAFETY: exclusive access, by the caller's contract (and loom checks it).
+        return self.0.with_mut(|p| f(unsafe { &mut *p }));
+    }
+}
+
+/// Where threads wait for a word to change: `park` sleeps while the word still reads as
+/// the caller saw it, `unpark_all` wakes every thread parked on that word. A thread that
+/// checked the word before an `unpark_all` and parks after it is not left asleep: the
+/// check happens under the parking lot's lock, which `unpark_all` also takes.
+#[derive(Debug, Default)]
+pub(crate) struct Parker {
+    #[cfg(loom)]
+    lot: loom::sync::Mutex<()>,
+    #[cfg(loom)]
+    woken: loom::sync::Condvar,
+}
+
+impl Parker {
+    /// Sleeps until woken, unless `still_waiting` (called under the parking lot's lock)
+    /// says the word has already changed. May return early; callers look again.
+    #[cfg(not(loom))]
+    pub(crate) fn park(&self, word: &AtomicU64, still_waiting: impl Fn() -> bool) {
+        let key = word as *const AtomicU64 as usize;
+        // SAFETY: `still_waiting` only reads an atomic (it neither panics nor parks), and
+        // no callback here calls into the parking lot.
+        unsafe {
+            parking_lot_core::park(
+                key,
+                still_waiting,
+                || {},
+                |_, _| {},
+                parking_lot_core::DEFAULT_PARK_TOKEN,
+                None,
+            );
+        }
+    }
+
+    /// Wakes every thread parked on `word`.
+    #[cfg(not(loom))]
+    pub(crate) fn unpark_all(&self, word: &AtomicU64) {
+        let key = word as *const AtomicU64 as usize;
+        // SAFETY: the key is an address this module parks on, nothing else.
+        unsafe {
+            parking_lot_core::unpark_all(key, parking_lot_core::DEFAULT_UNPARK_TOKEN);
+        }
+    }
+
+    #[cfg(loom)]
+    pub(crate) fn park(&self, _word: &AtomicU64, still_waiting: impl Fn() -> bool) {
+        let lot = self.lot.lock().expect("loom mutex poisoned");
+        if still_waiting() {
+            drop(self.woken.wait(lot).expect("loom mutex poisoned"));
+        }
+    }
+
+    #[cfg(loom)]
+    pub(crate) fn unpark_all(&self, _word: &AtomicU64) {
+        drop(self.lot.lock().expect("loom mutex poisoned"));
+        self.woken.notify_all();
+    }
+}
+
+/// Spins a little before a thread parks: most slot locks are held for a few hundred
+/// nanoseconds. (Under loom: never, a spin is only more interleavings.)
+pub(crate) struct SpinWait(#[cfg(not(loom))] parking_lot_core::SpinWait);
+
+impl SpinWait {
+    pub(crate) fn new() -> Self {
+        #[cfg(not(loom))]
+        return SpinWait(parking_lot_core::SpinWait::new());
+        #[cfg(loom)]
+        return SpinWait();
+    }
+
+    /// Spins once; false once the caller should park instead.
+    #[inline]
+    pub(crate) fn spin(&mut self) -> bool {
+        #[cfg(not(loom))]
+        return self.0.spin();
+        #[cfg(loom)]
+        return false;
     }
 }

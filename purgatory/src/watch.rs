@@ -51,7 +51,7 @@ pub(crate) type Keys<K> = SmallVec<[K; 4]>;
 pub(crate) type WatchResult<O> = Result<WatchOutcome<O>, WatchError<O>>;
 
 /// One operation of a chunk as it goes through the steps.
-struct Member<'a, K, O> {
+struct Member<'a, K, O: DelayedOperation> {
     /// Its position in the chunk's input, and so its result's.
     position: usize,
     keys: Keys<K>,
@@ -173,6 +173,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
             }
         }
         // Step 5: arm, then unlock.
+        let mut expired: SmallVec<[Taken<O>; 1]> = SmallVec::new();
         let mut handles: SmallVec<[Result<TimerHandle, AddError<Expiry>>; N]> = SmallVec::new();
         self.arm(&mut tasks, &mut handles);
         let mut handles = handles.into_iter();
@@ -181,7 +182,11 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
                 Ok(handle) => {
                     let mut locked = m.locked.take().expect("still locked");
                     locked.arm(handle);
-                    locked.unlock();
+                    // Its timeout may already have fired (a zero or tiny timeout): then
+                    // the unlock hands it back, to expire once no slot is held.
+                    if let Some(taken) = locked.unlock() {
+                        expired.push(taken);
+                    }
                     m.waiting = true;
                 }
                 Err(_) => {
@@ -193,21 +198,16 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
                 }
             }
         }
-        // Step 6. An operation whose timeout fired while the chunk held its lock (a zero
-        // or tiny timeout) is expired now (see `OpTable::claim_expiries`).
+        // Step 6.
         if !vacated.is_empty() {
             self.table.vacate(&vacated);
         }
         self.complete(&mut done, Completion::Ready);
-        let mut armed: SmallVec<[OpRef; N]> = SmallVec::new();
         for m in members.iter().filter(|m| m.waiting) {
-            armed.push(m.op);
             out[m.position] = Some(Ok(WatchOutcome::Pending(OperationHandle::new(
                 m.op, self.id,
             ))));
         }
-        let mut expired: SmallVec<[Taken<O>; 1]> = SmallVec::new();
-        self.table.claim_expiries(&armed, &mut expired);
         self.complete(&mut expired, Completion::Expired);
         tracing::debug!(target: "purgatory", purgatory = %self.name, operations = out.len(), "watch");
         results.extend(

@@ -14,18 +14,28 @@
 //! A second model races a cancel by handle against the event and the expiry: the
 //! operation is handed back or completed, exactly one of the two.
 //!
-//! The expiry never waits for a slot lock (it leaves a request for the lock's holder,
-//! see `op_table.rs`). A model of an expiry racing a not-ready check did not reach the
-//! interleaving where the check holds the lock (loom 0.7 explored 9 executions, and a
-//! broken hand-over passed), so that race is tested with real threads in
-//! `tests/isolation.rs`, which fails when the hand-over is broken.
+//! The slot hand-overs (`slot.rs`): an expiry never waits for a slot's holder, it leaves
+//! the expiry in the slot's word for the holder's unlock. The models that reach it:
+//! - a watch, and a check of a never-ready operation, each holding the slot when its
+//!   timeout fires: the unlock expires it (nothing else ever would);
+//! - a stale name (a cancel, a force, a guard's drop, a `cancel_for_key`, a check whose
+//!   entry's tag collides) used while the slot's next occupant B is watched and expires:
+//!   B is expired exactly once, whatever the stale call did meanwhile;
+//! - a check holding X while X expires, X forced and its slot reused by Y, which expires
+//!   too: neither expiry is lost.
 //!
-//! The purgatory's op-table slot locks, watcher shard locks and the timer's locks and atomics
-//! come from each crate's private `sync` module, which is loom's under `--cfg loom`. Run with
-//! `RUSTFLAGS="--cfg loom" cargo test -p kafka-purgatory --test loom --release`. Without
-//! `LOOM_MAX_PREEMPTIONS` the exploration is exhaustive (4,532 interleavings for the watch
-//! model and 124 for the cancel model, under a second in release; CI bounds preemptions
-//! at 3: 687 and 106).
+//! Under loom every tag collides with every generation (`op_table.rs`, `TAG_MASK`), so a
+//! check looks at the slot behind every entry. Before `slot.rs` (a slot was a mutex, a
+//! holder under a stale name unlocked without honouring the expiry left for it), the
+//! stale-name and reuse models failed, with loom's mutex replaced by a lock on one atomic
+//! flag (loom does not reorder a failed `try_lock` of its own mutex, and so had missed
+//! every one of these races).
+//!
+//! The purgatory's op-table slot words, watcher shard locks and the timer's locks and
+//! atomics come from each crate's private `sync` module, which is loom's under
+//! `--cfg loom`. Run with `RUSTFLAGS="--cfg loom" cargo test -p kafka-purgatory --test loom
+//! --release`. CI bounds preemptions at 3 (`LOOM_MAX_PREEMPTIONS=3`); each model prints how
+//! many interleavings it explored.
 #![cfg(loom)]
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering::SeqCst};
@@ -56,11 +66,12 @@ struct Outcome {
 struct Op {
     ready: Arc<AtomicBool>,
     outcome: std::sync::Arc<Outcome>,
+    timeout: Duration,
 }
 
 impl DelayedOperation for Op {
     fn timeout(&self) -> Duration {
-        TIMEOUT
+        self.timeout
     }
 
     fn try_complete(&mut self) -> bool {
@@ -144,6 +155,7 @@ fn model() {
     let op = Op {
         ready,
         outcome: std::sync::Arc::clone(&outcome),
+        timeout: TIMEOUT,
     };
     let completed_by_watch = purgatory
         .try_complete_else_watch(op, [KEY])
@@ -188,6 +200,7 @@ fn cancel_model() {
     let op = Op {
         ready: Arc::clone(&ready),
         outcome: std::sync::Arc::clone(&outcome),
+        timeout: TIMEOUT,
     };
     let WatchOutcome::Pending(handle) = purgatory.watch(op, [KEY]).expect("accepted") else {
         panic!("not ready yet, so it waits");
@@ -236,4 +249,260 @@ fn watch_event_and_expiry_complete_an_operation_exactly_once() {
 #[test]
 fn cancel_by_handle_races_event_and_expiry_with_one_winner() {
     explore("cancel", cancel_model);
+}
+
+/// What the stale thread of [`stale_name_model`] does with the name of operation A, whose
+/// slot B now occupies.
+#[derive(Clone, Copy, Debug)]
+enum StaleAction {
+    Cancel,
+    Force,
+    DropGuard,
+    CancelForKey,
+    /// A check of A's key, whose entry for A is still listed: under loom every tag
+    /// collides, so the check looks at the slot behind it, as it does in a real run once
+    /// the slot was reused a multiple of 256 times.
+    Check,
+}
+
+/// Operation A (60 s) is watched and forced; B (1 ms) reuses A's slot. One thread acts
+/// on A's stale name while B's timeout fires on another: B must be answered, exactly
+/// once, whatever the stale thread did with the slot meanwhile.
+fn stale_name_model(action: StaleAction) {
+    EXPLORED.fetch_add(1, SeqCst);
+    let clock = ManualClock::new();
+    let purgatory = purgatory(&clock);
+    let a_outcome = std::sync::Arc::new(Outcome::default());
+    let b_outcome = std::sync::Arc::new(Outcome::default());
+    let never = Arc::new(AtomicBool::new(false));
+    let a = Op {
+        ready: Arc::clone(&never),
+        outcome: std::sync::Arc::clone(&a_outcome),
+        timeout: Duration::from_secs(60),
+    };
+    let WatchOutcome::Pending(a) = purgatory.watch(a, [KEY]).expect("accepted") else {
+        panic!("A waits");
+    };
+    let guard = purgatory.cancel_on_drop(a);
+    assert!(purgatory.force_complete(&a));
+    let guard = match action {
+        StaleAction::DropGuard => Some(guard),
+        _ => {
+            guard.disarm();
+            None
+        }
+    };
+    let stale = {
+        let purgatory = purgatory.clone();
+        spawn(move || match action {
+            StaleAction::Cancel => assert!(purgatory.cancel(&a).is_none()),
+            StaleAction::Force => assert!(!purgatory.force_complete(&a)),
+            StaleAction::DropGuard => drop(guard),
+            StaleAction::CancelForKey => assert!(purgatory.cancel_for_key(&KEY).is_empty()),
+            StaleAction::Check => assert_eq!(purgatory.check_and_complete(&KEY), 0),
+        })
+    };
+    // B waits on another key, so a cancel of A's key never takes it.
+    let b = Op {
+        ready: never,
+        outcome: std::sync::Arc::clone(&b_outcome),
+        timeout: TIMEOUT,
+    };
+    let WatchOutcome::Pending(b) = purgatory.watch(b, [KEY + 1]).expect("accepted") else {
+        panic!("B waits");
+    };
+    let expiry = {
+        let purgatory = purgatory.clone();
+        spawn(move || {
+            clock.advance(TIMEOUT);
+            purgatory.advance_clock(Duration::ZERO);
+        })
+    };
+    stale.join().unwrap();
+    expiry.join().unwrap();
+    assert_eq!(a_outcome.completions.load(SeqCst), 1, "A forced once");
+    assert_eq!(
+        b_outcome.completions.load(SeqCst),
+        1,
+        "B answered exactly once ({action:?}, B {})",
+        if purgatory.is_completed(&b) {
+            "taken"
+        } else {
+            "still in its slot"
+        }
+    );
+    assert_eq!(b_outcome.how.load(SeqCst), 3, "B expired");
+    assert_eq!(b_outcome.expirations.load(SeqCst), 1);
+    let stats = purgatory.stats();
+    assert_eq!(
+        (stats.forced, stats.expired, stats.cancelled),
+        (1, 1, 0),
+        "{stats:?}"
+    );
+}
+
+#[test]
+fn a_stale_cancel_never_takes_away_the_next_occupants_expiry() {
+    explore("stale cancel", || stale_name_model(StaleAction::Cancel));
+}
+
+#[test]
+fn a_stale_force_never_takes_away_the_next_occupants_expiry() {
+    explore("stale force", || stale_name_model(StaleAction::Force));
+}
+
+#[test]
+fn a_stale_guard_drop_never_takes_away_the_next_occupants_expiry() {
+    explore("stale guard drop", || {
+        stale_name_model(StaleAction::DropGuard)
+    });
+}
+
+#[test]
+fn a_stale_cancel_for_key_never_takes_away_the_next_occupants_expiry() {
+    explore("stale cancel_for_key", || {
+        stale_name_model(StaleAction::CancelForKey)
+    });
+}
+
+#[test]
+fn a_stale_check_never_takes_away_the_next_occupants_expiry() {
+    explore("stale check", || stale_name_model(StaleAction::Check));
+}
+
+/// An operation that is never ready; its outcome.
+fn never_ready(timeout: Duration) -> (Op, std::sync::Arc<Outcome>) {
+    let outcome = std::sync::Arc::new(Outcome::default());
+    let op = Op {
+        ready: Arc::new(AtomicBool::new(false)),
+        outcome: std::sync::Arc::clone(&outcome),
+        timeout,
+    };
+    (op, outcome)
+}
+
+/// Advances the clock past `TIMEOUT` and drives the timer, on its own thread.
+fn expire_on_a_thread(
+    purgatory: &Purgatory<u8, Op>,
+    clock: ManualClock,
+) -> loom::thread::JoinHandle<()> {
+    let purgatory = purgatory.clone();
+    spawn(move || {
+        clock.advance(TIMEOUT);
+        purgatory.advance_clock(Duration::ZERO);
+    })
+}
+
+/// Moves the clock past `TIMEOUT` once more and drives the timer, on this thread.
+fn expire_now(purgatory: &Purgatory<u8, Op>, clock: &ManualClock) {
+    clock.advance(TIMEOUT);
+    purgatory.advance_clock(Duration::ZERO);
+}
+
+fn assert_expired_once(outcome: &Outcome, what: &str) {
+    assert_eq!(
+        outcome.completions.load(SeqCst),
+        1,
+        "{what}: answered exactly once"
+    );
+    assert_eq!(outcome.how.load(SeqCst), 3, "{what}: expired");
+    assert_eq!(
+        outcome.expirations.load(SeqCst),
+        1,
+        "{what}: on_expiration once"
+    );
+}
+
+/// A watch of an operation that is never ready races its expiry: the timeout may fire
+/// while the watch still holds the slot (between arming the timer and unlocking), and the
+/// watch's unlock must then expire it. Nothing else would ever answer it.
+fn watch_and_expiry_model() {
+    EXPLORED.fetch_add(1, SeqCst);
+    let clock = ManualClock::new();
+    let purgatory = purgatory(&clock);
+    let expiry = expire_on_a_thread(&purgatory, clock.clone());
+    let (op, outcome) = never_ready(TIMEOUT);
+    let handle = match purgatory.watch(op, [KEY]).expect("accepted") {
+        WatchOutcome::Pending(handle) => handle,
+        WatchOutcome::Completed => panic!("never ready"),
+    };
+    expiry.join().unwrap();
+    // Armed after the expiry thread moved the clock: its timeout is a tick later.
+    expire_now(&purgatory, &clock);
+    assert_expired_once(&outcome, "the watched operation");
+    assert!(purgatory.is_completed(&handle));
+    let stats = purgatory.stats();
+    assert_eq!((stats.pending, stats.expired), (0, 1), "{stats:?}");
+}
+
+/// A waiting operation that is never ready: a check of its key (which holds its slot
+/// while `try_complete` runs) races its expiry. The expiry never waits for the check; the
+/// check's unlock must honour it.
+fn check_and_expiry_model() {
+    EXPLORED.fetch_add(1, SeqCst);
+    let clock = ManualClock::new();
+    let purgatory = purgatory(&clock);
+    let (op, outcome) = never_ready(TIMEOUT);
+    let WatchOutcome::Pending(_) = purgatory.watch(op, [KEY]).expect("accepted") else {
+        panic!("never ready");
+    };
+    let check = {
+        let purgatory = purgatory.clone();
+        spawn(move || purgatory.check_and_complete(&KEY))
+    };
+    let expiry = expire_on_a_thread(&purgatory, clock);
+    assert_eq!(check.join().unwrap(), 0, "never ready");
+    expiry.join().unwrap();
+    assert_expired_once(&outcome, "the checked operation");
+}
+
+/// A check holds X (never ready) while X's timeout fires; meanwhile X is forced and Y
+/// (1 ms) reuses X's slot, and Y's timeout fires too. Whatever the check's unlock finds
+/// when it lets go of X, Y's expiry must not be lost to it: X is answered once (forced,
+/// or expired if the expiry came first), Y expires once.
+fn check_racing_a_reuse_model() {
+    EXPLORED.fetch_add(1, SeqCst);
+    let clock = ManualClock::new();
+    let purgatory = purgatory(&clock);
+    let (x, x_outcome) = never_ready(TIMEOUT);
+    let WatchOutcome::Pending(x) = purgatory.watch(x, [KEY]).expect("accepted") else {
+        panic!("never ready");
+    };
+    let check = {
+        let purgatory = purgatory.clone();
+        spawn(move || purgatory.check_and_complete(&KEY))
+    };
+    let expiry = expire_on_a_thread(&purgatory, clock.clone());
+    purgatory.force_complete(&x);
+    let (y, y_outcome) = never_ready(TIMEOUT);
+    let y = match purgatory.watch(y, [KEY + 1]).expect("accepted") {
+        WatchOutcome::Pending(y) => y,
+        WatchOutcome::Completed => panic!("never ready"),
+    };
+    assert_eq!(check.join().unwrap(), 0, "never ready");
+    expiry.join().unwrap();
+    // Y armed after the expiry thread moved the clock: its timeout is a tick later.
+    expire_now(&purgatory, &clock);
+    assert_eq!(
+        x_outcome.completions.load(SeqCst),
+        1,
+        "X answered exactly once"
+    );
+    assert_expired_once(&y_outcome, "Y");
+    assert!(purgatory.is_completed(&y));
+}
+
+#[test]
+fn a_watch_that_holds_its_slot_when_its_timeout_fires_expires_it() {
+    explore("watch and expiry", watch_and_expiry_model);
+}
+
+#[test]
+fn a_check_that_holds_a_slot_when_its_timeout_fires_expires_it() {
+    explore("check and expiry", check_and_expiry_model);
+}
+
+#[test]
+fn a_check_racing_a_reuse_of_its_slot_loses_no_expiry() {
+    explore("check racing a reuse", check_racing_a_reuse_model);
 }

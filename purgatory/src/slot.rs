@@ -1,0 +1,294 @@
+//! One slot of the op table (`op_table.rs`): room for one operation, and the one atomic
+//! word that says whose it is, who holds it and whether its timeout came while it was
+//! held. Every rule of "exactly once, never none" that concerns a single operation is a
+//! transition of this word.
+//!
+//! # The word
+//! | bits   | name       | meaning |
+//! |--------|------------|---------|
+//! | 63..32 | generation | the occupant's while the slot is occupied; the next occupant's while it is free |
+//! | 2      | `EXPIRED`  | the occupant's timeout fired while the slot was locked: whoever unlocks it expires it |
+//! | 1      | `PARKED`   | a thread sleeps in [`Slot::lock`], waiting for the slot |
+//! | 0      | `LOCKED`   | a thread holds the slot: it alone may read or change the operation |
+//!
+//! # States
+//! A name ([`OpRef`](crate::op_table::OpRef)) is a slot index and a generation `g`.
+//!
+//! | state                     | word               | the operation |
+//! |---------------------------|--------------------|---------------|
+//! | free, or waiting unlocked | `g`                | none (free: no name `g` was handed out yet), or waiting |
+//! | locked                    | `g \| LOCKED`      | read or changed by the holder only (`try_complete` runs here) |
+//! | locked, expiry requested  | `g \| LOCKED \| EXPIRED` | as locked; the holder must expire it if it does not take it |
+//! | retired                   | `RETIRED`          | none, ever again |
+//!
+//! (`PARKED` may be added to either locked state.)
+//!
+//! # Transitions, and who makes each
+//! | from                           | to                          | by |
+//! |--------------------------------|-----------------------------|----|
+//! | free `g`                       | locked `g`                  | the allocator ([`Slot::occupy`]): nobody else can name `g` yet |
+//! | waiting `g`                    | locked `g`                  | [`Slot::lock`] or [`Slot::lock_or_request_expiry`] naming `g` |
+//! | locked `g`                     | locked `g` + `PARKED`       | [`Slot::lock`] naming `g`, before it sleeps |
+//! | locked `g`                     | locked `g` + `EXPIRED`      | [`Slot::lock_or_request_expiry`] naming `g` (an expiry never waits) |
+//! | locked `g`, no `EXPIRED`       | waiting `g`                 | the holder ([`Slot::unlock`]) |
+//! | locked `g`, `EXPIRED`          | free `g + 1`                | the holder ([`Slot::unlock`] refuses; it takes the operation and expires it) |
+//! | locked `g`                     | free `g + 1`, or retired    | the holder, taking the operation ([`Slot::release_taken`]) |
+//!
+//! Every release wakes the threads parked on the slot if `PARKED` was set.
+//!
+//! # Why this is exactly once, never none
+//! - Every transition but the holder's is a compare-and-swap that also compares the
+//!   generation. A call naming a generation the slot no longer has (a late cancel, force,
+//!   guard drop, check or expiry, however often the slot was reused since) fails its
+//!   compare and writes nothing: it never holds the slot, never requests an expiry, and
+//!   so never holds up or takes away what belongs to the occupant.
+//! - Only the holder takes the operation out, and taking moves the generation on in the
+//!   same store that releases the slot: a name is honoured until its operation is taken,
+//!   never after.
+//! - An expiry that finds the slot locked sets `EXPIRED` with a compare-and-swap on the
+//!   word the holder's unlock must also compare-and-swap: either the expiry's swap comes
+//!   first (the unlock fails, sees `EXPIRED`, and expires the operation itself) or the
+//!   unlock does (the expiry then finds the slot unlocked, or taken, and acts on that).
+//!   One word, one order of writes: no fence, nothing for a caller to remember.
+//! - Generations never wrap: a slot whose generation reaches `RETIRED` stays retired
+//!   (see `op_table.rs`).
+
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+
+use crate::sync::{AtomicU64, Parker, SpinWait, UnsafeCell};
+
+/// The generation of a retired slot: no operation ever holds it, so no name matches it.
+pub(crate) const RETIRED: u32 = u32::MAX;
+
+const LOCKED: u64 = 1;
+const PARKED: u64 = 1 << 1;
+const EXPIRED: u64 = 1 << 2;
+const FLAGS: u64 = LOCKED | PARKED | EXPIRED;
+
+/// The word of an unlocked slot of generation `generation`.
+#[inline]
+fn unlocked(generation: u32) -> u64 {
+    u64::from(generation) << 32
+}
+
+#[inline]
+fn generation_of(word: u64) -> u32 {
+    (word >> 32) as u32
+}
+
+/// Wakes the threads parked on `word` (out of line: rare).
+#[cold]
+#[inline(never)]
+fn wake(parker: &Parker, word: &AtomicU64) {
+    parker.unpark_all(word);
+}
+
+/// What [`Slot::lock_or_request_expiry`] did.
+pub(crate) enum ExpiryAttempt {
+    /// The slot was unlocked: the caller holds it now and takes the operation.
+    Locked,
+    /// The slot was locked: its holder expires the operation when it unlocks (unless it
+    /// takes it first).
+    Requested,
+    /// The named operation is gone (or its expiry was already requested).
+    Gone,
+}
+
+/// What [`Slot::unlock`] did.
+#[must_use = "an expiry requested while the slot was held is the unlocker's to honour"]
+pub(crate) enum Unlocked {
+    /// Unlocked; the operation stays.
+    Released,
+    /// Not unlocked: the operation's timeout fired while it was held, so the holder must
+    /// take it and complete it as expired (the slot is still held).
+    MustExpire,
+}
+
+/// One slot; its operation state `S` is only touched by the slot's holder.
+pub(crate) struct Slot<S> {
+    word: AtomicU64,
+    state: UnsafeCell<S>,
+}
+
+// SAFETY: the state is only reached through `with_state`, whose contract is that the
+// caller holds the slot (the `LOCKED` bit), so one thread at a time touches it; the lock's
+// acquire and release order those touches. The state moves between threads (`S: Send`).
+unsafe impl<S: Send> Sync for Slot<S> {}
+
+impl<S> Slot<S> {
+    pub(crate) fn new(state: S) -> Self {
+        Slot {
+            word: AtomicU64::new(unlocked(0)),
+            state: UnsafeCell::new(state),
+        }
+    }
+
+    /// The slot's generation now (its occupant's, or the next occupant's if free).
+    #[inline]
+    pub(crate) fn generation(&self) -> u32 {
+        generation_of(self.word.load(Acquire))
+    }
+
+    /// Runs `f` on the operation state.
+    ///
+    /// # Safety
+    /// The caller holds the slot: it locked it ([`lock`](Self::lock),
+    /// [`lock_or_request_expiry`](Self::lock_or_request_expiry) returning `Locked`,
+    /// [`occupy`](Self::occupy)) and has not released it since.
+    #[inline]
+    pub(crate) unsafe fn with_state<R>(&self, f: impl FnOnce(&mut S) -> R) -> R {
+        // SAFETY: the holder has exclusive access (see the module doc).
+        unsafe { self.state.with_mut(f) }
+    }
+
+    /// Locks a free slot for its new occupant; returns the occupant's generation.
+    #[inline]
+    pub(crate) fn occupy(&self) -> u32 {
+        // Nobody names this generation yet, so nobody else writes the word. A
+        // read-modify-write all the same: it reads the latest word, the one the last
+        // holder released the slot with (and acquires that holder's writes to the state),
+        // whatever path the slot's index took to get here.
+        let word = self.word.fetch_or(LOCKED, Acquire);
+        debug_assert_eq!(word & FLAGS, 0, "a free slot is unlocked");
+        let generation = generation_of(word);
+        debug_assert_ne!(generation, RETIRED, "a retired slot is never handed out");
+        generation
+    }
+
+    /// Locks the slot if its generation is `generation`, waiting while another thread
+    /// holds it (spinning briefly, then parked); `false` as soon as the generation is
+    /// another, without ever holding the slot.
+    #[inline]
+    pub(crate) fn lock(&self, generation: u32, parker: &Parker) -> bool {
+        let free = unlocked(generation);
+        match self
+            .word
+            .compare_exchange(free, free | LOCKED, Acquire, Relaxed)
+        {
+            Ok(_) => true,
+            Err(word) => self.lock_slow(generation, word, parker),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn lock_slow(&self, generation: u32, mut word: u64, parker: &Parker) -> bool {
+        let mut spin = SpinWait::new();
+        loop {
+            if generation_of(word) != generation {
+                return false;
+            }
+            if word & LOCKED == 0 {
+                match self
+                    .word
+                    .compare_exchange_weak(word, word | LOCKED, Acquire, Relaxed)
+                {
+                    Ok(_) => return true,
+                    Err(now) => word = now,
+                }
+                continue;
+            }
+            if word & PARKED == 0 {
+                if spin.spin() {
+                    word = self.word.load(Relaxed);
+                    continue;
+                }
+                if let Err(now) =
+                    self.word
+                        .compare_exchange_weak(word, word | PARKED, Relaxed, Relaxed)
+                {
+                    word = now;
+                    continue;
+                }
+            }
+            let asleep = unlocked(generation) | LOCKED | PARKED;
+            parker.park(&self.word, || self.word.load(Relaxed) & !EXPIRED == asleep);
+            spin = SpinWait::new();
+            word = self.word.load(Relaxed);
+        }
+    }
+
+    /// For an expiry, which never waits: locks the slot if its generation is
+    /// `generation` and it is unlocked; if another thread holds it, leaves the expiry to
+    /// that holder (sets `EXPIRED`).
+    pub(crate) fn lock_or_request_expiry(&self, generation: u32) -> ExpiryAttempt {
+        let mut word = self.word.load(Relaxed);
+        loop {
+            if generation_of(word) != generation || word & EXPIRED != 0 {
+                return ExpiryAttempt::Gone;
+            }
+            let (new, attempt) = if word & LOCKED == 0 {
+                (word | LOCKED, ExpiryAttempt::Locked)
+            } else {
+                (word | EXPIRED, ExpiryAttempt::Requested)
+            };
+            match self.word.compare_exchange_weak(word, new, Acquire, Relaxed) {
+                Ok(_) => return attempt,
+                Err(now) => word = now,
+            }
+        }
+    }
+
+    /// Releases the slot, the operation staying in it, unless its expiry was requested
+    /// while it was held: then the slot stays held, and the caller must take the
+    /// operation and expire it.
+    ///
+    /// The caller holds the slot, under `generation`.
+    #[inline]
+    pub(crate) fn unlock(&self, generation: u32, parker: &Parker) -> Unlocked {
+        let free = unlocked(generation);
+        match self
+            .word
+            .compare_exchange(free | LOCKED, free, Release, Relaxed)
+        {
+            Ok(_) => Unlocked::Released,
+            Err(word) => self.unlock_slow(word, parker),
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn unlock_slow(&self, mut word: u64, parker: &Parker) -> Unlocked {
+        loop {
+            debug_assert_ne!(word & LOCKED, 0, "unlocked by its holder");
+            if word & EXPIRED != 0 {
+                return Unlocked::MustExpire;
+            }
+            match self
+                .word
+                .compare_exchange_weak(word, word & !FLAGS, Release, Relaxed)
+            {
+                Ok(_) => {
+                    if word & PARKED != 0 {
+                        parker.unpark_all(&self.word);
+                    }
+                    return Unlocked::Released;
+                }
+                Err(now) => word = now,
+            }
+        }
+    }
+
+    /// Releases the slot after its operation was taken out: its generation moves on to
+    /// `next` (the next occupant's, or `RETIRED`), so every name of the taken operation
+    /// is stale from this store on.
+    ///
+    /// The caller holds the slot.
+    #[inline]
+    pub(crate) fn release_taken(&self, next: u32, parker: &Parker) {
+        let word = self.word.swap(unlocked(next), Release);
+        debug_assert_ne!(word & LOCKED, 0, "released by its holder");
+        if word & PARKED != 0 {
+            wake(parker, &self.word);
+        }
+    }
+
+    /// Test support: gives a free slot generation `generation`, as if it had been reused
+    /// that many times.
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn set_free_generation(&self, generation: u32) {
+        let word = self.word.load(Relaxed);
+        assert_eq!(word & FLAGS, 0, "the slot is free");
+        self.word.store(unlocked(generation), Release);
+    }
+}
