@@ -379,17 +379,20 @@ where
     /// (inline or on the pool), then expires every operation still pending, on the
     /// calling thread (`on_complete` with [`Completion::Expired`], then
     /// `on_expiration`), so every waiting request gets an answer. Later calls to `watch`
-    /// and its kin return [`WatchError::Shutdown`] with the operation.
+    /// and its kin return [`WatchError::Shutdown`] with the operation. Also run when the
+    /// last handle is dropped.
     ///
-    /// Returns only when every operation that was pending has had its callbacks, to
-    /// every caller: a second, concurrent call waits for the first. Two exceptions, both
-    /// to avoid waiting for user code: a call from inside an expiry callback of this
-    /// purgatory (it cannot wait for itself) returns once the rest is done, or at once if
-    /// another call is shutting down; and an operation whose `try_complete` is running on
+    /// Returns, to a caller outside this purgatory's callbacks, only when every operation
+    /// that was pending has had its callbacks, and every expiry in progress has finished:
+    /// a second, concurrent call waits for the first. A call from inside an expiry
+    /// callback of this purgatory (or from a callback that shutdown itself runs) cannot
+    /// wait for its own round: as the first call it expires what is pending and returns;
+    /// otherwise it returns at once. An operation whose `try_complete` is running on
     /// another thread at that moment is answered by that thread when it returns (Expired,
-    /// or Ready if it said ready), possibly after `shutdown` returned. A panic in user code
-    /// that shutdown runs outside a callback (a key's `Drop`) reaches this caller; other
-    /// callers still return. Also run when the last handle is dropped.
+    /// or Ready if it said ready), possibly after `shutdown` returned. The whole table is
+    /// in `docs/purgatory.md` ("Shutdown"). A panic in user code that shutdown runs
+    /// outside a callback (a key's `Drop`) reaches this caller; other callers still
+    /// return.
     pub fn shutdown(&self) {
         let state = self.state();
         self.driver

@@ -21,12 +21,19 @@
 //! - A panic escaping `Expire::expire` is caught, reported through `tracing` (target
 //!   `timer_core`) and the driver goes on; the reaper thread never unwinds. (Owners catch
 //!   per task, so one panic does not skip the rest of a batch; this is the backstop.)
-//! - [`Driver::shutdown_with`] returns, to every caller, only after the core was closed,
-//!   the reaper joined, every round and pool batch finished, and the first caller's
-//!   `finish` ran on what was still pending. The exception is a caller inside this
-//!   driver's expiry work (a callback that shuts its own timer down): it cannot wait for
-//!   itself, so it does the first caller's work without waiting for rounds in progress,
-//!   or returns at once if another caller is already shutting down.
+//! - Shutdown is one protocol for every caller, by where the call comes from. "Inside"
+//!   means inside this driver's expiry work: a round's batch on the driving thread, a
+//!   pool batch, or the first caller's `finish` (marked per thread while it runs).
+//!
+//!   | caller | returns when | done by then |
+//!   |---|---|---|
+//!   | outside, first | the core is closed, the reaper joined, every round and pool batch finished, and `finish` ran on what was pending | every task that fired ran; the pending went to `finish` |
+//!   | outside, while another call runs or after it | the first call's `finish` ran and every round and pool batch finished (a first caller inside a round could not wait for that round) | the same |
+//!   | inside, first | the core is closed, the reaper joined (unless this is the reaper), and `finish` ran on what was pending; rounds in progress, its own included, are not waited for | the pending went to `finish`; the rest of the rounds in progress is done after it returns, before any outside call returns |
+//!   | inside, while another call runs | at once | nothing more: the running call waits for this expiry work, or is its caller up this stack |
+//!
+//!   Dropping the [`Driver`] is a call from where the drop happens (the last owner's
+//!   handle dropped in a callback is "inside"), with [`Expire::at_drop`] as `finish`.
 
 use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -180,10 +187,17 @@ struct Shared<E> {
     rounds_done: Condvar,
 }
 
+#[cfg(not(loom))]
 thread_local! {
     /// The driver (by the address of its shared state) whose expiry work runs on this
     /// thread right now, if any.
     static EXPIRING: Cell<usize> = const { Cell::new(0) };
+}
+
+// Loom runs every model thread on one OS thread: a std thread-local would be shared.
+#[cfg(loom)]
+loom::thread_local! {
+    static EXPIRING: Cell<usize> = Cell::new(0);
 }
 
 /// A thread-free core made to run: a reaper thread (unless built without one), the
@@ -219,17 +233,27 @@ impl<E: Expire> Driver<E> {
     /// Shuts down: closes the core (later adds are refused, sleepers woken), joins the
     /// reaper, waits for every round and pool batch in progress, then runs `finish` on
     /// the tasks still pending and returns its result. Only the first caller runs
-    /// `finish` (`Some`); every later or concurrent caller waits until it has and gets
-    /// `None`. A caller inside this driver's own expiry work does not wait for the
-    /// rounds in progress (it is one of them).
+    /// `finish` (`Some`); every later or concurrent caller gets `None`, after waiting for
+    /// the first caller's `finish` and for every round and pool batch. A caller inside
+    /// this driver's own expiry work (`finish` included) never waits for a round (it may
+    /// be one): see the table in the module doc.
     pub fn shutdown_with<R>(&self, finish: impl FnOnce(Vec<E::Task>) -> R) -> Option<R> {
         let inside = self.is_expiring_here();
         {
             let mut stop = self.stop.lock();
             if *stop != Stop::Open {
-                while *stop != Stop::Done && !inside {
+                if inside {
+                    // Expiry work of this driver cannot wait: the shutdown that runs is
+                    // waiting for it, or is its caller up this very stack.
+                    return None;
+                }
+                while *stop != Stop::Done {
                     stop = self.stopped.wait_until(stop, None);
                 }
+                drop(stop);
+                // The first caller may have been inside a round or a pool batch, which it
+                // could not wait for: its round's remaining work is before this return.
+                self.shared.wait_for_rounds();
                 return None;
             }
             *stop = Stop::Closing;
@@ -247,7 +271,12 @@ impl<E: Expire> Driver<E> {
         if !inside {
             self.shared.wait_for_rounds();
         }
-        Some(finish(core.drain()))
+        let pending = core.drain();
+        // `finish` is this driver's expiry work too (it may run callbacks): one of them
+        // that shuts down again is inside, and returns at once instead of waiting for
+        // this call, its caller.
+        let _inside = ExpiringHere::enter(&self.shared);
+        Some(finish(pending))
     }
 
     fn is_expiring_here(&self) -> bool {
@@ -303,7 +332,7 @@ impl<E: Expire> Shared<E> {
     /// Hands `batch` to the target, marking this thread as inside this driver's expiry
     /// and containing a panic that escapes.
     fn expire(self: &Arc<Self>, batch: &mut Vec<E::Task>) {
-        let outer = EXPIRING.with(|e| e.replace(Arc::as_ptr(self) as usize));
+        let _inside = ExpiringHere::enter(self);
         if let Err(payload) = catch_unwind(AssertUnwindSafe(|| self.target.expire(batch))) {
             tracing::error!(
                 target: "timer_core",
@@ -312,7 +341,6 @@ impl<E: Expire> Shared<E> {
             );
             batch.clear();
         }
-        EXPIRING.with(|e| e.set(outer));
     }
 
     fn wait_for_rounds(&self) {
@@ -320,6 +348,26 @@ impl<E: Expire> Shared<E> {
         while *rounds > 0 {
             rounds = self.rounds_done.wait_until(rounds, None);
         }
+    }
+}
+
+/// Marks this thread as running expiry work of one driver (a round's batch, a pool
+/// batch, shutdown's `finish`) until dropped, also when unwinding; restores what was
+/// marked before (expiry work of another driver may nest).
+struct ExpiringHere {
+    outer: usize,
+}
+
+impl ExpiringHere {
+    fn enter<E>(shared: &Arc<Shared<E>>) -> Self {
+        let outer = EXPIRING.with(|e| e.replace(Arc::as_ptr(shared) as usize));
+        ExpiringHere { outer }
+    }
+}
+
+impl Drop for ExpiringHere {
+    fn drop(&mut self) {
+        EXPIRING.with(|e| e.set(self.outer));
     }
 }
 

@@ -96,8 +96,10 @@ impl<T: TimerTask> Timer<T> {
     /// Stops the reaper (promptly: it is woken, not waited out) and joins it, refuses
     /// every later `add`, waits until every task that already expired has run (on the
     /// pool too), and hands back every task still pending, unrun. A later or concurrent
-    /// call waits for the first and returns nothing; so does a call from inside a
-    /// running task, without waiting.
+    /// call returns nothing, once the first call is done and every task that expired has
+    /// run. A call from inside a running task cannot wait for its own round: as the first
+    /// call it hands back what is pending without waiting for the tasks still running,
+    /// and otherwise returns nothing at once. (The whole table: `docs/timer.md`.)
     pub fn shutdown(&self) -> Vec<T> {
         self.driver
             .shutdown_with(|pending| pending)

@@ -613,3 +613,55 @@ fn shutdown_waits_for_expired_tasks_still_running_on_the_pool() {
         "nothing ran afterwards"
     );
 }
+
+/// The shutdown table's row "outside, after a first caller inside a round": a task
+/// shuts its own timer down (the first caller, inside a round of 40 slow tasks), then
+/// another thread does. That second call returns only after the whole round ran: the
+/// first caller could not wait for its own round, the second must.
+#[test]
+fn an_outside_shutdown_waits_for_the_round_of_an_inside_first_caller() {
+    type Task = Box<dyn FnOnce() + Send>;
+    for executor in [Executor::Inline, Executor::pool(2).unwrap()] {
+        let timer: Arc<Timer<Task>> =
+            Arc::new(TimerBuilder::new().executor(executor).build().unwrap());
+        let cell: Arc<std::sync::OnceLock<Arc<Timer<Task>>>> = Arc::new(std::sync::OnceLock::new());
+        cell.set(Arc::clone(&timer)).ok().unwrap();
+        let ran = Arc::new(AtomicUsize::new(0));
+        let inside_returned = Arc::new(AtomicBool::new(false));
+        let last_end = Arc::new(std::sync::Mutex::new(None::<Instant>));
+        let tasks: Vec<(Duration, Task)> = (0..40)
+            .map(|i| {
+                let (cell, ran, inside_returned, last_end) = (
+                    Arc::clone(&cell),
+                    Arc::clone(&ran),
+                    Arc::clone(&inside_returned),
+                    Arc::clone(&last_end),
+                );
+                let task: Task = Box::new(move || {
+                    if i == 0 {
+                        let timer = cell.get().expect("set").clone();
+                        assert!(timer.shutdown().is_empty(), "nothing else was pending");
+                        inside_returned.store(true, Ordering::SeqCst);
+                    }
+                    thread::sleep(Duration::from_millis(5));
+                    ran.fetch_add(1, Ordering::SeqCst);
+                    *last_end.lock().unwrap() = Some(Instant::now());
+                });
+                (Duration::from_millis(1), task)
+            })
+            .collect();
+        let mut tasks = tasks;
+        let mut handles = Vec::new();
+        timer.add_batch(&mut tasks, &mut handles);
+        assert!(handles.iter().all(Result::is_ok));
+        assert!(wait_for(|| inside_returned.load(Ordering::SeqCst)));
+        timer.shutdown();
+        let returned = Instant::now();
+        assert_eq!(
+            ran.load(Ordering::SeqCst),
+            40,
+            "the round was still running"
+        );
+        assert!(last_end.lock().unwrap().expect("ran") <= returned);
+    }
+}

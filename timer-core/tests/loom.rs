@@ -165,3 +165,77 @@ fn a_wake_after_an_add_makes_the_driver_run_the_task() {
         assert!(timer.shutdown().is_empty());
     });
 }
+
+/// A task that counts its run and, if it holds its timer, shuts it down first (from
+/// inside the round that runs it). Its counters are loom's: each count is a point where
+/// loom may switch threads, so the outside caller can run between two tasks of a round.
+struct Step {
+    shut: Option<std::sync::Weak<Timer<Step>>>,
+    ran: Arc<loom::sync::atomic::AtomicUsize>,
+    handed_back: Arc<loom::sync::atomic::AtomicUsize>,
+}
+
+impl TimerTask for Step {
+    fn run(self) {
+        if let Some(timer) = self.shut.as_ref().and_then(std::sync::Weak::upgrade) {
+            let back = timer.shutdown();
+            self.handed_back.fetch_add(back.len(), Ordering::SeqCst);
+        }
+        self.ran.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// The shutdown hand-over: a task shuts its timer down from inside a round while another
+/// thread calls `shutdown` too. Whichever is first, the outside call returns only after
+/// every task of that round has run (the inside call cannot wait for its own round, so
+/// the outside one must), and every task ran or was handed back, exactly once.
+#[test]
+fn an_outside_shutdown_returns_after_the_round_an_inside_shutdown_is_in() {
+    loom::model(|| {
+        let clock = ManualClock::new();
+        let timer: std::sync::Arc<Timer<Step>> = std::sync::Arc::new(
+            TimerBuilder::new()
+                .tick(Duration::from_millis(1))
+                .shards(1)
+                .clock(clock.clone())
+                .reaper(false)
+                .build()
+                .expect("valid configuration"),
+        );
+        let ran = Arc::new(loom::sync::atomic::AtomicUsize::new(0));
+        let handed_back = Arc::new(loom::sync::atomic::AtomicUsize::new(0));
+        for shut in [Some(std::sync::Arc::downgrade(&timer)), None] {
+            let step = Step {
+                shut,
+                ran: ran.clone(),
+                handed_back: handed_back.clone(),
+            };
+            assert!(timer.add(Duration::from_millis(1), step).is_ok());
+        }
+        clock.advance(Duration::from_millis(1));
+        let round = {
+            let timer = std::sync::Arc::clone(&timer);
+            thread::spawn(move || timer.advance_clock(Duration::ZERO))
+        };
+        let outside = {
+            let timer = std::sync::Arc::clone(&timer);
+            let ran = ran.clone();
+            thread::spawn(move || {
+                let back = timer.shutdown().len();
+                (back, ran.load(Ordering::SeqCst))
+            })
+        };
+        round.join().unwrap();
+        let (back, ran_when_returned) = outside.join().unwrap();
+        let ran = ran.load(Ordering::SeqCst);
+        assert_eq!(
+            ran_when_returned, ran,
+            "nothing ran after the outside call returned"
+        );
+        assert_eq!(
+            ran + back + handed_back.load(Ordering::SeqCst),
+            2,
+            "each task once"
+        );
+    });
+}
