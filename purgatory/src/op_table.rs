@@ -321,6 +321,11 @@ impl<O: DelayedOperation> OpTable<O> {
             }
         }
         let count = u32::try_from(missing).expect("batch fits in u32");
+        out.extend(self.new_slots(count));
+    }
+
+    /// `count` (at least 1) slots never handed out before, their segments created.
+    fn new_slots(&self, count: u32) -> std::ops::RangeInclusive<u32> {
         let first = self.high_water.fetch_add(count, Ordering::Relaxed);
         let last = first
             .checked_add(count - 1)
@@ -331,7 +336,25 @@ impl<O: DelayedOperation> OpTable<O> {
         for k in first_segment..=last_segment {
             self.segment(k);
         }
-        out.extend(first..=last);
+        first..=last
+    }
+
+    /// [`allocate`](Self::allocate) of one slot, without a buffer.
+    #[inline]
+    fn allocate_one(&self) -> u32 {
+        let mine = stripe_index();
+        for i in 0..STRIPES {
+            let list = &self.free[(mine + i) % STRIPES];
+            if list.available.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let mut free = list.indices.lock();
+            if let Some(index) = free.pop() {
+                list.available.store(free.len(), Ordering::Relaxed);
+                return index;
+            }
+        }
+        *self.new_slots(1).start()
     }
 
     /// Pulls the slots of `refs` into this core's cache, ready to be written, before a
@@ -360,11 +383,9 @@ impl<O: DelayedOperation> OpTable<O> {
     }
 
     /// Puts `op` in a free slot (not listed yet) and returns it locked.
-    #[cfg(all(test, not(loom)))]
-    pub(crate) fn insert(&self, op: O) -> Locked<'_, O> {
-        let mut index = smallvec::SmallVec::<[u32; 1]>::new();
-        self.allocate(1, &mut index);
-        self.occupy(index[0], op)
+    pub(crate) fn insert_one(&self, op: O) -> Locked<'_, O> {
+        let index = self.allocate_one();
+        self.occupy(index, op)
     }
 
     /// Puts `op` in slot `index` (just allocated) and returns it locked.
@@ -646,7 +667,7 @@ mod tests {
     fn a_stale_ref_never_touches_the_next_occupant_of_its_slot() {
         let table = OpTable::new();
         let a = {
-            let mut locked = table.insert(Named("a"));
+            let mut locked = table.insert_one(Named("a"));
             locked.set_keys(2);
             locked.op()
         };
@@ -655,7 +676,7 @@ mod tests {
         assert_eq!((taken.op.0, taken.keys), ("a", 2));
         assert!(!table.is_waiting(a));
         // The freed slot is handed out again (this thread's free list comes first).
-        let b = table.insert(Named("b")).op();
+        let b = table.insert_one(Named("b")).op();
         assert_eq!(b.index, a.index);
         assert_ne!(b.generation, a.generation);
         assert!(!table.is_waiting(a) && table.is_waiting(b));
@@ -671,9 +692,9 @@ mod tests {
     #[test]
     fn a_stale_name_never_holds_the_slot_or_waits_for_its_holder() {
         let table = OpTable::new();
-        let a = table.insert(Named("a")).op();
+        let a = table.insert_one(Named("a")).op();
         drop(table.take(a).expect("a is there"));
-        let held = table.insert(Named("b"));
+        let held = table.insert_one(Named("b"));
         let b = held.op();
         assert_eq!(b.index, a.index);
         assert!(table.lock(a).is_none(), "a stale lock returns at once");
@@ -687,7 +708,7 @@ mod tests {
     #[test]
     fn an_expiry_that_finds_the_slot_held_is_handed_to_the_unlocker() {
         let table = OpTable::new();
-        let held = table.insert(Named("x"));
+        let held = table.insert_one(Named("x"));
         let x = held.op();
         assert!(
             table.take_for_expiry(x).is_none(),
@@ -704,12 +725,12 @@ mod tests {
     #[test]
     fn a_holder_that_takes_the_operation_makes_a_requested_expiry_moot() {
         let table = OpTable::new();
-        let held = table.insert(Named("x"));
+        let held = table.insert_one(Named("x"));
         let x = held.op();
         assert!(table.take_for_expiry(x).is_none());
         assert_eq!(held.take().op.0, "x");
         // The slot is free and clean: the next occupant has no expiry waiting for it.
-        let next = table.insert(Named("y"));
+        let next = table.insert_one(Named("y"));
         assert_eq!(next.op().index, x.index);
         assert!(next.unlock().is_none());
     }
@@ -718,7 +739,7 @@ mod tests {
     fn a_held_slot_dropped_unconsumed_keeps_its_expiry_as_an_orphan() {
         let table = OpTable::new();
         assert!(table.take_orphans().is_empty());
-        let held = table.insert(Named("x"));
+        let held = table.insert_one(Named("x"));
         let x = held.op();
         assert!(table.take_for_expiry(x).is_none());
         drop(held);
@@ -734,7 +755,7 @@ mod tests {
     fn a_waiter_gets_the_slot_after_an_unlock_and_nothing_after_a_take() {
         let table = OpTable::new();
         for holder_takes in [false, true] {
-            let held = table.insert(Named("x"));
+            let held = table.insert_one(Named("x"));
             let x = held.op();
             std::thread::scope(|s| {
                 let waiter = s.spawn(|| table.lock(x).map(Locked::take).map(|t| t.op.0));
@@ -754,10 +775,10 @@ mod tests {
     #[test]
     fn a_slot_whose_generation_is_used_up_is_retired_and_never_matches_again() {
         let table = OpTable::new();
-        let first = table.insert(Named("first")).op();
+        let first = table.insert_one(Named("first")).op();
         drop(table.take(first).expect("first is there"));
         table.age_slot(first.index, RETIRED - 1);
-        let last = table.insert(Named("last")).op();
+        let last = table.insert_one(Named("last")).op();
         assert_eq!(
             last,
             OpRef {
@@ -769,7 +790,7 @@ mod tests {
         // Retired: every later operation gets another slot, and no name the old slot was
         // ever given (the last occupant's, the first one's) matches anything.
         for name in ["a", "b", "c"] {
-            let next = table.insert(Named(name)).op();
+            let next = table.insert_one(Named(name)).op();
             assert_ne!(next.index, first.index, "{name} got the retired slot");
         }
         for stale in [first, last] {
@@ -794,7 +815,7 @@ mod tests {
         for op in &refs {
             assert!(table.take(*op).is_some());
         }
-        let again = table.insert(Named("y")).op();
+        let again = table.insert_one(Named("y")).op();
         assert!(
             (again.index as usize) < n,
             "a freed slot is reused before a new one"

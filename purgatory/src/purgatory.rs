@@ -30,7 +30,7 @@ use crate::op_table::{OpRef, Taken};
 use crate::operation::{Completion, DelayedOperation};
 use crate::state::State;
 use crate::stats::PurgatoryStats;
-use crate::watch::{Keys, WatchResult, CHUNK};
+use crate::watch::{Keys, CHUNK};
 
 /// Holds operations that cannot complete yet, per key, until an event completes them or
 /// their timeout expires them.
@@ -129,10 +129,8 @@ where
     {
         // Collect the keys before taking any lock: the caller's iterator is user code.
         let keys: Keys<K> = keys.into_iter().collect();
-        let mut result: SmallVec<[WatchResult<O>; 1]> = SmallVec::new();
-        self.state()
-            .watch_chunk::<1>(std::iter::once((op, keys)), &mut result);
-        result.pop().expect("one result per operation")
+        let state = self.state();
+        state.settle(state.watch_one(op, keys))
     }
 
     /// Watches every `(operation, keys)` of `batch`, with the same outcome for each as
@@ -158,7 +156,7 @@ where
         let mut staged = staged.into_iter();
         while staged.len() > 0 {
             self.state()
-                .watch_chunk::<CHUNK>(staged.by_ref().take(CHUNK), &mut results);
+                .watch_chunk(staged.by_ref().take(CHUNK), &mut results);
         }
         results
     }

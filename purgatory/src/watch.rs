@@ -1,25 +1,30 @@
-//! The watch protocol, written once: a single `watch` is a chunk of one, `watch_batch`
-//! runs it over chunks of at most [`CHUNK`]. The inline capacity `N` of the chunk's
-//! buffers is a type parameter, so the single call keeps everything on a small stack
-//! frame and the batch gets room for a whole chunk.
+//! The watch protocol, written once as steps that a single `watch` and a chunk of
+//! `watch_batch` (at most [`CHUNK`] operations) both go through: the single watch with
+//! one operation's values on a small stack frame, the chunk with each lock taken once for
+//! all its operations.
 //!
-//! # Steps (Kafka's order), for every operation of the chunk
+//! # Steps (Kafka's order), for every operation
 //! 1. Put it in a new slot of the op table, locked (nobody else can know the slot yet).
-//! 2. `try_complete`; if ready, it is taken and completed in step 6.
-//! 3. List it on every one of its keys (each watcher shard locked once per chunk).
+//! 2. `try_complete`; if ready, it is taken, and completed in step 6.
+//! 3. List it on every one of its keys (in a chunk, each watcher shard locked once).
 //! 4. `try_complete` again: an event between steps 2 and 3 did not find it listed, so
 //!    nobody else will try it for that event.
-//! 5. Arm its timeout (the timer shard locked once per chunk) and unlock it.
-//! 6. After every lock of the chunk is released: free the slots emptied on the way, run
-//!    the callbacks of what completed, and expire what timed out while it was locked.
+//! 5. Arm its timeout (in a chunk, the timer shard locked once) and unlock it; if its
+//!    timeout fired meanwhile, the unlock hands it back to be expired.
+//! 6. After every slot of the watch is released: free the slots emptied on the way, run
+//!    the callbacks of what completed, and expire what timed out while it was held.
+//!
+//! A single watch returns from steps 1 to 5 ([`State::watch_one`]) before step 6
+//! ([`State::settle`]) runs the callbacks, so an `on_complete` that watches again (and
+//! so on, many levels deep) stacks only the small frame of step 6 per level.
 //!
 //! # Invariants
-//! - The chunk holds each operation's lock from step 1 to step 5, so an event during the
+//! - A watch holds each operation's slot from step 1 to step 5, so an event during the
 //!   watch is never lost: it is seen by the second try, or it finds the operation listed
-//!   and tries it once the lock is released.
+//!   and tries it once the slot is released.
 //! - Once listed, an operation's slot can be waited for by a checker; it waits at most
-//!   until its chunk is armed. The chunk's `try_complete` calls run under its own
-//!   operation's lock and the locks of the chunk's other (new) operations.
+//!   until its watch is armed. A chunk's `try_complete` calls run under their own
+//!   operation's slot and the slots of the chunk's other (new) operations.
 //! - An operation whose key's `Hash` or `Eq` panics while being listed is taken back out
 //!   before it is armed: it gets [`WatchError::KeyPanicked`] with the operation, its
 //!   entries on its other keys are stale, and nothing of it is armed. A panicking
@@ -50,187 +55,336 @@ pub(crate) type Keys<K> = SmallVec<[K; 4]>;
 /// What watching one operation gave.
 pub(crate) type WatchResult<O> = Result<WatchOutcome<O>, WatchError<O>>;
 
-/// One operation of a chunk as it goes through the steps.
+/// What steps 1 to 5 made of one operation, for step 6.
+pub(crate) enum Watched<O> {
+    /// Ready at the first or second try: taken, its callbacks still to run.
+    Completed(Taken<O>),
+    /// Waiting on its keys and timeout; taken already if its timeout fired while the
+    /// watch held it, to be expired.
+    Pending(OpRef, Option<Taken<O>>),
+    /// Refused, with the operation.
+    Refused(WatchError<O>),
+}
+
+/// One operation as it goes through the steps.
 struct Member<'a, K, O: DelayedOperation> {
-    /// Its position in the chunk's input, and so its result's.
-    position: usize,
     keys: Keys<K>,
     timeout: Duration,
-    /// Its slot, locked from step 1 until it is taken or step 5 ends.
+    /// Its slot, held from step 1 until it is taken or step 5 ends.
     locked: Option<Locked<'a, O>>,
     /// Its name, once it has a slot.
     op: OpRef,
-    /// Whether it now waits (listed and armed), once step 5 is done.
-    waiting: bool,
+}
+
+impl<'a, K, O: DelayedOperation> Member<'a, K, O> {
+    fn locked(&mut self) -> &mut Locked<'a, O> {
+        self.locked.as_mut().expect("held until taken or armed")
+    }
+
+    /// Takes the operation out of its slot; the slot is freed by the caller
+    /// ([`OpTable::vacate`](crate::op_table::OpTable::vacate)) once no slot is held.
+    fn take(&mut self) -> (Taken<O>, Vacated) {
+        self.locked
+            .take()
+            .expect("held until taken or armed")
+            .take_deferred()
+    }
 }
 
 impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
-    /// Watches the operations of `chunk` (at most [`CHUNK`]) and appends one result per
-    /// operation, in order, to `results`.
-    pub(crate) fn watch_chunk<const N: usize>(
-        &self,
-        chunk: impl ExactSizeIterator<Item = (O, Keys<K>)>,
-        results: &mut impl Extend<WatchResult<O>>,
-    ) {
-        debug_assert!(chunk.len() <= CHUNK);
-        let closed = self.timer.is_shutdown();
-        let mut out: SmallVec<[Option<WatchResult<O>>; N]> =
-            (0..chunk.len()).map(|_| None).collect();
-        let mut ops: SmallVec<[O; N]> = SmallVec::new();
-        let mut members: SmallVec<[Member<'_, K, O>; N]> = SmallVec::new();
-        for (position, (op, keys)) in chunk.enumerate() {
-            let refused = if closed {
-                WatchError::Shutdown(op)
-            } else if keys.is_empty() {
-                WatchError::NoKeys(op)
-            } else {
-                match catch_unwind(AssertUnwindSafe(|| op.timeout())) {
-                    Ok(timeout) => {
-                        ops.push(op);
-                        members.push(Member {
-                            position,
-                            keys,
-                            timeout,
-                            locked: None,
-                            op: OpRef::default(),
-                            waiting: false,
-                        });
-                        continue;
-                    }
-                    Err(payload) => {
-                        tracing::error!(target: "purgatory", panic = panic_message(&*payload), "timeout() panicked; the operation is handed back");
-                        self.counters.add(Count::Panicked, 1);
-                        WatchError::TimeoutPanicked(op)
-                    }
-                }
-            };
-            out[position] = Some(Err(refused));
+    /// Whether `op` may be watched on `keys` at all: refused after shutdown, for no keys,
+    /// or for a `timeout()` that panics (caught and counted); otherwise its timeout.
+    fn admit(&self, closed: bool, op: O, keys: &Keys<K>) -> Result<(O, Duration), WatchError<O>> {
+        if closed {
+            return Err(WatchError::Shutdown(op));
         }
-        // Completed here (step 2 or 4).
-        let mut done: SmallVec<[Taken<O>; N]> = SmallVec::new();
-        // Slots emptied while other slots of the chunk are locked: freed once every slot
-        // lock is released (the op table's lock order).
-        let mut vacated: SmallVec<[Vacated; N]> = SmallVec::new();
-        let mut take = |member: &mut Member<'_, K, O>| {
-            let locked = member.locked.take().expect("still locked");
-            let (taken, empty) = locked.take_deferred();
-            vacated.push(empty);
-            taken
+        if keys.is_empty() {
+            return Err(WatchError::NoKeys(op));
+        }
+        match catch_unwind(AssertUnwindSafe(|| op.timeout())) {
+            Ok(timeout) => Ok((op, timeout)),
+            Err(payload) => {
+                tracing::error!(target: "purgatory", panic = panic_message(&*payload), "timeout() panicked; the operation is handed back");
+                self.counters.add(Count::Panicked, 1);
+                Err(WatchError::TimeoutPanicked(op))
+            }
+        }
+    }
+
+    /// Steps 2 and 4 for one member: `try_complete`; if ready, the operation is taken.
+    #[inline]
+    fn try_member(&self, m: &mut Member<'_, K, O>) -> Option<(Taken<O>, Vacated)> {
+        self.is_ready(m.locked()).then(|| m.take())
+    }
+
+    /// After step 3: a member `failures` of whose keys could not be listed (their `Hash`
+    /// or `Eq` panicked) is taken back, its listed entries stale.
+    fn unlisted(&self, m: &mut Member<'_, K, O>, failures: u32) -> (WatchError<O>, Vacated) {
+        self.counters.add(Count::Panicked, 1);
+        let (taken, vacated) = m.take();
+        self.watchers.mark_stale(taken.keys - failures);
+        (WatchError::KeyPanicked(taken.op), vacated)
+    }
+
+    /// The end of step 5 for one member, given what arming its timeout gave: armed and
+    /// unlocked (`Ok`, with the operation if its timeout fired while it was held), or
+    /// taken back because the timer shut down meanwhile.
+    #[inline]
+    fn armed(
+        &self,
+        m: &mut Member<'_, K, O>,
+        arming: Result<TimerHandle, AddError<Expiry>>,
+    ) -> Result<Option<Taken<O>>, (WatchError<O>, Vacated)> {
+        match arming {
+            Ok(handle) => {
+                let mut locked = m.locked.take().expect("held until armed");
+                locked.arm(handle);
+                Ok(locked.unlock())
+            }
+            Err(_) => {
+                // Shut down while we were watching: its entries are now stale.
+                let (taken, vacated) = m.take();
+                self.watchers.mark_stale(taken.keys);
+                Err((WatchError::Shutdown(taken.op), vacated))
+            }
+        }
+    }
+
+    /// Steps 1 to 5 for one operation (a single `watch`); step 6 is [`settle`].
+    /// Out of line, so that its frame is gone before step 6 runs the callbacks.
+    ///
+    /// [`settle`]: Self::settle
+    #[inline(never)]
+    pub(crate) fn watch_one(&self, op: O, keys: Keys<K>) -> Watched<O> {
+        let (op, timeout) = match self.admit(self.timer.is_shutdown(), op, &keys) {
+            Ok(admitted) => admitted,
+            Err(refused) => return Watched::Refused(refused),
         };
-        // Step 1.
+        let locked = self.table.insert_one(op);
+        let mut m = Member {
+            op: locked.op(),
+            locked: Some(locked),
+            keys,
+            timeout,
+        };
+        let vacate = |vacated: Vacated| self.table.vacate(&[vacated]);
+        if let Some((taken, vacated)) = self.try_member(&mut m) {
+            vacate(vacated);
+            return Watched::Completed(taken);
+        }
+        let count = u32::try_from(m.keys.len()).unwrap_or(u32::MAX);
+        m.locked().set_keys(count);
+        let failures = self.watchers.watch_keys(m.keys.drain(..), m.op);
+        if failures > 0 {
+            let (refused, vacated) = self.unlisted(&mut m, failures);
+            vacate(vacated);
+            return Watched::Refused(refused);
+        }
+        if let Some((taken, vacated)) = self.try_member(&mut m) {
+            vacate(vacated);
+            return Watched::Completed(taken);
+        }
+        let arming = self.timer.add(m.timeout, Expiry(m.op));
+        match self.armed(&mut m, arming) {
+            Ok(expired) => Watched::Pending(m.op, expired),
+            Err((refused, vacated)) => {
+                vacate(vacated);
+                Watched::Refused(refused)
+            }
+        }
+    }
+
+    /// Step 6 for one operation: runs the callbacks of what completed or expired, with no
+    /// slot held, and gives the caller's result.
+    pub(crate) fn settle(&self, watched: Watched<O>) -> WatchResult<O> {
+        match watched {
+            Watched::Completed(taken) => {
+                self.complete_one(taken, Completion::Ready);
+                Ok(WatchOutcome::Completed)
+            }
+            Watched::Pending(op, expired) => {
+                if let Some(taken) = expired {
+                    self.complete_one(taken, Completion::Expired);
+                }
+                Ok(WatchOutcome::Pending(OperationHandle::new(op, self.id)))
+            }
+            Watched::Refused(refused) => Err(refused),
+        }
+    }
+
+    /// Watches the operations of `chunk` (at most [`CHUNK`]) and appends one result per
+    /// operation, in order, to `results`: the steps, each once for the whole chunk.
+    pub(crate) fn watch_chunk(
+        &self,
+        batch: impl ExactSizeIterator<Item = (O, Keys<K>)>,
+        results: &mut Vec<WatchResult<O>>,
+    ) {
+        debug_assert!(batch.len() <= CHUNK);
+        let mut chunk = Chunk::new(batch.len());
+        let mut members = self.admit_chunk(batch, &mut chunk);
+        self.try_chunk(&mut members, &mut chunk);
+        self.list_chunk(&mut members, &mut chunk);
+        self.try_chunk(&mut members, &mut chunk);
+        self.arm_chunk(&mut members, &mut chunk);
+        drop(members);
+        self.settle_chunk(chunk, results);
+    }
+
+    /// Steps 2 and 4 for a chunk: tries every member still held.
+    fn try_chunk(&self, members: &mut [Member<'_, K, O>], chunk: &mut Chunk<O>) {
+        for (j, m) in members.iter_mut().enumerate() {
+            if m.locked.is_some() {
+                if let Some((taken, vacated)) = self.try_member(m) {
+                    chunk.completed(chunk.positions[j], taken, vacated);
+                }
+            }
+        }
+    }
+
+    /// Step 1 for a chunk: admits each operation (recording a refusal at its position) and
+    /// puts the admitted ones in new slots, held.
+    fn admit_chunk<'a>(
+        &'a self,
+        batch: impl ExactSizeIterator<Item = (O, Keys<K>)>,
+        chunk: &mut Chunk<O>,
+    ) -> SmallVec<[Member<'a, K, O>; CHUNK]> {
+        let closed = self.timer.is_shutdown();
+        let mut ops: SmallVec<[O; CHUNK]> = SmallVec::new();
+        let mut members: SmallVec<[Member<'a, K, O>; CHUNK]> = SmallVec::new();
+        for (position, (op, keys)) in batch.enumerate() {
+            match self.admit(closed, op, &keys) {
+                Ok((op, timeout)) => {
+                    ops.push(op);
+                    chunk.positions.push(position);
+                    members.push(Member {
+                        keys,
+                        timeout,
+                        locked: None,
+                        op: OpRef::default(),
+                    });
+                }
+                Err(refused) => chunk.out[position] = Some(Err(refused)),
+            }
+        }
         self.table
             .insert_many(ops.drain(..), members.iter_mut().map(|m| &mut m.locked));
         for m in members.iter_mut() {
-            m.op = m.locked.as_ref().expect("locked above").op();
+            m.op = m.locked().op();
         }
-        // Step 2.
-        for m in members.iter_mut() {
-            if self.is_ready(m.locked.as_mut().expect("locked above")) {
-                done.push(take(m));
-                out[m.position] = Some(Ok(WatchOutcome::Completed));
-            }
-        }
-        // Step 3. One operation's keys fit inline; a batch's are reserved once.
+        members
+    }
+
+    /// Step 3 for a chunk: lists every member still held on its keys, each watcher shard
+    /// locked once; takes back a member whose key could not be listed.
+    fn list_chunk(&self, members: &mut [Member<'_, K, O>], chunk: &mut Chunk<O>) {
         let total: usize = members.iter().map(|m| m.keys.len()).sum();
-        let mut entries: SmallVec<[(Option<K>, OpRef); 4]> = SmallVec::with_capacity(total);
-        let mut owner: SmallVec<[u32; 4]> = SmallVec::with_capacity(total);
+        let mut entries: Vec<(Option<K>, OpRef)> = Vec::with_capacity(total);
+        let mut owner: Vec<u32> = Vec::with_capacity(total);
         for (j, m) in members.iter_mut().enumerate() {
             if let Some(locked) = m.locked.as_mut() {
                 locked.set_keys(u32::try_from(m.keys.len()).unwrap_or(u32::MAX));
                 owner.extend(std::iter::repeat_n(j as u32, m.keys.len()));
-                entries.extend(m.keys.drain(..).map(|key| (Some(key), m.op)));
+                let op = m.op;
+                entries.extend(m.keys.drain(..).map(|key| (Some(key), op)));
             }
         }
         let unlisted = self.watchers.watch_many(&mut entries);
         drop(entries);
-        if !unlisted.is_empty() {
-            // A key's `Hash` or `Eq` panicked: its operation goes back to the caller,
-            // unarmed; what of it was listed is stale.
-            let mut failed: SmallVec<[u32; N]> = SmallVec::from_elem(0, members.len());
-            for i in unlisted {
-                failed[owner[i] as usize] += 1;
-            }
-            for (m, &failures) in members.iter_mut().zip(&failed) {
-                if failures > 0 {
-                    self.counters.add(Count::Panicked, 1);
-                    let taken = take(m);
-                    self.watchers.mark_stale(taken.keys - failures);
-                    out[m.position] = Some(Err(WatchError::KeyPanicked(taken.op)));
-                }
+        if unlisted.is_empty() {
+            return;
+        }
+        let mut failures: SmallVec<[u32; CHUNK]> = SmallVec::from_elem(0, members.len());
+        for i in unlisted {
+            failures[owner[i] as usize] += 1;
+        }
+        for (j, (m, &count)) in members.iter_mut().zip(&failures).enumerate() {
+            if count > 0 {
+                let (refused, vacated) = self.unlisted(m, count);
+                chunk.refused(chunk.positions[j], refused, vacated);
             }
         }
-        // Step 4, and the timeouts of those still waiting.
-        let mut tasks: SmallVec<[(Duration, Expiry); N]> = SmallVec::new();
-        for m in members.iter_mut() {
-            let Some(locked) = m.locked.as_mut() else {
+    }
+
+    /// Step 5 for a chunk: arms every member still held (one `add_batch`), then unlocks
+    /// each.
+    fn arm_chunk(&self, members: &mut [Member<'_, K, O>], chunk: &mut Chunk<O>) {
+        let mut tasks: Vec<(Duration, Expiry)> = members
+            .iter()
+            .filter(|m| m.locked.is_some())
+            .map(|m| (m.timeout, Expiry(m.op)))
+            .collect();
+        let mut armings = Vec::with_capacity(tasks.len());
+        self.timer.add_batch(&mut tasks, &mut armings);
+        let mut armings = armings.into_iter();
+        for (j, m) in members.iter_mut().enumerate() {
+            if m.locked.is_none() {
                 continue;
-            };
-            if self.is_ready(locked) {
-                done.push(take(m));
-                out[m.position] = Some(Ok(WatchOutcome::Completed));
-            } else {
-                tasks.push((m.timeout, Expiry(m.op)));
+            }
+            let position = chunk.positions[j];
+            let arming = armings.next().expect("one result per task");
+            match self.armed(m, arming) {
+                Ok(expired) => chunk.pending(position, m.op, expired, self.id),
+                Err((refused, vacated)) => chunk.refused(position, refused, vacated),
             }
         }
-        // Step 5: arm, then unlock.
-        let mut expired: SmallVec<[Taken<O>; 1]> = SmallVec::new();
-        let mut handles: SmallVec<[Result<TimerHandle, AddError<Expiry>>; N]> = SmallVec::new();
-        self.arm(&mut tasks, &mut handles);
-        let mut handles = handles.into_iter();
-        for m in members.iter_mut().filter(|m| m.locked.is_some()) {
-            match handles.next().expect("one result per task") {
-                Ok(handle) => {
-                    let mut locked = m.locked.take().expect("still locked");
-                    locked.arm(handle);
-                    // Its timeout may already have fired (a zero or tiny timeout): then
-                    // the unlock hands it back, to expire once no slot is held.
-                    if let Some(taken) = locked.unlock() {
-                        expired.push(taken);
-                    }
-                    m.waiting = true;
-                }
-                Err(_) => {
-                    // Shut down while we were watching: hand the operation back. Its
-                    // entries are now stale.
-                    let taken = take(m);
-                    self.watchers.mark_stale(taken.keys);
-                    out[m.position] = Some(Err(WatchError::Shutdown(taken.op)));
-                }
-            }
+    }
+
+    /// Step 6 for a chunk, once no slot of it is held: frees the emptied slots, runs the
+    /// callbacks, and appends the results in input order.
+    fn settle_chunk(&self, mut chunk: Chunk<O>, results: &mut Vec<WatchResult<O>>) {
+        if !chunk.vacated.is_empty() {
+            self.table.vacate(&chunk.vacated);
         }
-        // Step 6.
-        if !vacated.is_empty() {
-            self.table.vacate(&vacated);
-        }
-        self.complete(&mut done, Completion::Ready);
-        for m in members.iter().filter(|m| m.waiting) {
-            out[m.position] = Some(Ok(WatchOutcome::Pending(OperationHandle::new(
-                m.op, self.id,
-            ))));
-        }
-        self.complete(&mut expired, Completion::Expired);
-        tracing::debug!(target: "purgatory", purgatory = %self.name, operations = out.len(), "watch");
+        self.complete(&mut chunk.done, Completion::Ready);
+        self.complete(&mut chunk.expired, Completion::Expired);
+        tracing::debug!(target: "purgatory", purgatory = %self.name, operations = chunk.out.len(), "watch");
         results.extend(
-            out.into_iter()
+            chunk
+                .out
+                .into_iter()
                 .map(|result| result.expect("every operation has a result")),
         );
     }
+}
 
-    /// Arms the timeouts of `tasks` (leaving it empty), one result each in `handles`:
-    /// one `add` for a single task, one `add_batch` for more.
-    fn arm<const N: usize>(
-        &self,
-        tasks: &mut SmallVec<[(Duration, Expiry); N]>,
-        handles: &mut SmallVec<[Result<TimerHandle, AddError<Expiry>>; N]>,
-    ) {
-        if tasks.len() == 1 {
-            let (timeout, expiry) = tasks.pop().expect("one task");
-            handles.push(self.timer.add(timeout, expiry));
-        } else if !tasks.is_empty() {
-            let mut batch: Vec<(Duration, Expiry)> = tasks.drain(..).collect();
-            let mut out = Vec::with_capacity(batch.len());
-            self.timer.add_batch(&mut batch, &mut out);
-            handles.extend(out);
+/// What a chunk's steps leave for step 6: each operation's result by input position, and
+/// what to complete and free once no slot is held.
+struct Chunk<O> {
+    out: SmallVec<[Option<WatchResult<O>>; CHUNK]>,
+    /// The input position of each admitted member, in member order.
+    positions: SmallVec<[usize; CHUNK]>,
+    /// Completed at a try.
+    done: SmallVec<[Taken<O>; CHUNK]>,
+    /// Expired while held.
+    expired: SmallVec<[Taken<O>; 1]>,
+    /// Slots emptied while other slots of the chunk are held.
+    vacated: SmallVec<[Vacated; CHUNK]>,
+}
+
+impl<O> Chunk<O> {
+    fn new(len: usize) -> Self {
+        Chunk {
+            out: (0..len).map(|_| None).collect(),
+            positions: SmallVec::new(),
+            done: SmallVec::new(),
+            expired: SmallVec::new(),
+            vacated: SmallVec::new(),
         }
+    }
+
+    fn completed(&mut self, position: usize, taken: Taken<O>, vacated: Vacated) {
+        self.done.push(taken);
+        self.vacated.push(vacated);
+        self.out[position] = Some(Ok(WatchOutcome::Completed));
+    }
+
+    fn refused(&mut self, position: usize, refused: WatchError<O>, vacated: Vacated) {
+        self.vacated.push(vacated);
+        self.out[position] = Some(Err(refused));
+    }
+
+    fn pending(&mut self, position: usize, op: OpRef, expired: Option<Taken<O>>, id: u64) {
+        self.expired.extend(expired);
+        self.out[position] = Some(Ok(WatchOutcome::Pending(OperationHandle::new(op, id))));
     }
 }

@@ -310,34 +310,50 @@ impl<K: Hash + Eq> Watchers<K> {
         unlisted
     }
 
-    /// [`watch_many`](Self::watch_many) for a few entries (one operation's keys): each
-    /// listed under its own shard's lock, with no sort (and nothing on the stack sized
-    /// for a batch).
+    /// [`watch_many`](Self::watch_many) for a few entries: each listed under its own
+    /// shard's lock, with no sort (and nothing on the stack sized for a batch).
     fn watch_few(&self, entries: &mut [(Option<K>, OpRef)]) -> Unlisted {
         let mut unlisted = Unlisted::new();
-        let mut listed = 0;
         for (i, (key, op)) in entries.iter_mut().enumerate() {
-            let key = key.take().expect("listed once");
-            let Some(hash) = caught(|| self.hash(&key)) else {
+            if !self.list_one(key.take().expect("listed once"), *op) {
                 unlisted.push(i);
-                continue;
-            };
-            let mut guard = self.shard(hash).state.lock();
-            let spare = match self.list_under_lock(&mut guard, hash, key, *op) {
-                Ok(spare) => {
-                    listed += 1;
-                    spare
-                }
-                Err(key) => {
-                    unlisted.push(i);
-                    Some(key)
-                }
-            };
-            drop(guard);
-            drop(spare);
+            }
+        }
+        self.counts.add((entries.len() - unlisted.len()) as i64, 0);
+        unlisted
+    }
+
+    /// Lists `op` on every key of `keys` (one operation's), each under its own shard's
+    /// lock, with no sort; returns how many keys were not listed because their `Hash` or
+    /// `Eq` panicked (each caught and reported; the other keys are listed).
+    pub(crate) fn watch_keys(&self, keys: impl Iterator<Item = K>, op: OpRef) -> u32 {
+        let (mut listed, mut failed) = (0, 0);
+        for key in keys {
+            if self.list_one(key, op) {
+                listed += 1;
+            } else {
+                failed += 1;
+            }
         }
         self.counts.add(listed, 0);
-        unlisted
+        failed
+    }
+
+    /// Lists `op` on `key` under the key's shard lock; `false` if the key's `Hash` or
+    /// `Eq` panicked (nothing listed). Does not count the entry.
+    #[inline]
+    fn list_one(&self, key: K, op: OpRef) -> bool {
+        let Some(hash) = caught(|| self.hash(&key)) else {
+            return false;
+        };
+        let mut guard = self.shard(hash).state.lock();
+        let (listed, spare) = match self.list_under_lock(&mut guard, hash, key, op) {
+            Ok(spare) => (true, spare),
+            Err(key) => (false, Some(key)),
+        };
+        drop(guard);
+        drop(spare);
+        listed
     }
 
     /// Appends `op` to the list of `key` (hash `hash`) in a locked shard. Returns the key
