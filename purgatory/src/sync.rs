@@ -7,12 +7,14 @@
 //! keyed by address, so a slot costs no memory for it).
 
 #[cfg(not(loom))]
-pub(crate) use parking_lot::Mutex;
+pub(crate) use parking_lot::{Mutex, MutexGuard};
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::AtomicU64;
 
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::AtomicU64;
+#[cfg(loom)]
+pub(crate) use loom::sync::MutexGuard;
 
 /// Loom's mutex with `parking_lot`'s signature (`lock` cannot fail).
 #[cfg(loom)]
@@ -25,7 +27,7 @@ impl<T> Mutex<T> {
         Mutex(loom::sync::Mutex::new(value))
     }
 
-    pub(crate) fn lock(&self) -> loom::sync::MutexGuard<'_, T> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, T> {
         self.0.lock().expect("loom mutex poisoned")
     }
 }

@@ -52,7 +52,7 @@ use hashbrown::HashTable;
 use smallvec::{smallvec, SmallVec};
 
 use crate::counters::{stripe_index, STRIPES};
-use crate::op_list::{Flags, OpList};
+use crate::op_list::{Flags, OpList, BLOCK};
 use crate::op_table::OpRef;
 use crate::sync::Mutex;
 
@@ -389,8 +389,29 @@ impl<K: Hash + Eq> Watchers<K> {
 
     /// Copies the entries of `key` into `out`, in arrival order. (The caller tells the
     /// completed ones apart after the lock is released: each is a cache miss.)
-    pub(crate) fn snapshot(&self, key: &K, out: &mut impl Extend<OpRef>) {
+    ///
+    /// A list longer than `out` has room for is measured first and `out` made ready for
+    /// it (allocated, and written once so its pages are mapped) with the lock released:
+    /// the lock is then held for the copy alone (`docs/purgatory.md`, "Watchers").
+    pub(crate) fn snapshot<const N: usize>(&self, key: &K, out: &mut SmallVec<[OpRef; N]>) {
         let hash = self.hash(key);
+        let shard = self.shard(hash).state.lock();
+        let Some(bucket) = shard.find(hash, key) else {
+            return;
+        };
+        let list = shard.lists.get_bucket(bucket).expect("found");
+        let room = out.capacity() - out.len();
+        if room >= BLOCK || list.ops.is_short() {
+            list.ops.copy_into(out);
+            return;
+        }
+        let len = list.ops.len();
+        drop(shard);
+        if len > room {
+            let start = out.len();
+            out.resize(start + len, OpRef::default());
+            out.truncate(start);
+        }
         let shard = self.shard(hash).state.lock();
         if let Some(bucket) = shard.find(hash, key) {
             let list = shard.lists.get_bucket(bucket).expect("found");
@@ -399,21 +420,31 @@ impl<K: Hash + Eq> Watchers<K> {
     }
 
     /// Drops the entries of `key` whose operation is no longer `waiting` (removing the
-    /// key when its list empties); returns how many were dropped.
+    /// key when its list empties); returns how many were dropped. A long list is filtered
+    /// a segment (at most [`BLOCK`] entries) per hold of the shard lock, so other calls on
+    /// the shard wait for one segment at most; like a purge, a pass that meets a list
+    /// changed meanwhile may skip a segment (only dead entries are ever dropped).
     pub(crate) fn drop_completed(&self, key: &K, waiting: impl Fn(OpRef) -> bool) -> usize {
         let hash = self.hash(key);
-        let mut guard = self.shard(hash).state.lock();
-        let shard = &mut *guard;
-        let Some(bucket) = shard.find(hash, key) else {
-            return 0;
-        };
-        let list = shard.lists.get_bucket_mut(bucket).expect("found");
-        let removed = list.ops.drop_completed(&waiting);
-        let emptied = list.ops.is_empty();
-        shard.entries -= removed;
-        let gone = emptied.then(|| shard.remove(bucket));
-        drop(guard);
-        drop(gone);
+        let mut flags = Flags::new();
+        let mut removed = 0;
+        let mut segment = Some(0);
+        while let Some(at) = segment {
+            let mut guard = self.shard(hash).state.lock();
+            let shard = &mut *guard;
+            let Some(bucket) = shard.find(hash, key) else {
+                break;
+            };
+            let list = shard.lists.get_bucket_mut(bucket).expect("found");
+            let (dropped, next) = list.ops.drop_completed_in(at, &waiting, &mut flags);
+            segment = next;
+            removed += dropped;
+            shard.entries -= dropped;
+            let gone = list.ops.is_empty().then(|| shard.remove(bucket));
+            // Fair: a call waiting for the shard gets it before the next segment.
+            unlock_fair(guard);
+            drop(gone);
+        }
         self.removed_stale(removed);
         removed
     }
@@ -516,6 +547,15 @@ impl<K: Hash + Eq> Watchers<K> {
     }
 }
 
+/// Releases a shard lock to a thread waiting for it, if any, rather than to whichever
+/// thread takes it next (which may be this one, at once).
+fn unlock_fair<T>(guard: crate::sync::MutexGuard<'_, T>) {
+    #[cfg(not(loom))]
+    crate::sync::MutexGuard::unlock_fair(guard);
+    #[cfg(loom)]
+    drop(guard);
+}
+
 /// Runs `f`, catching a panic (reported through `tracing`): a key's `Hash` or `Eq`.
 fn caught<R>(f: impl FnOnce() -> R) -> Option<R> {
     catch_unwind(AssertUnwindSafe(f))
@@ -586,13 +626,66 @@ mod tests {
             steps >= 10,
             "{steps} steps for one list of {n} at a block a step"
         );
-        let mut left = Vec::new();
+        let mut left = SmallVec::<[OpRef; 16]>::new();
         watchers.snapshot(&7, &mut left);
         assert_eq!(
             left.iter().map(|op| op.index()).collect::<Vec<_>>(),
             (0..n).filter(|i| i % 10 == 0).collect::<Vec<_>>()
         );
         assert_eq!(watchers.entries(), left.len());
+    }
+
+    /// A long list is filtered a segment per hold of its shard's lock: another call on
+    /// the shard gets in between two segments (before, it waited for the whole list).
+    #[test]
+    fn dropping_a_long_lists_completed_entries_lets_other_calls_in_between_segments() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::SeqCst};
+        let watchers: Watchers<u32> = Watchers::new(1);
+        let n = 3 * BLOCK as u32;
+        let mut entries: Vec<(Option<u32>, OpRef)> =
+            (0..n).map(|i| (Some(7), OpRef::for_test(i, 0))).collect();
+        assert!(watchers.watch_many(&mut entries).is_empty());
+        let looked = AtomicUsize::new(0);
+        let other_got_in = AtomicBool::new(false);
+        let in_between = AtomicBool::new(false);
+        let trying = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                // Another call on the shard, made while the filter holds the lock.
+                while looked.load(SeqCst) == 0 {
+                    std::thread::yield_now();
+                }
+                trying.store(true, SeqCst);
+                let mut out = SmallVec::<[OpRef; 4]>::new();
+                watchers.snapshot(&8, &mut out);
+                other_got_in.store(true, SeqCst);
+            });
+            let waiting = |op: OpRef| {
+                let seen = looked.fetch_add(1, SeqCst);
+                if seen == 0 {
+                    // Under the lock: let the other call come and wait for it.
+                    while !trying.load(SeqCst) {
+                        std::thread::yield_now();
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                if seen == 2 * BLOCK {
+                    // The third segment: the other call had its turn in between.
+                    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+                    while !other_got_in.load(SeqCst) && std::time::Instant::now() < deadline {
+                        std::thread::yield_now();
+                    }
+                    in_between.store(other_got_in.load(SeqCst), SeqCst);
+                }
+                op.index() % 2 == 0
+            };
+            assert_eq!(watchers.drop_completed(&7, waiting), n as usize / 2);
+        });
+        assert!(
+            in_between.load(SeqCst),
+            "the other call waited for the whole list"
+        );
+        assert_eq!(watchers.entries(), n as usize / 2);
     }
 
     #[test]
@@ -605,7 +698,7 @@ mod tests {
             op.index() % 2 == 0
         });
         assert_eq!((dropped, next), (3, None));
-        let mut left = Vec::new();
+        let mut left = SmallVec::<[OpRef; 16]>::new();
         watchers.snapshot(&7, &mut left);
         assert_eq!(
             left.iter().map(|op| op.index()).collect::<Vec<_>>(),
