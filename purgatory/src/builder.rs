@@ -7,8 +7,7 @@ use timer_core::TimerBuilder;
 use crate::error::BuildError;
 use crate::operation::DelayedOperation;
 use crate::purgatory::Purgatory;
-use crate::purge::PurgePolicy;
-use crate::state::State;
+use crate::state::{PurgePolicy, State};
 use crate::watchers::Watchers;
 
 /// Builds a [`Purgatory`]. Defaults follow Kafka's: tick 1 ms, wheel size 20, purge

@@ -16,10 +16,9 @@ use smallvec::SmallVec;
 use timer_core::{panic_message, TimerHandle};
 
 use crate::counters::Count;
-use crate::expiry::Expiry;
 use crate::op_table::{Locked, Taken};
 use crate::operation::{Completion, DelayedOperation};
-use crate::state::State;
+use crate::state::{Expiry, State};
 
 impl<K, O: DelayedOperation> State<K, O> {
     /// `try_complete` on a locked operation, keeping the lock (a panic is counted and

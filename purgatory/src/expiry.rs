@@ -3,7 +3,7 @@
 //! shutdown protocol.
 //!
 //! # Invariants
-//! - A timer task ([`Expiry`]) only names an operation. Firing it takes the operation out
+//! - A timer task ([`Expiry`], `state.rs`) only names an operation. Firing it takes the operation out
 //!   of its slot if it is still there (exactly once, see `op_table.rs`) and completes it
 //!   as expired; if an event, a force or a cancel took it first, firing does nothing.
 //! - Every round starts by applying the queued timer cancels of completed operations
@@ -21,24 +21,14 @@
 use std::hash::Hash;
 use std::time::Duration;
 
-use timer_core::{Expire, NextRound, TimerCore, TimerTask};
+use timer_core::{Expire, NextRound, TimerCore};
 
-use crate::op_table::OpRef;
 use crate::operation::DelayedOperation;
-use crate::state::State;
+use crate::state::{Expiry, State};
 
 /// Longest the reaper sleeps while operations are pending or a purge is due, so stale
 /// entries are looked at even when the next timeout is far away.
 pub(crate) const REAPER_WAIT: Duration = Duration::from_millis(200);
-
-/// The timer task of one watched operation: the name of the operation to expire.
-pub(crate) struct Expiry(pub(crate) OpRef);
-
-impl TimerTask for Expiry {
-    /// Never called: the purgatory's driver hands expiries to [`State::expire`], which
-    /// needs the op table and counters a task does not carry.
-    fn run(self) {}
-}
 
 impl<K, O> Expire for State<K, O>
 where

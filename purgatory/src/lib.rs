@@ -60,6 +60,7 @@ mod completion;
 mod counters;
 mod error;
 mod expiry;
+mod guard;
 mod handle;
 #[cfg(feature = "metrics")]
 mod metrics;
@@ -77,7 +78,8 @@ mod watchers;
 
 pub use builder::{default_shards, PurgatoryBuilder};
 pub use error::{BuildError, WatchError};
-pub use handle::{CancelOnDrop, OperationHandle, WatchOutcome};
+pub use guard::CancelOnDrop;
+pub use handle::{OperationHandle, WatchOutcome};
 pub use operation::{Completion, DelayedOperation};
 pub use purgatory::Purgatory;
 pub use stats::PurgatoryStats;

@@ -29,7 +29,6 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
 use ::metrics::Label;
-use parking_lot::Mutex;
 use timer_core::NextRound;
 
 use crate::operation::DelayedOperation;
@@ -95,12 +94,6 @@ const COUNTERS: [(&str, &str, Figure); 6] = [
         |s| s.panicked,
     ),
 ];
-
-/// When the reaper's rounds publish next (`None`: at the next round).
-#[derive(Debug, Default)]
-pub(crate) struct Schedule {
-    next: Mutex<Option<Instant>>,
-}
 
 /// Publishes `stats` as the figures of the purgatory `name`.
 fn publish(name: &str, stats: &PurgatoryStats) {

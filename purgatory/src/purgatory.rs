@@ -25,7 +25,7 @@ use timer_core::Driver;
 
 use crate::counters::Count;
 use crate::error::WatchError;
-use crate::handle::{CancelOnDrop, OperationHandle, WatchOutcome};
+use crate::handle::{OperationHandle, WatchOutcome};
 use crate::op_table::{OpRef, Taken};
 use crate::operation::{Completion, DelayedOperation};
 use crate::state::State;
@@ -293,13 +293,6 @@ where
         let taken = state.table.take(handle.op)?;
         tracing::debug!(target: "purgatory", purgatory = %state.name, "cancel");
         Some(self.hand_back(taken))
-    }
-
-    /// A guard that [`cancel`](Self::cancel)s the operation `handle` names when dropped
-    /// (unless disarmed): for a request future that may be dropped because its client
-    /// left.
-    pub fn cancel_on_drop(&self, handle: OperationHandle<O>) -> CancelOnDrop<K, O> {
-        CancelOnDrop::new(self.clone(), handle)
     }
 
     /// Whether the operation `handle` names has been completed, expired or cancelled.

@@ -23,7 +23,6 @@
 
 use std::hash::Hash;
 
-use crate::sync::Mutex;
 use crate::watchers::PurgeCursor;
 
 use crate::counters::Count;
@@ -38,25 +37,6 @@ use crate::state::State;
 /// entries): entries of one list are adjacent and cost far less each (the longest step
 /// over a 2,000,000-entry list measured 0.36 ms).
 pub(crate) const STEP: usize = 256;
-
-/// When to purge, and where the next purge step starts.
-pub(crate) struct PurgePolicy {
-    /// Completed entries still listed before a purge is considered.
-    interval: i64,
-    /// The shard the next purge step visits, and where in it the step resumes (read and
-    /// written once per `purge_some`).
-    position: Mutex<(usize, PurgeCursor)>,
-}
-
-impl PurgePolicy {
-    pub(crate) fn new(interval: usize) -> Self {
-        PurgePolicy {
-            // Counts are i64; an interval beyond that means "practically never".
-            interval: interval.min(i64::MAX as usize) as i64,
-            position: Mutex::new((0, PurgeCursor::default())),
-        }
-    }
-}
 
 impl<K: Hash + Eq, O: DelayedOperation> State<K, O> {
     /// One purge step (see `watchers.rs`) on shard `index` from `cursor`; counts what it

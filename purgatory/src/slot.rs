@@ -12,7 +12,7 @@
 //! | 0      | `LOCKED`   | a thread holds the slot: it alone may read or change the operation |
 //!
 //! # States
-//! A name ([`OpRef`](crate::op_table::OpRef)) is a slot index and a generation `g`.
+//! A name (an `OpRef`, `op_table.rs`) is a slot index and a generation `g`.
 //!
 //! | state                     | word               | the operation |
 //! |---------------------------|--------------------|---------------|

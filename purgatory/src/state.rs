@@ -13,15 +13,14 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use timer_core::TimerCore;
+use timer_core::{TimerCore, TimerTask};
 
 use crate::cancels::DeferredCancels;
 use crate::counters::Counters;
-use crate::expiry::Expiry;
-use crate::op_table::OpTable;
+use crate::op_table::{OpRef, OpTable};
 use crate::operation::DelayedOperation;
-use crate::purge::PurgePolicy;
-use crate::watchers::Watchers;
+use crate::sync::Mutex;
+use crate::watchers::{PurgeCursor, Watchers};
 
 /// Source of purgatory identities, so a handle is only honoured by its own purgatory.
 static NEXT_PURGATORY_ID: AtomicU64 = AtomicU64::new(0);
@@ -37,7 +36,7 @@ pub(crate) struct State<K, O: DelayedOperation> {
     /// Timer cancels of completed operations, applied in batches (see `cancels.rs`).
     pub(crate) cancels: DeferredCancels,
     #[cfg(feature = "metrics")]
-    pub(crate) metrics: crate::metrics::Schedule,
+    pub(crate) metrics: Schedule,
 }
 
 impl<K, O: DelayedOperation> State<K, O> {
@@ -60,4 +59,39 @@ impl<K, O: DelayedOperation> State<K, O> {
             metrics: Default::default(),
         }
     }
+}
+
+/// The timer task of one watched operation: the name of the operation to expire.
+pub(crate) struct Expiry(pub(crate) OpRef);
+
+impl TimerTask for Expiry {
+    /// Never called: the purgatory's driver hands expiries to `State::expire` (`expiry.rs`), which
+    /// needs the op table and counters a task does not carry.
+    fn run(self) {}
+}
+
+/// When to purge, and where the next purge step starts (the policy is `purge.rs`'s).
+pub(crate) struct PurgePolicy {
+    /// Completed entries still listed before a purge is considered.
+    pub(crate) interval: i64,
+    /// The shard the next purge step visits, and where in it the step resumes (read and
+    /// written once per `purge_some`).
+    pub(crate) position: Mutex<(usize, PurgeCursor)>,
+}
+
+impl PurgePolicy {
+    pub(crate) fn new(interval: usize) -> Self {
+        PurgePolicy {
+            // Counts are i64; an interval beyond that means "practically never".
+            interval: interval.min(i64::MAX as usize) as i64,
+            position: Mutex::new((0, PurgeCursor::default())),
+        }
+    }
+}
+
+#[cfg(feature = "metrics")]
+/// When the reaper's rounds publish next (`None`: at the next round); see `metrics.rs`.
+#[derive(Debug, Default)]
+pub(crate) struct Schedule {
+    pub(crate) next: parking_lot::Mutex<Option<std::time::Instant>>,
 }

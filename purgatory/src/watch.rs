@@ -40,11 +40,10 @@ use timer_core::{panic_message, AddError, TimerHandle};
 
 use crate::counters::Count;
 use crate::error::WatchError;
-use crate::expiry::Expiry;
 use crate::handle::{OperationHandle, WatchOutcome};
 use crate::op_table::{Locked, OpRef, Taken, Vacated};
 use crate::operation::{Completion, DelayedOperation};
-use crate::state::State;
+use crate::state::{Expiry, State};
 
 /// Most operations watched under one round of locks.
 pub(crate) const CHUNK: usize = 64;
