@@ -1,15 +1,18 @@
 //! What one purgatory shares between its handles, its reaper and its pool: the op table,
-//! the watcher lists, the timer core, the counters. The protocols that use it each have
-//! their file: watching (`watch.rs`), completing (`completion.rs`), expiring and the
-//! reaper's rounds (`expiry.rs`), purging (`purge.rs`).
+//! the watcher lists, the timer core, the counters, and the small records its policies
+//! keep (where the next purge step starts, when metrics publish next). The protocols that
+//! use it each have their file above this one: watching (`watch.rs`), completing
+//! (`completion.rs`), expiring and the reaper's rounds (`expiry.rs`), purging
+//! (`purge.rs`), publishing (`metrics.rs`). This file imports none of them.
 //!
 //! # Lock order
-//! An operation's slot lock (`op_table.rs`) is taken before a watcher shard lock, a
-//! timer shard lock or a cancel-queue lock, never while holding one of them; the slot
-//! locks of one watch chunk are its own new slots, which nobody else can be waiting
-//! for. Watcher shard, timer shard and cancel-queue locks are leaves: nothing is locked
-//! while one is held. No lock but the operation's own is held while user code runs (its
-//! `try_complete`), except a key's `Hash`/`Eq`/`Drop` under a watcher shard lock.
+//! An operation's slot (its lock bit, `slot.rs`) is held before a watcher shard lock, a
+//! timer shard lock, a cancel-queue lock or a free-list lock is taken, never waited for
+//! while one of them is held; the slots held together by one watch chunk are its own new
+//! slots, which nobody else can be waiting for. Watcher shard, timer shard, cancel-queue
+//! and free-list locks are leaves: nothing is locked while one is held. No lock but the
+//! operation's own slot is held while user code runs (its `try_complete`), except a
+//! key's `Eq` under a watcher shard lock.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

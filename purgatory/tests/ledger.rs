@@ -1,0 +1,483 @@
+//! The randomized ledger: several threads make every call of the API at random (single
+//! and batch watches, events, checks, forces single and batched, cancels by handle, by
+//! guard and by key, `is_completed`, purges), on handles that are often stale, with a
+//! fifth of the operations on keys nobody ever checks, guards dropped on another thread,
+//! clones of the purgatory made and dropped concurrently, and the purgatory shut down in
+//! the middle of the run (or by the drop of its last handle). Epoch after epoch, each on a
+//! fresh purgatory, until the time budget is spent.
+//!
+//! Every epoch ends with every operation accounted for, exactly once: answered
+//! (`on_complete`, once), handed back by a cancel, or refused (given back in the error).
+//! The probe's ledger (`probe/mod.rs`) flags on the fly a `try_complete` run concurrently
+//! or after completion, a second `on_complete`, an `on_expiration` without an expiry, a
+//! second drop. Nothing is answered after a successful cancel (the operation came back:
+//! its ledger shows no `on_complete`). The purgatory's counters equal the ledger's.
+//!
+//! The budget is 15 s by default (about ten epochs on two cores), `LEDGER_SECS` for more;
+//! the totals are printed at the end (`cargo test --release --test ledger -- --nocapture`).
+
+mod probe;
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use probe::{Ledger, Probe, Readiness, Rng};
+use purgatory::{
+    Completion, Executor, OperationHandle, Purgatory, PurgatoryBuilder, TimerBuilder, WatchError,
+    WatchOutcome,
+};
+
+/// Keys that events and checks use; keys at and above it are never checked.
+const CHECKED_KEYS: u64 = 2_000;
+const UNCHECKED_KEYS: u64 = 500;
+const WORKERS: usize = 4;
+/// Operations per epoch (at most: the epoch's time may run out first).
+const OPS: usize = 400_000;
+
+/// What one epoch records besides the probe's ledger.
+struct Epoch {
+    ledger: Arc<Ledger>,
+    ready: Vec<AtomicBool>,
+    /// Ids handed out so far.
+    next_id: AtomicUsize,
+    /// Per operation: handed back by `cancel` or `cancel_for_key` to this test.
+    returned: Vec<AtomicU32>,
+    /// Per operation: given back in a `WatchError`.
+    refused: Vec<AtomicU32>,
+    /// Per operation: a guard was made for it (it may have been cancelled by the guard's
+    /// drop, which hands the operation to no one).
+    guarded: Vec<AtomicBool>,
+    /// Per operation: its timeout was short (it may expire before shutdown).
+    short: Vec<AtomicBool>,
+    /// Calls made into the purgatory.
+    calls: AtomicU64,
+    shut_down: AtomicBool,
+}
+
+impl Epoch {
+    fn new() -> Arc<Self> {
+        Arc::new(Epoch {
+            ledger: Ledger::new(OPS),
+            ready: (0..OPS).map(|_| AtomicBool::new(false)).collect(),
+            next_id: AtomicUsize::new(0),
+            returned: (0..OPS).map(|_| AtomicU32::new(0)).collect(),
+            refused: (0..OPS).map(|_| AtomicU32::new(0)).collect(),
+            guarded: (0..OPS).map(|_| AtomicBool::new(false)).collect(),
+            short: (0..OPS).map(|_| AtomicBool::new(false)).collect(),
+            calls: AtomicU64::new(0),
+            shut_down: AtomicBool::new(false),
+        })
+    }
+
+    fn keys_of(&self, id: usize) -> Vec<u64> {
+        let seed = probe::splitmix(id as u64);
+        let count = 1 + seed % 3;
+        // A fifth of the operations wait only on keys nobody checks.
+        let unchecked = seed % 5 == 0;
+        (0..count)
+            .map(|j| {
+                let k = probe::splitmix(seed + j);
+                if unchecked {
+                    CHECKED_KEYS + k % UNCHECKED_KEYS
+                } else {
+                    k % CHECKED_KEYS
+                }
+            })
+            .collect()
+    }
+
+    fn call(&self) {
+        self.calls.fetch_add(1, SeqCst);
+    }
+
+    fn refuse(&self, error: WatchError<Probe>) {
+        let op = error.into_operation();
+        assert!(
+            self.shut_down.load(SeqCst),
+            "operation {} refused before shutdown",
+            op.id
+        );
+        self.refused[op.id].fetch_add(1, SeqCst);
+    }
+}
+
+/// A new operation for `epoch`, or `None` once the epoch has handed out all its ids.
+fn new_op(epoch: &Epoch, rng: &mut Rng, readiness: &Readiness) -> Option<(Probe, Vec<u64>)> {
+    let id = epoch.next_id.fetch_add(1, SeqCst);
+    if id >= OPS {
+        return None;
+    }
+    let timeout = if rng.percent(30) {
+        epoch.short[id].store(true, SeqCst);
+        Duration::from_micros(rng.below(3_000))
+    } else {
+        Duration::from_secs(60)
+    };
+    if rng.percent(5) {
+        epoch.ready[id].store(true, SeqCst);
+    }
+    Some((
+        Probe::new(id, timeout, &epoch.ledger, readiness),
+        epoch.keys_of(id),
+    ))
+}
+
+/// Handles a worker keeps: recent ones, many of them stale by the time they are used.
+struct Recent(Vec<(usize, OperationHandle<Probe>)>);
+
+impl Recent {
+    fn add(&mut self, rng: &mut Rng, id: usize, handle: OperationHandle<Probe>) {
+        if self.0.len() < 128 {
+            self.0.push((id, handle));
+        } else {
+            let at = rng.below(128) as usize;
+            self.0[at] = (id, handle);
+        }
+    }
+
+    fn pick(&self, rng: &mut Rng) -> Option<(usize, OperationHandle<Probe>)> {
+        (!self.0.is_empty()).then(|| self.0[rng.below(self.0.len() as u64) as usize])
+    }
+}
+
+/// One worker's run: random calls until `until` or the epoch's ids run out.
+#[allow(clippy::too_many_arguments)]
+fn worker(
+    purgatory: Purgatory<u64, Probe>,
+    epoch: Arc<Epoch>,
+    readiness: Readiness,
+    seed: u64,
+    until: Instant,
+    shut_down_at: Option<usize>,
+    guards: crossbeam_channel::Sender<purgatory::CancelOnDrop<u64, Probe>>,
+) {
+    let mut rng = Rng::new(seed);
+    let mut recent = Recent(Vec::new());
+    let mut shut_down_at = shut_down_at;
+    while Instant::now() < until {
+        if shut_down_at.is_some_and(|at| epoch.next_id.load(SeqCst) >= at) {
+            shut_down_at = None;
+            epoch.shut_down.store(true, SeqCst);
+            epoch.call();
+            purgatory.shutdown();
+        }
+        epoch.call();
+        match rng.below(100) {
+            0..=29 => {
+                let Some((op, keys)) = new_op(&epoch, &mut rng, &readiness) else {
+                    break;
+                };
+                let id = op.id;
+                let result = if rng.percent(50) {
+                    purgatory.watch(op, keys)
+                } else {
+                    purgatory
+                        .try_complete_else_watch(op, keys)
+                        .map(|_| WatchOutcome::Completed)
+                };
+                match result {
+                    Ok(WatchOutcome::Pending(handle)) => recent.add(&mut rng, id, handle),
+                    Ok(WatchOutcome::Completed) => {}
+                    Err(error) => epoch.refuse(error),
+                }
+            }
+            30..=37 => {
+                let size = 1 + rng.below(16) as usize;
+                let batch: Vec<(Probe, Vec<u64>)> = (0..size)
+                    .map_while(|_| new_op(&epoch, &mut rng, &readiness))
+                    .collect();
+                let ids: Vec<usize> = batch.iter().map(|(op, _)| op.id).collect();
+                for (id, result) in ids.into_iter().zip(purgatory.watch_batch(batch)) {
+                    match result {
+                        Ok(WatchOutcome::Pending(handle)) => recent.add(&mut rng, id, handle),
+                        Ok(WatchOutcome::Completed) => {}
+                        Err(error) => epoch.refuse(error),
+                    }
+                }
+            }
+            38..=59 => {
+                // An event: some operation handed out so far becomes ready, and one of its
+                // keys (maybe one nobody else checks) is checked.
+                let handed = epoch.next_id.load(SeqCst).min(OPS);
+                if handed > 0 {
+                    let target = rng.below(handed as u64) as usize;
+                    epoch.ready[target].store(true, SeqCst);
+                    let keys = epoch.keys_of(target);
+                    let key = keys[rng.below(keys.len() as u64) as usize];
+                    if key < CHECKED_KEYS {
+                        purgatory.check_and_complete(&key);
+                    }
+                }
+            }
+            60..=69 => {
+                purgatory.check_and_complete(&rng.below(CHECKED_KEYS));
+            }
+            70..=75 => {
+                if rng.percent(50) {
+                    if let Some((_, handle)) = recent.pick(&mut rng) {
+                        purgatory.force_complete(&handle);
+                    }
+                } else {
+                    let handles: Vec<_> = (0..1 + rng.below(8))
+                        .filter_map(|_| recent.pick(&mut rng).map(|(_, h)| h))
+                        .collect();
+                    purgatory.force_complete_batch(handles.iter());
+                }
+            }
+            76..=80 => {
+                if let Some((id, handle)) = recent.pick(&mut rng) {
+                    if let Some(op) = purgatory.cancel(&handle) {
+                        assert_eq!(op.id, id, "a handle cancelled another operation");
+                        epoch.returned[id].fetch_add(1, SeqCst);
+                    }
+                }
+            }
+            81..=86 => {
+                if let Some((id, handle)) = recent.pick(&mut rng) {
+                    let guard = purgatory.cancel_on_drop(handle);
+                    if rng.percent(50) {
+                        epoch.guarded[id].store(true, SeqCst);
+                        // Dropped on the guard thread, whenever it gets there.
+                        let _ = guards.send(guard);
+                    } else {
+                        let _ = guard.disarm();
+                    }
+                }
+            }
+            87 => {
+                if rng.percent(20) {
+                    for op in purgatory.cancel_for_key(&rng.below(CHECKED_KEYS + UNCHECKED_KEYS)) {
+                        epoch.returned[op.id].fetch_add(1, SeqCst);
+                    }
+                }
+            }
+            88..=96 => {
+                if let Some((id, handle)) = recent.pick(&mut rng) {
+                    if !purgatory.is_completed(&handle) {
+                        // Still waiting a moment ago: it cannot have been answered before
+                        // it was watched, and a cancel would have returned it.
+                        assert_eq!(epoch.returned[id].load(SeqCst), 0, "operation {id}");
+                    }
+                }
+            }
+            97 => {
+                // A clone made and dropped, while others are in use.
+                drop(purgatory.clone());
+            }
+            98 => {
+                if rng.percent(10) {
+                    purgatory.purge();
+                }
+            }
+            _ => {
+                let _ = purgatory.stats();
+            }
+        }
+    }
+    // Dropped here, concurrently with the other workers' clones.
+    drop(purgatory);
+}
+
+/// What an epoch ran.
+#[derive(Default)]
+struct Totals {
+    epochs: u64,
+    operations: u64,
+    calls: u64,
+    answered: u64,
+    expired: u64,
+    cancelled: u64,
+    refused: u64,
+}
+
+fn run_epoch(number: u64, budget: Duration, totals: &mut Totals) {
+    let epoch = Epoch::new();
+    let executor = if number % 2 == 0 {
+        Executor::Inline
+    } else {
+        Executor::pool(2).unwrap()
+    };
+    let purgatory: Purgatory<u64, Probe> = PurgatoryBuilder::new()
+        .name("ledger")
+        .timer(TimerBuilder::new().executor(executor))
+        .build()
+        .unwrap();
+    let readiness: Readiness = {
+        let epoch = Arc::clone(&epoch);
+        Arc::new(move |id, _| epoch.ready[id].load(SeqCst))
+    };
+    // Every third epoch ends with the drop of the last handle instead of a shutdown call.
+    let explicit_shutdown = number % 3 != 2;
+    let until = Instant::now() + budget;
+    let (guards, guard_inbox) = crossbeam_channel::unbounded();
+    let dropper = std::thread::spawn(move || {
+        for guard in guard_inbox {
+            drop(guard);
+        }
+    });
+    let workers: Vec<_> = (0..WORKERS)
+        .map(|w| {
+            let (purgatory, epoch, readiness, guards) = (
+                purgatory.clone(),
+                Arc::clone(&epoch),
+                Arc::clone(&readiness),
+                guards.clone(),
+            );
+            // One worker shuts the purgatory down part way through, once 60 to 95 % of
+            // the epoch's operations are handed out (or at the end, if time runs out).
+            let shut_down_at = (explicit_shutdown && w == 0)
+                .then_some(OPS * (60 + (number as usize * 7) % 36) / 100);
+            let seed = number * 100 + w as u64;
+            std::thread::spawn(move || {
+                worker(
+                    purgatory,
+                    epoch,
+                    readiness,
+                    seed,
+                    until,
+                    shut_down_at,
+                    guards,
+                )
+            })
+        })
+        .collect();
+    drop(guards);
+    for w in workers {
+        w.join().unwrap();
+    }
+    dropper.join().unwrap();
+
+    if explicit_shutdown {
+        epoch.shut_down.store(true, SeqCst);
+        purgatory.shutdown();
+    }
+    let stats = purgatory.stats();
+    // The last handle: with no explicit shutdown, its drop expires what is pending.
+    drop(purgatory);
+
+    let handed = epoch.next_id.load(SeqCst).min(OPS);
+    let ledger = &epoch.ledger;
+    let mut breaches = Vec::new();
+    let mut guard_cancelled = 0u64;
+    let (mut returned_total, mut refused_total) = (0u64, 0u64);
+    for id in 0..handed {
+        let completions = ledger.completions(id);
+        let returned = epoch.returned[id].load(SeqCst);
+        let refused = epoch.refused[id].load(SeqCst);
+        returned_total += u64::from(returned);
+        refused_total += u64::from(refused);
+        let accounted = completions + returned + refused;
+        if accounted == 0 && epoch.guarded[id].load(SeqCst) {
+            guard_cancelled += 1; // checked against the purgatory's count below
+        } else if accounted != 1 {
+            breaches.push(format!(
+                "op {id}: {completions} answers, returned {returned}, refused {refused}"
+            ));
+        }
+        let expired = ledger.how(id) == Some(Completion::Expired);
+        if ledger.expirations(id) != u32::from(expired) {
+            breaches.push(format!(
+                "op {id}: {:?} with {} on_expiration",
+                ledger.how(id),
+                ledger.expirations(id)
+            ));
+        }
+        if ledger.drops(id) != 1 {
+            breaches.push(format!("op {id}: dropped {} times", ledger.drops(id)));
+        }
+        if expired
+            && !epoch.short[id].load(SeqCst)
+            && !epoch.shut_down.load(SeqCst)
+            && explicit_shutdown
+        {
+            breaches.push(format!("op {id}: a 60 s timeout expired before shutdown"));
+        }
+    }
+    assert!(
+        breaches.is_empty(),
+        "epoch {number}: {} breaches, first: {:#?}",
+        breaches.len(),
+        &breaches[..breaches.len().min(10)]
+    );
+    assert_eq!(
+        ledger.violations(),
+        0,
+        "epoch {number}: contract violations"
+    );
+    // Hand-backs the test saw, plus those of guards dropped on the guard thread, are all
+    // the purgatory cancelled.
+    assert_eq!(
+        stats.cancelled,
+        returned_total + guard_cancelled,
+        "epoch {number}: {stats:?}"
+    );
+    assert_eq!(
+        stats.completed,
+        ledger.count(Completion::Ready),
+        "epoch {number}"
+    );
+    assert_eq!(
+        stats.forced,
+        ledger.count(Completion::Forced),
+        "epoch {number}"
+    );
+    if explicit_shutdown {
+        assert_eq!(
+            stats.expired,
+            ledger.count(Completion::Expired),
+            "epoch {number}"
+        );
+        assert_eq!(
+            (stats.pending, stats.watched, stats.keys),
+            (0, 0, 0),
+            "epoch {number}: {stats:?}"
+        );
+    } else {
+        // The drop expired what was still pending after these stats were read (and
+        // rounds in progress may have been finishing expiries meanwhile): the ledger has
+        // at least as many, and every operation is accounted for below.
+        assert!(
+            ledger.count(Completion::Expired) >= stats.expired,
+            "epoch {number}: {stats:?}"
+        );
+    }
+    assert_eq!(
+        ledger.total_completions() + returned_total + refused_total + guard_cancelled,
+        handed as u64,
+        "epoch {number}"
+    );
+    totals.epochs += 1;
+    totals.operations += handed as u64;
+    totals.calls += epoch.calls.load(SeqCst);
+    totals.answered += ledger.total_completions();
+    totals.expired += ledger.count(Completion::Expired);
+    totals.cancelled += stats.cancelled;
+    totals.refused += refused_total;
+}
+
+#[test]
+fn every_operation_is_answered_exactly_once_under_every_call_at_random() {
+    let secs: u64 = std::env::var("LEDGER_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(15);
+    let start = Instant::now();
+    let mut totals = Totals::default();
+    let mut number = 0;
+    while start.elapsed() < Duration::from_secs(secs) || totals.epochs < 3 {
+        run_epoch(number, Duration::from_millis(1_500), &mut totals);
+        number += 1;
+    }
+    eprintln!(
+        "ledger: {} epochs, {} operations, {} calls, in {:?}: {} answered ({} expired), {} cancelled, {} refused after shutdown; 0 unanswered, 0 answered twice",
+        totals.epochs,
+        totals.operations,
+        totals.calls,
+        start.elapsed(),
+        totals.answered,
+        totals.expired,
+        totals.cancelled,
+        totals.refused
+    );
+}
