@@ -12,28 +12,12 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use probe::{never, wait_until, Ledger, Probe, Rng};
+use probe::{never, wait_until, within, Ledger, Probe, Rng};
 use purgatory::{
     Clock, Completion, Purgatory, PurgatoryBuilder, SystemClock, TimerBuilder, WatchError,
 };
 
 const LONG: Duration = Duration::from_secs(200);
-
-/// Runs `f` on its own thread; fails the test if it does not return within `limit`.
-fn within<T: Send + 'static>(
-    limit: Duration,
-    what: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> T {
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(value) => value,
-        Err(_) => panic!("{what} did not return within {limit:?}"),
-    }
-}
 
 #[test]
 fn shutdown_expires_every_pending_operation_promptly() {

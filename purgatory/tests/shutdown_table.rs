@@ -8,10 +8,13 @@
 //!
 //! A hang fails through a bounded wait on another thread instead of hanging the suite.
 
+mod probe;
+
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use probe::{wait_until, within};
 use purgatory::{
     Completion, DelayedOperation, Executor, Purgatory, PurgatoryBuilder, TimerBuilder,
 };
@@ -126,33 +129,6 @@ fn executors() -> [(&'static str, Executor); 2] {
     ]
 }
 
-/// Runs `f` on its own thread; fails the test if it does not return within `limit`.
-fn within<T: Send + 'static>(
-    limit: Duration,
-    what: &str,
-    f: impl FnOnce() -> T + Send + 'static,
-) -> T {
-    let (tx, rx) = crossbeam_channel::bounded(1);
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    match rx.recv_timeout(limit) {
-        Ok(value) => value,
-        Err(_) => panic!("{what} did not return within {limit:?}"),
-    }
-}
-
-fn wait_until(limit: Duration, done: impl Fn() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while !done() {
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    true
-}
-
 /// Watches `n` operations with `timeout`, in one batch (so short ones expire together).
 fn watch_many(
     purgatory: &Purgatory<u32, Op>,
@@ -166,29 +142,36 @@ fn watch_many(
     assert!(results.iter().all(Result::is_ok));
 }
 
+/// A purgatory with 40 operations expiring now, slowly (2 ms an answer, so rounds and pool
+/// batches are in progress when the test goes on), and `pending` waiting for shutdown.
+fn busy(name: &str, executor: Executor, pending: u32) -> (Arc<Log>, Purgatory<u32, Op>) {
+    let log = Arc::new(Log::default());
+    let purgatory = purgatory(name, executor);
+    let slow = OnComplete::Sleep(Duration::from_millis(2));
+    watch_many(&purgatory, &log, 40, Duration::from_millis(1), slow);
+    watch_many(&purgatory, &log, pending, LONG, OnComplete::Record);
+    assert!(wait_until(Duration::from_secs(10), || log.answered() > 0));
+    (log, purgatory)
+}
+
+/// Asserts that `answered` operations were answered, every answer before `returned`.
+fn assert_answered_before(log: &Log, answered: usize, returned: Instant, what: &str) {
+    assert_eq!(log.answered(), answered, "{what}: answered");
+    assert!(
+        log.last_answer_ended() <= returned,
+        "{what}: an answer ran after the call returned"
+    );
+}
+
 /// Row "outside, first": returns once the reaper is joined, every round and pool batch in
 /// progress has finished and every pending operation was expired on the calling thread.
 #[test]
 fn outside_first_returns_after_every_pending_operation_was_answered() {
     for (name, executor) in executors() {
-        let log = Arc::new(Log::default());
-        let purgatory = purgatory("outside-first", executor);
-        // Expiring while shutdown comes (slow answers, so rounds and batches are in
-        // progress), and pending until shutdown.
-        watch_many(
-            &purgatory,
-            &log,
-            40,
-            Duration::from_millis(1),
-            OnComplete::Sleep(Duration::from_millis(2)),
-        );
-        watch_many(&purgatory, &log, 100, LONG, OnComplete::Record);
-        assert!(wait_until(Duration::from_secs(10), || log.answered() > 0));
+        let (log, purgatory) = busy("outside-first", executor, 100);
         let shut = purgatory.clone();
         within(Duration::from_secs(10), "shutdown", move || shut.shutdown());
-        let returned = Instant::now();
-        assert_eq!(log.answered(), 140, "{name}: everything answered");
-        assert!(log.last_answer_ended() <= returned, "{name}");
+        assert_answered_before(&log, 140, Instant::now(), name);
         assert_eq!(purgatory.stats().pending, 0, "{name}");
     }
 }
@@ -198,17 +181,7 @@ fn outside_first_returns_after_every_pending_operation_was_answered() {
 #[test]
 fn outside_while_another_runs_waits_for_it() {
     for (name, executor) in executors() {
-        let log = Arc::new(Log::default());
-        let purgatory = purgatory("outside-twice", executor);
-        watch_many(
-            &purgatory,
-            &log,
-            40,
-            Duration::from_millis(1),
-            OnComplete::Sleep(Duration::from_millis(2)),
-        );
-        watch_many(&purgatory, &log, 5_000, LONG, OnComplete::Record);
-        assert!(wait_until(Duration::from_secs(10), || log.answered() > 0));
+        let (log, purgatory) = busy("outside-twice", executor, 5_000);
         let barrier = Arc::new(std::sync::Barrier::new(3));
         let callers: Vec<_> = (0..3)
             .map(|_| {
@@ -221,13 +194,8 @@ fn outside_while_another_runs_waits_for_it() {
             })
             .collect();
         for caller in callers {
-            let returned = caller.join().unwrap();
-            assert!(
-                log.last_answer_ended() <= returned,
-                "{name}: a caller returned early"
-            );
+            assert_answered_before(&log, 5_040, caller.join().unwrap(), name);
         }
-        assert_eq!(log.answered(), 5_040, "{name}");
     }
 }
 
@@ -293,9 +261,7 @@ fn outside_after_an_inside_first_waits_for_its_round() {
         within(Duration::from_secs(10), "outside shutdown", move || {
             shut.shutdown()
         });
-        let returned = Instant::now();
-        assert_eq!(log.answered(), 40, "{name}: the round was still answering");
-        assert!(log.last_answer_ended() <= returned, "{name}");
+        assert_answered_before(&log, 40, Instant::now(), name);
     }
 }
 
@@ -318,9 +284,7 @@ fn inside_shutdowns_own_expiry_returns_at_once() {
         watch_many(&purgatory, &log, 100, LONG, OnComplete::Record);
         let shut = purgatory.clone();
         within(Duration::from_secs(10), "shutdown", move || shut.shutdown());
-        let returned = Instant::now();
-        assert_eq!(log.answered(), 104, "{name}");
-        assert!(log.last_answer_ended() <= returned, "{name}");
+        assert_answered_before(&log, 104, Instant::now(), name);
     }
 }
 
@@ -328,21 +292,9 @@ fn inside_shutdowns_own_expiry_returns_at_once() {
 #[test]
 fn last_handle_dropped_outside_answers_everything_before_the_drop_returns() {
     for (name, executor) in executors() {
-        let log = Arc::new(Log::default());
-        let purgatory = purgatory("dropped-outside", executor);
-        watch_many(
-            &purgatory,
-            &log,
-            40,
-            Duration::from_millis(1),
-            OnComplete::Sleep(Duration::from_millis(2)),
-        );
-        watch_many(&purgatory, &log, 100, LONG, OnComplete::Record);
-        assert!(wait_until(Duration::from_secs(10), || log.answered() > 0));
+        let (log, purgatory) = busy("dropped-outside", executor, 100);
         within(Duration::from_secs(10), "drop", move || drop(purgatory));
-        let returned = Instant::now();
-        assert_eq!(log.answered(), 140, "{name}");
-        assert!(log.last_answer_ended() <= returned, "{name}");
+        assert_answered_before(&log, 140, Instant::now(), name);
     }
 }
 
@@ -407,9 +359,8 @@ fn several_at_once_each_return_after_the_last_answer() {
             let returns: Vec<Instant> = within(Duration::from_secs(20), "the callers", move || {
                 callers.into_iter().map(|c| c.join().unwrap()).collect()
             });
-            assert_eq!(log.answered(), 1_060, "{name}, round {round}");
             for returned in returns {
-                assert!(log.last_answer_ended() <= returned, "{name}, round {round}");
+                assert_answered_before(&log, 1_060, returned, &format!("{name}, round {round}"));
             }
         }
     }

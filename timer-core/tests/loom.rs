@@ -49,7 +49,7 @@ impl TimerTask for Counted {
     }
 }
 
-fn manual_timer(clock: &ManualClock) -> Timer<Counted> {
+fn manual_timer<T: TimerTask>(clock: &ManualClock) -> Timer<T> {
     TimerBuilder::new()
         .tick(Duration::from_millis(1))
         .shards(1)
@@ -193,15 +193,7 @@ impl TimerTask for Step {
 fn an_outside_shutdown_returns_after_the_round_an_inside_shutdown_is_in() {
     loom::model(|| {
         let clock = ManualClock::new();
-        let timer: std::sync::Arc<Timer<Step>> = std::sync::Arc::new(
-            TimerBuilder::new()
-                .tick(Duration::from_millis(1))
-                .shards(1)
-                .clock(clock.clone())
-                .reaper(false)
-                .build()
-                .expect("valid configuration"),
-        );
+        let timer: std::sync::Arc<Timer<Step>> = std::sync::Arc::new(manual_timer(&clock));
         let ran = Arc::new(loom::sync::atomic::AtomicUsize::new(0));
         let handed_back = Arc::new(loom::sync::atomic::AtomicUsize::new(0));
         for shut in [Some(std::sync::Arc::downgrade(&timer)), None] {

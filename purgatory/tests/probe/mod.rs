@@ -269,6 +269,22 @@ pub fn flags(len: usize) -> (Arc<Vec<AtomicBool>>, Readiness) {
     (flags, Arc::new(move |id, _| read[id].load(SeqCst)))
 }
 
+/// Runs `f` on its own thread; fails the test if it does not return within `limit`.
+pub fn within<T: Send + 'static>(
+    limit: Duration,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(value) => value,
+        Err(_) => panic!("{what} did not return within {limit:?}"),
+    }
+}
+
 /// Polls `done` every millisecond until it holds or `limit` passes; returns whether it held.
 pub fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
     let deadline = std::time::Instant::now() + limit;
