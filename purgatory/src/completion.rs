@@ -10,14 +10,13 @@
 //! - A taken operation's armed timer is queued for cancelling (`cancels.rs`) and its
 //!   watcher entries are marked stale before its callbacks run.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-
 use smallvec::SmallVec;
-use timer_core::{panic_message, TimerHandle};
+use timer_core::TimerHandle;
 
 use crate::counters::Count;
 use crate::op_table::{Locked, Taken};
 use crate::operation::{Completion, DelayedOperation};
+use crate::panics::caught;
 use crate::state::{Expiry, State};
 
 impl<K, O: DelayedOperation> State<K, O> {
@@ -135,19 +134,16 @@ impl<K, O: DelayedOperation> State<K, O> {
 /// many panicked. Drops the operation afterwards, catching that too.
 fn run_callbacks<O: DelayedOperation>(mut op: O, how: Completion) -> u64 {
     let mut panics = 0;
-    if let Err(payload) = catch_unwind(AssertUnwindSafe(|| op.on_complete(how))) {
+    if caught("on_complete panicked", || op.on_complete(how)).is_none() {
         panics += 1;
-        tracing::error!(target: "purgatory", panic = panic_message(&*payload), "on_complete panicked");
     }
-    if how == Completion::Expired {
-        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| op.on_expiration())) {
-            panics += 1;
-            tracing::error!(target: "purgatory", panic = panic_message(&*payload), "on_expiration panicked");
-        }
-    }
-    if let Err(payload) = catch_unwind(AssertUnwindSafe(move || drop(op))) {
+    if how == Completion::Expired
+        && caught("on_expiration panicked", || op.on_expiration()).is_none()
+    {
         panics += 1;
-        tracing::error!(target: "purgatory", panic = panic_message(&*payload), "dropping an operation panicked");
+    }
+    if caught("dropping an operation panicked", move || drop(op)).is_none() {
+        panics += 1;
     }
     panics
 }

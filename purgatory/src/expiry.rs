@@ -86,3 +86,12 @@ impl<K, O: DelayedOperation> State<K, O> {
         expired
     }
 }
+
+impl<K, O: DelayedOperation> Drop for State<K, O> {
+    /// The purgatory's memory is freed: an expiry that only an unwinding holder saw after
+    /// shutdown had expired what was pending (no round runs any more to complete it, see
+    /// `op_table.rs`) is completed now.
+    fn drop(&mut self) {
+        self.expire_orphans();
+    }
+}

@@ -67,6 +67,7 @@ mod metrics;
 mod op_list;
 mod op_table;
 mod operation;
+mod panics;
 mod purgatory;
 mod purge;
 mod slot;

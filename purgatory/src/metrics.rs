@@ -25,7 +25,6 @@
 //! and reported through `tracing`; the reaper goes on.
 
 use std::hash::Hash;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
 use ::metrics::Label;
@@ -124,14 +123,10 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
             }
         }
         let stats = self.stats();
-        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| publish(&self.name, &stats))) {
-            tracing::error!(
-                target: "purgatory",
-                purgatory = %self.name,
-                panic = timer_core::panic_message(&*payload),
-                "the metrics recorder panicked; figures not published"
-            );
-        }
+        crate::panics::caught(
+            "the metrics recorder panicked; figures not published",
+            || publish(&self.name, &stats),
+        );
         wait
     }
 }

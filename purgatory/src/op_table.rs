@@ -44,10 +44,14 @@
 //!   compare-and-swap that same word, finds it and hands the operation to its caller to
 //!   complete as expired ([`Locked::unlock`] returns it). Every holder holds the slot
 //!   under its occupant's name, so every request is honoured: never none.
-//! - A [`Locked`] dropped without `take` or `unlock` (only when a panic unwinds through
-//!   the purgatory's own code while it holds a slot) still releases the slot; an expiry
-//!   that came meanwhile is honoured through the table's orphans, which the next reaper
-//!   round, `advance_clock` or shutdown completes ([`OpTable::take_orphans`]).
+//! - A [`Locked`] dropped without `take` or `unlock` still releases the slot, and an
+//!   expiry that came meanwhile is kept among the table's orphans
+//!   ([`OpTable::take_orphans`]), which the next reaper round or `advance_clock`
+//!   completes, or shutdown, or the purgatory's drop (if no round runs any more). Every
+//!   path consumes its `Locked`, and every user panic that could unwind while a slot is
+//!   held is caught (`try_complete` and its payload's drop, a key's `Hash`, `Eq` and
+//!   `Drop` while listing), so this is reached only by a panic of the purgatory's own
+//!   code, or of the `tracing` subscriber it reports to.
 //! - `state.timer` is the operation's armed timeout; it is taken with the operation, so
 //!   the taker (and only it) disarms the timer. The watcher arms the timer while holding
 //!   the slot, so a completion can never miss a timer armed after it.
@@ -63,14 +67,14 @@
 //!   other way round.
 
 use std::mem::ManuallyDrop;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU32 as StdAtomicU32, AtomicU8, Ordering};
 use std::sync::OnceLock;
 
-use timer_core::{panic_message, TimerHandle};
+use timer_core::TimerHandle;
 
 use crate::counters::{stripe_index, STRIPES};
 use crate::operation::DelayedOperation;
+use crate::panics::caught;
 pub(crate) use crate::slot::RETIRED;
 use crate::slot::{ExpiryAttempt, Slot, Unlocked};
 use crate::sync::Parker;
@@ -326,10 +330,14 @@ impl<O: DelayedOperation> OpTable<O> {
 
     /// `count` (at least 1) slots never handed out before, their segments created.
     fn new_slots(&self, count: u32) -> std::ops::RangeInclusive<u32> {
-        let first = self.high_water.fetch_add(count, Ordering::Relaxed);
-        let last = first
-            .checked_add(count - 1)
+        // Never wraps: a wrapped index would hand out slots in use.
+        let first = self
+            .high_water
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |high| {
+                high.checked_add(count)
+            })
             .expect("more than 2^32 operations in flight");
+        let last = first + (count - 1);
         // Make sure the segments exist before anyone looks the slots up.
         let (first_segment, _) = locate(first);
         let (last_segment, _) = locate(last);
@@ -624,16 +632,14 @@ impl<O: DelayedOperation> Drop for Locked<'_, O> {
     }
 }
 
-/// Calls `try_complete`, turning a panic into `Err` (reported through `tracing`).
+/// Calls `try_complete`, turning a panic into `Err` (reported through `tracing`; the
+/// slot is still held, so nothing of the panic may unwind from here).
 #[inline]
 fn try_complete_caught<O: DelayedOperation>(op: &mut O) -> Result<bool, ()> {
-    catch_unwind(AssertUnwindSafe(|| op.try_complete())).map_err(|payload| {
-        tracing::error!(
-            target: "purgatory",
-            panic = panic_message(&*payload),
-            "try_complete panicked; treated as not ready"
-        );
+    caught("try_complete panicked; treated as not ready", || {
+        op.try_complete()
     })
+    .ok_or(())
 }
 
 /// Test support: makes the next operation put in slot `index` (vacant, never handed

@@ -461,6 +461,55 @@ mod tests {
         assert_eq!((stats.expired, stats.pending), (1, 0), "{stats:?}");
     }
 
+    /// An operation whose `on_complete` shuts its purgatory down.
+    struct ShutsDown(Arc<std::sync::OnceLock<Purgatory<&'static str, ShutsDown>>>);
+
+    impl DelayedOperation for ShutsDown {
+        fn timeout(&self) -> Duration {
+            Duration::from_secs(60)
+        }
+        fn try_complete(&mut self) -> bool {
+            false
+        }
+        fn on_complete(&mut self, _how: Completion) {
+            self.0.get().expect("set").shutdown();
+        }
+    }
+
+    /// The same, with a callback that shuts the purgatory down: the round that completes
+    /// the orphan (in its first hook) is inside the driver's expiry work, so the shutdown
+    /// does not wait for its own round.
+    #[test]
+    fn an_orphans_callback_may_shut_its_purgatory_down() {
+        let clock = ManualClock::new();
+        let cell = Arc::new(std::sync::OnceLock::new());
+        let purgatory: Purgatory<&str, ShutsDown> = PurgatoryBuilder::new()
+            .timer(TimerBuilder::new().clock(clock.clone()).reaper(false))
+            .build()
+            .unwrap();
+        cell.set(purgatory.clone()).ok().unwrap();
+        let x = match purgatory.watch(ShutsDown(Arc::clone(&cell)), ["x"]) {
+            Ok(WatchOutcome::Pending(handle)) => handle,
+            _ => panic!("x waits"),
+        };
+        let held = purgatory.state().table.lock(x.op).expect("x waits");
+        clock.advance(Duration::from_secs(60));
+        assert_eq!(purgatory.advance_clock(Duration::ZERO), 1);
+        drop(held);
+        let (done, finished) = std::sync::mpsc::channel();
+        let driver = purgatory.clone();
+        std::thread::spawn(move || {
+            driver.advance_clock(Duration::ZERO);
+            let _ = done.send(());
+        });
+        assert!(
+            finished.recv_timeout(Duration::from_secs(10)).is_ok(),
+            "the round waited for itself"
+        );
+        assert!(purgatory.is_shutdown());
+        assert_eq!(purgatory.stats().expired, 1);
+    }
+
     /// The scenario without 2^32 real reuses: operation A completes, its slot is
     /// reused until its generation is used up; A's handle and A's stale entry must never
     /// name anything again.

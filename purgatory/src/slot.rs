@@ -37,8 +37,8 @@
 //! Every release wakes the threads parked on the slot if `PARKED` was set.
 //!
 //! # Why this is exactly once, never none
-//! - Every transition but the holder's is a compare-and-swap that also compares the
-//!   generation. A call naming a generation the slot no longer has (a late cancel, force,
+//! - Every transition but the holder's and the allocator's (whose slot nobody else can
+//!   name yet) is a compare-and-swap that also compares the generation. A call naming a generation the slot no longer has (a late cancel, force,
 //!   guard drop, check or expiry, however often the slot was reused since) fails its
 //!   compare and writes nothing: it never holds the slot, never requests an expiry, and
 //!   so never holds up or takes away what belongs to the occupant.
@@ -149,10 +149,12 @@ impl<S> Slot<S> {
         // holder released the slot with (and acquires that holder's writes to the state),
         // whatever path the slot's index took to get here.
         let word = self.word.fetch_or(LOCKED, Acquire);
-        debug_assert_eq!(word & FLAGS, 0, "a free slot is unlocked");
-        let generation = generation_of(word);
-        debug_assert_ne!(generation, RETIRED, "a retired slot is never handed out");
-        generation
+        // Checked in every build: the state's exclusive access rests on it.
+        assert!(
+            word & FLAGS == 0 && generation_of(word) != RETIRED,
+            "a slot handed out that was not free: {word:#x}"
+        );
+        generation_of(word)
     }
 
     /// Locks the slot if its generation is `generation`, waiting while another thread
@@ -201,8 +203,10 @@ impl<S> Slot<S> {
                     continue;
                 }
             }
+            // Asleep while the slot is still held under this generation with PARKED set
+            // (EXPIRED may come and go meanwhile).
             let asleep = unlocked(generation) | LOCKED | PARKED;
-            parker.park(&self.word, || self.word.load(Relaxed) & !EXPIRED == asleep);
+            parker.park(&self.word, !EXPIRED, asleep);
             spin = SpinWait::new();
             word = self.word.load(Relaxed);
         }

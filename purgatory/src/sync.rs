@@ -11,6 +11,8 @@ pub(crate) use parking_lot::{Mutex, MutexGuard};
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::AtomicU64;
 
+use std::sync::atomic::Ordering::Relaxed;
+
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::AtomicU64;
 #[cfg(loom)]
@@ -77,13 +79,16 @@ pub(crate) struct Parker {
 }
 
 impl Parker {
-    /// Sleeps until woken, unless `still_waiting` (called under the parking lot's lock)
-    /// says the word has already changed. May return early; callers look again.
+    /// Sleeps until woken, unless `word`, read under the parking lot's lock, has
+    /// changed: its bits in `mask` are no longer `expected`. May return early; callers
+    /// look again.
     #[cfg(not(loom))]
-    pub(crate) fn park(&self, word: &AtomicU64, still_waiting: impl Fn() -> bool) {
+    pub(crate) fn park(&self, word: &AtomicU64, mask: u64, expected: u64) {
         let key = word as *const AtomicU64 as usize;
-        // SAFETY: `still_waiting` only reads an atomic (it neither panics nor parks), and
-        // no callback here calls into the parking lot.
+        let still_waiting = || word.load(Relaxed) & mask == expected;
+        // SAFETY: the validate callback only reads an atomic (it neither panics nor
+        // parks), the other callbacks do nothing, and the key is an address only this
+        // module parks on.
         unsafe {
             parking_lot_core::park(
                 key,
@@ -107,9 +112,9 @@ impl Parker {
     }
 
     #[cfg(loom)]
-    pub(crate) fn park(&self, _word: &AtomicU64, still_waiting: impl Fn() -> bool) {
+    pub(crate) fn park(&self, word: &AtomicU64, mask: u64, expected: u64) {
         let lot = self.lot.lock().expect("loom mutex poisoned");
-        if still_waiting() {
+        if word.load(Relaxed) & mask == expected {
             drop(self.woken.wait(lot).expect("loom mutex poisoned"));
         }
     }

@@ -32,17 +32,17 @@
 //! - Each operation gets exactly one result, at its position in the input.
 
 use std::hash::Hash;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
 use smallvec::SmallVec;
-use timer_core::{panic_message, AddError, TimerHandle};
+use timer_core::{AddError, TimerHandle};
 
 use crate::counters::Count;
 use crate::error::WatchError;
 use crate::handle::{OperationHandle, WatchOutcome};
 use crate::op_table::{Locked, OpRef, Taken, Vacated};
 use crate::operation::{Completion, DelayedOperation};
+use crate::panics::caught;
 use crate::state::{Expiry, State};
 
 /// Most operations watched under one round of locks.
@@ -100,10 +100,11 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
         if keys.is_empty() {
             return Err(WatchError::NoKeys(op));
         }
-        match catch_unwind(AssertUnwindSafe(|| op.timeout())) {
-            Ok(timeout) => Ok((op, timeout)),
-            Err(payload) => {
-                tracing::error!(target: "purgatory", panic = panic_message(&*payload), "timeout() panicked; the operation is handed back");
+        match caught("timeout() panicked; the operation is handed back", || {
+            op.timeout()
+        }) {
+            Some(timeout) => Ok((op, timeout)),
+            None => {
                 self.counters.add(Count::Panicked, 1);
                 Err(WatchError::TimeoutPanicked(op))
             }

@@ -44,7 +44,6 @@
 //!   before anything was changed, or after a change already complete.
 
 use std::hash::{BuildHasher, Hash};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 
 use foldhash::fast::RandomState;
@@ -52,8 +51,9 @@ use hashbrown::HashTable;
 use smallvec::{smallvec, SmallVec};
 
 use crate::counters::{stripe_index, STRIPES};
-use crate::op_list::{Flags, OpList, BLOCK};
+use crate::op_list::{Flags, OpList};
 use crate::op_table::OpRef;
+use crate::panics;
 use crate::sync::Mutex;
 
 /// One key's list, with the key's hash.
@@ -306,7 +306,9 @@ impl<K: Hash + Eq> Watchers<K> {
             }
         }
         self.counts.add(listed, 0);
-        drop(spare);
+        for key in spare {
+            drop_key(key);
+        }
         unlisted
     }
 
@@ -352,7 +354,9 @@ impl<K: Hash + Eq> Watchers<K> {
             Err(key) => (false, Some(key)),
         };
         drop(guard);
-        drop(spare);
+        if let Some(key) = spare {
+            drop_key(key);
+        }
         listed
     }
 
@@ -390,9 +394,11 @@ impl<K: Hash + Eq> Watchers<K> {
     /// Copies the entries of `key` into `out`, in arrival order. (The caller tells the
     /// completed ones apart after the lock is released: each is a cache miss.)
     ///
-    /// A list longer than `out` has room for is measured first and `out` made ready for
-    /// it (allocated, and written once so its pages are mapped) with the lock released:
-    /// the lock is then held for the copy alone (`docs/purgatory.md`, "Watchers").
+    /// A list longer than one segment and than `out` has room for is measured first, and
+    /// `out` made ready for it (allocated, and written once so its pages are mapped) with
+    /// the lock released: the lock is then held again for the copy alone (the list may
+    /// have grown meanwhile; `out` then grows under the lock). See `docs/purgatory.md`,
+    /// "Watchers, purging, memory".
     pub(crate) fn snapshot<const N: usize>(&self, key: &K, out: &mut SmallVec<[OpRef; N]>) {
         let hash = self.hash(key);
         let shard = self.shard(hash).state.lock();
@@ -401,17 +407,15 @@ impl<K: Hash + Eq> Watchers<K> {
         };
         let list = shard.lists.get_bucket(bucket).expect("found");
         let room = out.capacity() - out.len();
-        if room >= BLOCK || list.ops.is_short() {
+        if list.ops.is_short() || list.ops.len() <= room {
             list.ops.copy_into(out);
             return;
         }
         let len = list.ops.len();
         drop(shard);
-        if len > room {
-            let start = out.len();
-            out.resize(start + len, OpRef::default());
-            out.truncate(start);
-        }
+        let start = out.len();
+        out.resize(start + len, OpRef::default());
+        out.truncate(start);
         let shard = self.shard(hash).state.lock();
         if let Some(bucket) = shard.find(hash, key) {
             let list = shard.lists.get_bucket(bucket).expect("found");
@@ -421,7 +425,7 @@ impl<K: Hash + Eq> Watchers<K> {
 
     /// Drops the entries of `key` whose operation is no longer `waiting` (removing the
     /// key when its list empties); returns how many were dropped. A long list is filtered
-    /// a segment (at most [`BLOCK`] entries) per hold of the shard lock, so other calls on
+    /// a segment (at most `op_list::BLOCK`, 1,024, entries) per hold of the shard lock, so other calls on
     /// the shard wait for one segment at most; like a purge, a pass that meets a list
     /// changed meanwhile may skip a segment (only dead entries are ever dropped).
     pub(crate) fn drop_completed(&self, key: &K, waiting: impl Fn(OpRef) -> bool) -> usize {
@@ -556,17 +560,20 @@ fn unlock_fair<T>(guard: crate::sync::MutexGuard<'_, T>) {
     drop(guard);
 }
 
-/// Runs `f`, catching a panic (reported through `tracing`): a key's `Hash` or `Eq`.
+/// Drops a key that was not kept (already listed), catching a panic of its `Drop`: the
+/// watch that listed it still holds its operations' slots, and unwinding from here would
+/// leave an operation listed but never armed. The key was listed once already; its
+/// operation goes on.
+fn drop_key<K>(key: K) {
+    panics::caught("a key's Drop panicked; caught", move || drop(key));
+}
+
+/// Runs `f` (a key's `Hash` or `Eq`), catching a panic.
 fn caught<R>(f: impl FnOnce() -> R) -> Option<R> {
-    catch_unwind(AssertUnwindSafe(f))
-        .map_err(|payload| {
-            tracing::error!(
-                target: "purgatory",
-                panic = timer_core::panic_message(&*payload),
-                "a key's Hash or Eq panicked; its operation is handed back"
-            );
-        })
-        .ok()
+    panics::caught(
+        "a key's Hash or Eq panicked; its operation is handed back",
+        f,
+    )
 }
 
 #[cfg(all(test, not(loom)))]

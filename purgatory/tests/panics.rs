@@ -108,3 +108,108 @@ fn a_panicking_on_complete_still_completes_and_the_reaper_survives_it() {
     }
     assert_eq!(ledger.violations(), 0);
 }
+
+/// A panic payload whose own `Drop` panics (user data too).
+struct PanicsWhenDropped;
+
+impl Drop for PanicsWhenDropped {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            panic!("a panic payload's drop panics (on purpose)");
+        }
+    }
+}
+
+/// A `try_complete` that panics with a payload whose drop panics as well: the slot is
+/// held while the payload is dropped, so that second panic must not unwind out of the
+/// check (it would release the slot with the operation's expiry possibly unseen). The
+/// check returns, the operation waits on and expires.
+#[test]
+fn a_try_complete_whose_panic_payload_panics_when_dropped_is_still_contained() {
+    let purgatory: Purgatory<&str, Probe> = Purgatory::new("payload-bomb");
+    let ledger = Ledger::new(1);
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let bomb: Readiness = {
+        let armed = Arc::clone(&armed);
+        Arc::new(move |_, _| {
+            if armed.load(std::sync::atomic::Ordering::SeqCst) {
+                std::panic::panic_any(PanicsWhenDropped);
+            }
+            false
+        })
+    };
+    let op = Probe::new(0, Duration::from_millis(50), &ledger, &bomb);
+    assert!(!purgatory.try_complete_else_watch(op, ["k"]).unwrap());
+    armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        purgatory.check_and_complete(&"k")
+    }));
+    assert_eq!(
+        checked.ok(),
+        Some(0),
+        "the check returned, nothing completed"
+    );
+    assert!(wait_until(Duration::from_secs(10), || ledger.is_completed(0)));
+    assert_eq!(ledger.how(0), Some(Completion::Expired));
+    assert_eq!(ledger.violations(), 0);
+}
+
+/// A key already listed is dropped by the watch that lists it again (after the shard
+/// lock, with the operation's slot still held). A key whose `Drop` panics there is
+/// caught: the watch returns, and the operation waits and is answered like any other.
+#[test]
+fn a_key_whose_drop_panics_while_its_operation_is_listed_is_contained() {
+    #[derive(Clone)]
+    struct Key(u32, Arc<std::sync::atomic::AtomicBool>);
+    impl std::hash::Hash for Key {
+        fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+            self.0.hash(state);
+        }
+    }
+    impl PartialEq for Key {
+        fn eq(&self, other: &Self) -> bool {
+            self.0 == other.0
+        }
+    }
+    impl Eq for Key {}
+    impl Drop for Key {
+        fn drop(&mut self) {
+            if self.1.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                panic!("a key's drop panics (on purpose)");
+            }
+        }
+    }
+
+    let purgatory: Purgatory<Key, Probe> = Purgatory::new("key-drop-bomb");
+    let ledger = Ledger::new(2);
+    let no = never();
+    let quiet = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let first = Probe::new(0, LONG, &ledger, &no);
+    assert!(!purgatory
+        .try_complete_else_watch(first, [Key(1, Arc::clone(&quiet))])
+        .unwrap());
+    // The second watch's key is equal to the listed one: it is not kept, and its drop
+    // panics.
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let second = Probe::new(1, Duration::from_millis(20), &ledger, &no);
+    let watched = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        purgatory.try_complete_else_watch(second, [Key(1, Arc::clone(&armed))])
+    }));
+    assert!(
+        matches!(watched, Ok(Ok(false))),
+        "the watch returned, waiting"
+    );
+    assert!(
+        !armed.load(std::sync::atomic::Ordering::SeqCst),
+        "the key was dropped"
+    );
+    assert!(wait_until(Duration::from_secs(10), || ledger.is_completed(1)));
+    assert_eq!(ledger.how(1), Some(Completion::Expired));
+    purgatory.shutdown();
+    assert_eq!(
+        ledger.how(0),
+        Some(Completion::Expired),
+        "answered at shutdown"
+    );
+    assert_eq!(ledger.violations(), 0);
+}

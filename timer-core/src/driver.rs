@@ -22,8 +22,9 @@
 //!   `timer_core`) and the driver goes on; the reaper thread never unwinds. (Owners catch
 //!   per task, so one panic does not skip the rest of a batch; this is the backstop.)
 //! - Shutdown is one protocol for every caller, by where the call comes from. "Inside"
-//!   means inside this driver's expiry work: a round's batch on the driving thread, a
-//!   pool batch, or the first caller's `finish` (marked per thread while it runs).
+//!   means inside this driver's expiry work: a round on the driving thread (its hooks
+//!   included), a pool batch, or the first caller's `finish` (marked per thread while it
+//!   runs).
 //!
 //!   | caller | returns when | done by then |
 //!   |---|---|---|
@@ -42,7 +43,7 @@ use std::time::Duration;
 
 use crate::core::TimerCore;
 use crate::executor::Executor;
-use crate::panics::panic_message;
+use crate::panics::{drop_panic_payload, panic_message};
 use crate::sync::{Condvar, Mutex};
 
 /// What a driver drives: a core, and what to do with the tasks that expire from it.
@@ -307,6 +308,9 @@ impl<E: Expire> Shared<E> {
     fn round(self: &Arc<Self>, wait: NextRound, batch: &mut Vec<E::Task>) -> (usize, NextRound) {
         *self.rounds.lock() += 1;
         let _done = RoundDone(self);
+        // The whole round is this driver's expiry work: the owner's hooks may run user
+        // code too (the purgatory completes there what a holder left, and purges keys).
+        let _inside = ExpiringHere::enter(self);
         self.target.before_round();
         let fired = self
             .target
@@ -339,6 +343,7 @@ impl<E: Expire> Shared<E> {
                 panic = panic_message(&*payload),
                 "expiry handler panicked; the rest of its batch is dropped"
             );
+            drop_panic_payload(payload);
             batch.clear();
         }
     }

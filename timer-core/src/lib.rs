@@ -61,7 +61,7 @@ pub use core::{TimerCore, TimerHandle, TimerStats};
 pub use driver::{Driver, DriverConfig, Expire, NextRound};
 pub use error::{AddError, BuildError};
 pub use executor::Executor;
-pub use panics::panic_message;
+pub use panics::{drop_panic_payload, panic_message};
 pub use timer::Timer;
 pub use wheel::{SlotKey, Wheel};
 

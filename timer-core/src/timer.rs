@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use crate::core::{TimerCore, TimerStats};
 use crate::driver::{Driver, Expire};
-use crate::panics::panic_message;
+use crate::panics::{drop_panic_payload, panic_message};
 use crate::TimerTask;
 
 /// The expiry of a plain timer: run each task, catching and counting panics.
@@ -47,6 +47,7 @@ impl<T: TimerTask> Expire for RunTasks<T> {
             if let Err(payload) = catch_unwind(AssertUnwindSafe(move || task.run())) {
                 self.panicked.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(target: "timer_core", panic = panic_message(&*payload), "timer task panicked");
+                drop_panic_payload(payload);
             }
         }
     }
