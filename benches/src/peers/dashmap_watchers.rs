@@ -4,21 +4,27 @@
 //! `DelayQueue`), and how a completed request's timer is told: [`Wake`].
 //!
 //! This is the map a tokio user reaches for: `DashMap<key, Vec<Arc<request>>>` with
-//! foldhash (the naive peer's hasher), a `parking_lot` mutex per request, and Kafka's
-//! purge rule for entries that completed while still listed under other keys.
+//! foldhash (the naive peer's hasher), a `parking_lot` mutex per request. Completed
+//! requests' entries are cleaned the way a careful user cleans them, never by a rescan
+//! on a request's path: a check drops its key's completed entries as it goes; a list
+//! that has doubled since it was last cleaned is cleaned by the watch that pushes onto it
+//! (amortised O(1) a push); and lists nobody touches any more are swept by the timer's
+//! side ([`Watchers::sweep_if_due`], from the driver task or a timer task, on Kafka's
+//! purge rule), off every request's path.
 //!
 //! # Invariants
 //! - A request completes exactly once: whoever takes the operation out of its slot's
 //!   `Option` (under the slot's lock) runs `on_complete`; everybody else finds `None`.
-//! - `done` is set right after the operation is taken, so list scans and purges skip
+//! - `done` is set right after the operation is taken, so list scans and cleanings skip
 //!   completed entries without locking them.
 //! - A watch tries the operation, lists it, then tries it again (Kafka's order), so an
 //!   event that fires while it is being listed is not lost; the caller arms the timeout
 //!   only for a request still pending after the second try. A request with no key
 //!   (Kafka refuses those) is answered at once, as expired.
-//! - Every pending request is listed under at least one key until it completes, so
-//!   [`Watchers::expire_all`] reaches every one of them at shutdown, wherever its
-//!   timer is.
+//! - Every pending request is listed under at least one key until it completes (a
+//!   cleaning drops only completed entries), so [`Watchers::expire_all`] reaches every
+//!   one of them at shutdown, wherever its timer is.
+//! - A key is removed when a check or a sweep finds its list empty.
 //! - `check_and_complete` runs `try_complete` under its key's shard lock (the
 //!   operation's contract: cheap and non-blocking) but `on_complete` and the wake-up
 //!   only after that lock is released.
@@ -97,28 +103,69 @@ pub struct WatcherStats {
     pub expired: u64,
 }
 
-type Lists<O, W> = DashMap<u64, Vec<Arc<Slot<O, W>>>, foldhash::fast::RandomState>;
+/// One key's waiting requests, and the length at which a push cleans it next.
+struct List<O, W> {
+    slots: Vec<Arc<Slot<O, W>>>,
+    clean_at: usize,
+}
+
+/// Shortest list a push cleans.
+const CLEAN_FROM: usize = 16;
+
+impl<O, W> List<O, W> {
+    fn new() -> Self {
+        List {
+            slots: Vec::new(),
+            clean_at: CLEAN_FROM,
+        }
+    }
+
+    /// Appends `slot`; a list that has doubled since it was last cleaned drops its
+    /// completed entries first. Returns how many it dropped.
+    fn push(&mut self, slot: Arc<Slot<O, W>>) -> usize {
+        let dropped = if self.slots.len() >= self.clean_at {
+            self.drop_done()
+        } else {
+            0
+        };
+        self.slots.push(slot);
+        dropped
+    }
+
+    /// Drops the completed entries; returns how many.
+    fn drop_done(&mut self) -> usize {
+        let before = self.slots.len();
+        self.slots.retain(|slot| !slot.is_done());
+        self.cleaned();
+        before - self.slots.len()
+    }
+
+    /// Notes that the list was just cleaned: the next push cleans it once it doubles.
+    fn cleaned(&mut self) {
+        self.clean_at = (self.slots.len() * 2).max(CLEAN_FROM);
+    }
+}
+
+type Lists<O, W> = DashMap<u64, List<O, W>, foldhash::fast::RandomState>;
 
 /// The watcher lists and the completion counters of one purgatory.
 pub struct Watchers<O, W> {
     lists: Lists<O, W>,
-    /// Completed requests' entries still listed (approximate, for the purge rule).
+    /// Completed requests' entries still listed (approximate, for the sweep's rule).
     stale: AtomicI64,
     purge_interval: i64,
-    purging: AtomicBool,
     completed: AtomicU64,
     expired: AtomicU64,
 }
 
 impl<O: DelayedOperation, W: Wake> Watchers<O, W> {
-    /// Empty lists; purged once `purge_interval` completed entries are listed (Kafka's
-    /// default is 1,000).
+    /// Empty lists; the timer's side sweeps them once `purge_interval` completed entries
+    /// are listed (Kafka's purge rule; its default is 1,000).
     pub fn new(purge_interval: usize) -> Self {
         Watchers {
             lists: Lists::default(),
             stale: AtomicI64::new(0),
             purge_interval: i64::try_from(purge_interval).unwrap_or(i64::MAX),
-            purging: AtomicBool::new(false),
             completed: AtomicU64::new(0),
             expired: AtomicU64::new(0),
         }
@@ -141,9 +188,15 @@ impl<O: DelayedOperation, W: Wake> Watchers<O, W> {
             keys: u32::try_from(keys.len()).unwrap_or(u32::MAX),
             waker: W::default(),
         });
+        let mut dropped = 0;
         for &key in keys {
-            self.lists.entry(key).or_default().push(Arc::clone(&slot));
+            dropped += self
+                .lists
+                .entry(key)
+                .or_insert_with(List::new)
+                .push(Arc::clone(&slot));
         }
+        self.unstale(dropped);
         match slot.take_if_ready() {
             Some(op) => {
                 self.finish_taken(&slot, op, Completion::Ready);
@@ -163,12 +216,14 @@ impl<O: DelayedOperation, W: Wake> Watchers<O, W> {
     }
 
     /// Tries every request listed under `key`, completing the ready ones, and drops
-    /// completed entries from the list. Returns how many this call completed.
+    /// completed entries from the list (and the key, once its list is empty). Returns how
+    /// many this call completed.
     pub fn check_and_complete(&self, key: u64) -> usize {
         let mut ready = Vec::new();
         let mut dropped = 0;
+        let mut emptied = false;
         if let Some(mut list) = self.lists.get_mut(&key) {
-            list.retain(|slot| {
+            list.slots.retain(|slot| {
                 if slot.is_done() {
                     dropped += 1;
                     return false;
@@ -180,14 +235,19 @@ impl<O: DelayedOperation, W: Wake> Watchers<O, W> {
                         dropped += 1;
                         false
                     }
-                    // Not ready, or completed an instant ago (a purge drops it later).
+                    // Not ready, or completed an instant ago (dropped later).
                     None => true,
                 }
             });
+            list.cleaned();
+            emptied = list.slots.is_empty();
+        }
+        if emptied {
+            self.lists.remove_if(&key, |_, list| list.slots.is_empty());
         }
         // Entries of requests completed here count as stale in `finish` below, and were
         // just dropped from this list: the two cancel out for this key.
-        self.stale.fetch_sub(dropped, Ordering::Relaxed);
+        self.unstale(dropped);
         let completed = ready.len();
         for (slot, mut op) in ready {
             slot.waker.wake();
@@ -196,11 +256,27 @@ impl<O: DelayedOperation, W: Wake> Watchers<O, W> {
         completed
     }
 
+    /// For the timer's side (a driver task, a timer task), every so often: once
+    /// `purge_interval` completed entries are listed, drops them from every list, and
+    /// the lists left empty (Kafka's purge, off every request's path). Returns whether
+    /// it swept.
+    pub fn sweep_if_due(&self) -> bool {
+        if self.stale.load(Ordering::Relaxed) < self.purge_interval {
+            return false;
+        }
+        self.stale.store(0, Ordering::Relaxed);
+        self.lists.retain(|_, list| {
+            list.drop_done();
+            !list.slots.is_empty()
+        });
+        true
+    }
+
     /// Expires every listed request still pending, then drops every list (shutdown).
     pub fn expire_all(&self) {
         let mut pending = Vec::new();
         self.lists.retain(|_, list| {
-            pending.extend(list.drain(..).filter(|slot| !slot.is_done()));
+            pending.extend(list.slots.drain(..).filter(|slot| !slot.is_done()));
             false
         });
         for slot in pending {
@@ -226,8 +302,7 @@ impl<O: DelayedOperation, W: Wake> Watchers<O, W> {
         self.finish(&mut op, slot.keys, how);
     }
 
-    /// Counts and answers a completed request that was listed under `keys` keys, then
-    /// purges if enough completed entries are still listed.
+    /// Counts and answers a completed request that was listed under `keys` keys.
     fn finish(&self, op: &mut O, keys: u32, how: Completion) {
         if how == Completion::Expired {
             self.expired.fetch_add(1, Ordering::Relaxed);
@@ -237,20 +312,16 @@ impl<O: DelayedOperation, W: Wake> Watchers<O, W> {
             self.completed.fetch_add(1, Ordering::Relaxed);
             op.on_complete(how);
         }
-        let stale = self.stale.fetch_add(i64::from(keys), Ordering::Relaxed) + i64::from(keys);
-        if stale >= self.purge_interval && !self.purging.swap(true, Ordering::Acquire) {
-            self.purge();
-            self.purging.store(false, Ordering::Release);
+        if keys > 0 {
+            self.stale.fetch_add(i64::from(keys), Ordering::Relaxed);
         }
     }
 
-    /// Drops completed entries from every list, and empty lists (Kafka's purge).
-    fn purge(&self) {
-        self.stale.store(0, Ordering::Relaxed);
-        self.lists.retain(|_, list| {
-            list.retain(|slot| !slot.is_done());
-            !list.is_empty()
-        });
+    /// Counts `dropped` completed entries out of the stale estimate.
+    fn unstale(&self, dropped: usize) {
+        if dropped > 0 {
+            self.stale.fetch_sub(dropped as i64, Ordering::Relaxed);
+        }
     }
 }
 
@@ -297,8 +368,13 @@ mod tests {
                 expired: 1
             }
         );
-        // Three completions crossed the purge interval: no completed entry is listed.
-        assert!(w.lists.iter().all(|l| l.iter().all(|s| !s.is_done())));
+        // Three completions crossed the purge interval: a sweep leaves no completed
+        // entry listed, and no empty list.
+        assert!(w.sweep_if_due());
+        assert!(w
+            .lists
+            .iter()
+            .all(|l| !l.slots.is_empty() && l.slots.iter().all(|s| !s.is_done())));
     }
 
     #[test]
@@ -323,5 +399,39 @@ mod tests {
         assert!(matches!(w.watch(op, &[7]), Watched::Completed));
         assert!(w.lists.is_empty());
         assert_eq!(ops.log(), [Completion::Ready]);
+    }
+
+    #[test]
+    fn a_list_that_doubles_is_cleaned_by_the_push_and_a_check_removes_an_emptied_key() {
+        let w = Watchers::<_, ()>::new(1_000_000);
+        let ops = Logged::default();
+        let slots: Vec<_> = (0..CLEAN_FROM)
+            .map(|_| match w.watch(ops.op(60_000), &[5]) {
+                Watched::Pending(slot) => slot,
+                Watched::Completed => panic!("not ready yet"),
+            })
+            .collect();
+        for slot in &slots {
+            assert!(w.complete(slot, Completion::Forced));
+        }
+        assert_eq!(
+            w.lists.get(&5).unwrap().slots.len(),
+            CLEAN_FROM,
+            "not cleaned yet"
+        );
+        // The push that finds the list at its cleaning length drops the completed ones.
+        let last = match w.watch(ops.op(60_000), &[5]) {
+            Watched::Pending(slot) => slot,
+            Watched::Completed => panic!("not ready yet"),
+        };
+        assert_eq!(w.lists.get(&5).unwrap().slots.len(), 1);
+        assert_eq!(
+            w.stale.load(Ordering::Relaxed),
+            0,
+            "the stale count follows"
+        );
+        assert!(w.complete(&last, Completion::Forced));
+        assert_eq!(w.check_and_complete(5), 0);
+        assert!(w.lists.get(&5).is_none(), "the emptied key is gone");
     }
 }

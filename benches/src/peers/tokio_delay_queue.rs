@@ -7,6 +7,9 @@
 //! Deletion is lazy: a request completed by force or by an event leaves its entry in
 //! the queue, and the driver skips it when its deadline comes (removing it would need
 //! the queue's key back on the completing thread, i.e. a second message to the driver).
+//! The driver also sweeps the watcher lists every [`SWEEP_EVERY`] once enough completed
+//! entries are listed ([`Watchers::sweep_if_due`]), so no request's path ever rescans
+//! them.
 //!
 //! The hand-off never pushes back: a watch returns as soon as its message is queued,
 //! however far behind the driver is. At an offered rate the driver cannot serve, the
@@ -24,6 +27,7 @@
 
 use std::future::poll_fn;
 use std::sync::Arc;
+use std::task::Poll;
 use std::thread::JoinHandle;
 
 use parking_lot::Mutex;
@@ -35,6 +39,10 @@ use super::dashmap_purgatory::{DashMapPurgatory, Pending, Timeouts};
 use super::dashmap_watchers::{Slot, Watchers};
 
 type QueuedSlot<O> = Arc<Slot<O, ()>>;
+
+/// How often the driver looks whether the watcher lists need a sweep (our reaper's
+/// longest sleep while anything is pending).
+pub const SWEEP_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// What watches send the driver.
 enum Message<O> {
@@ -56,8 +64,8 @@ pub struct DelayQueueDriver<O> {
 }
 
 impl<O: DelayedOperation> TokioDelayQueuePurgatory<O> {
-    /// Starts the driver's thread and runtime; purges once `purge_interval` completed
-    /// entries are listed (Kafka's default is 1,000).
+    /// Starts the driver's thread and runtime; the driver sweeps the watcher lists once
+    /// `purge_interval` completed entries are listed (Kafka's default is 1,000).
     pub fn start(purge_interval: usize) -> std::io::Result<Self> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -127,34 +135,62 @@ impl<O> Drop for DelayQueueDriver<O> {
     }
 }
 
+/// Messages the driver takes off its channel at a time.
+const INBOX_BATCH: usize = 256;
+
 /// The driver task: files deadlines as they arrive and expires requests as their
 /// deadlines pass, until told to shut down (or every sender is gone). What it leaves
-/// pending, the purgatory's shutdown expires.
+/// pending, the purgatory's shutdown expires. Each wake-up drains what is there: up to
+/// [`INBOX_BATCH`] messages at once, then every deadline already due, so the task pays
+/// one turn of its `select!` per batch, not per request.
 async fn drive<O: DelayedOperation>(
     mut inbox: UnboundedReceiver<Message<O>>,
     watchers: &Watchers<O, ()>,
 ) {
     let mut queue: DelayQueue<QueuedSlot<O>> = DelayQueue::new();
+    let mut messages = Vec::with_capacity(INBOX_BATCH);
+    let mut sweep = tokio::time::interval(SWEEP_EVERY);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            message = inbox.recv() => match message {
-                Some(Message::One((slot, at))) => {
-                    queue.insert_at(slot, at.into());
+            _ = sweep.tick() => {
+                watchers.sweep_if_due();
+            }
+            received = inbox.recv_many(&mut messages, INBOX_BATCH) => {
+                if received == 0 {
+                    break; // every sender is gone
                 }
-                Some(Message::Batch(batch)) => {
-                    for (slot, at) in batch {
-                        queue.insert_at(slot, at.into());
+                for message in messages.drain(..) {
+                    match message {
+                        Message::One((slot, at)) => {
+                            queue.insert_at(slot, at.into());
+                        }
+                        Message::Batch(batch) => {
+                            for (slot, at) in batch {
+                                queue.insert_at(slot, at.into());
+                            }
+                        }
+                        Message::Shutdown => return,
                     }
                 }
-                Some(Message::Shutdown) | None => break,
-            },
+            }
             // Ready(None) when the queue is empty: the branch is off until the next turn.
             Some(expired) = poll_fn(|cx| queue.poll_expired(cx)) => {
-                let slot = expired.into_inner();
-                if !slot.is_done() {
-                    watchers.complete(&slot, Completion::Expired);
+                expire(watchers, expired.into_inner());
+                // And every other deadline already due, without another turn.
+                while let Poll::Ready(Some(expired)) =
+                    poll_fn(|cx| Poll::Ready(queue.poll_expired(cx))).await
+                {
+                    expire(watchers, expired.into_inner());
                 }
             }
         }
+    }
+}
+
+/// Expires the request of `slot` unless it completed meanwhile (lazy deletion).
+fn expire<O: DelayedOperation>(watchers: &Watchers<O, ()>, slot: QueuedSlot<O>) {
+    if !slot.is_done() {
+        watchers.complete(&slot, Completion::Expired);
     }
 }

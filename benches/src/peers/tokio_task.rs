@@ -58,21 +58,31 @@ impl<O: DelayedOperation> Drop for ExpireOnDrop<O> {
 }
 
 impl<O: DelayedOperation> TokioTaskPurgatory<O> {
-    /// Starts a multi-threaded runtime with one worker per core; purges once
-    /// `purge_interval` completed entries are listed (Kafka's default is 1,000).
+    /// Starts a multi-threaded runtime with one worker per core, and on it a task that
+    /// sweeps the watcher lists once `purge_interval` completed entries are listed
+    /// (Kafka's default is 1,000).
     pub fn start(purge_interval: usize) -> std::io::Result<Self> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .thread_name("tokio-task-worker")
             .enable_time()
             .build()?;
+        let watchers = Arc::new(Watchers::new(purge_interval));
+        // The timer's side sweeps the watcher lists (off every request's path), as the
+        // DelayQueue peer's driver does; it ends when the runtime is dropped.
+        let for_sweeps = Arc::clone(&watchers);
+        runtime.spawn(async move {
+            let mut sweep = tokio::time::interval(super::tokio_delay_queue::SWEEP_EVERY);
+            sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                sweep.tick().await;
+                for_sweeps.sweep_if_due();
+            }
+        });
         let timeouts = TaskPerRequest {
             spawner: runtime.handle().clone(),
             runtime: Mutex::new(Some(runtime)),
         };
-        Ok(DashMapPurgatory::new(
-            Arc::new(Watchers::new(purge_interval)),
-            timeouts,
-        ))
+        Ok(DashMapPurgatory::new(watchers, timeouts))
     }
 }
 
