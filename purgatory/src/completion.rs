@@ -48,7 +48,9 @@ impl<K, O: DelayedOperation> State<K, O> {
         let mut timers: SmallVec<[TimerHandle; N]> = SmallVec::new();
         let mut keys = 0u32;
         for t in taken.iter_mut() {
-            timers.extend(t.timer.take());
+            if let Some(timer) = t.timer.take() {
+                timers.push(timer);
+            }
             keys = keys.saturating_add(t.keys);
         }
         self.cancels.push_many(&timers, &self.timer);

@@ -220,14 +220,18 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
         results: &mut Vec<WatchResult<O>>,
     ) {
         debug_assert!(batch.len() <= CHUNK);
+        // Both live in this frame and are lent to the steps: moving their inline arrays
+        // in or out of a step copied kilobytes per chunk (callgrind: four copies of about
+        // 2 KB a call, 780 instructions an operation in chunks of ten).
         let mut chunk = Chunk::new(batch.len());
-        let mut members = self.admit_chunk(batch, &mut chunk);
+        let mut members: SmallVec<[Member<'_, K, O>; CHUNK]> = SmallVec::new();
+        self.admit_chunk(batch, &mut members, &mut chunk);
         self.try_chunk(&mut members, &mut chunk);
         self.list_chunk(&mut members, &mut chunk);
         self.try_chunk(&mut members, &mut chunk);
         self.arm_chunk(&mut members, &mut chunk);
         drop(members);
-        self.settle_chunk(chunk, results);
+        self.settle_chunk(&mut chunk, results);
     }
 
     /// Steps 2 and 4 for a chunk: tries every member still held.
@@ -246,11 +250,11 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
     fn admit_chunk<'a>(
         &'a self,
         batch: impl ExactSizeIterator<Item = (O, Keys<K>)>,
+        members: &mut SmallVec<[Member<'a, K, O>; CHUNK]>,
         chunk: &mut Chunk<O>,
-    ) -> SmallVec<[Member<'a, K, O>; CHUNK]> {
+    ) {
         let closed = self.timer.is_shutdown();
         let mut ops: SmallVec<[O; CHUNK]> = SmallVec::new();
-        let mut members: SmallVec<[Member<'a, K, O>; CHUNK]> = SmallVec::new();
         for (position, (op, keys)) in batch.enumerate() {
             match self.admit(closed, op, &keys) {
                 Ok((op, timeout)) => {
@@ -271,7 +275,6 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
         for m in members.iter_mut() {
             m.op = m.locked().op();
         }
-        members
     }
 
     /// Step 3 for a chunk: lists every member still held on its keys, each watcher shard
@@ -331,7 +334,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
 
     /// Step 6 for a chunk, once no slot of it is held: frees the emptied slots, runs the
     /// callbacks, and appends the results in input order.
-    fn settle_chunk(&self, mut chunk: Chunk<O>, results: &mut Vec<WatchResult<O>>) {
+    fn settle_chunk(&self, chunk: &mut Chunk<O>, results: &mut Vec<WatchResult<O>>) {
         if !chunk.vacated.is_empty() {
             self.table.vacate(&chunk.vacated);
         }
@@ -341,7 +344,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
         results.extend(
             chunk
                 .out
-                .into_iter()
+                .drain(..)
                 .map(|result| result.expect("every operation has a result")),
         );
     }
@@ -362,6 +365,7 @@ struct Chunk<O> {
 }
 
 impl<O> Chunk<O> {
+    #[inline(always)]
     fn new(len: usize) -> Self {
         Chunk {
             out: (0..len).map(|_| None).collect(),
@@ -384,7 +388,9 @@ impl<O> Chunk<O> {
     }
 
     fn pending(&mut self, position: usize, op: OpRef, expired: Option<Taken<O>>, id: u64) {
-        self.expired.extend(expired);
+        if let Some(taken) = expired {
+            self.expired.push(taken);
+        }
         self.out[position] = Some(Ok(WatchOutcome::Pending(OperationHandle::new(op, id))));
     }
 }

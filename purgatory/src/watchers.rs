@@ -301,7 +301,9 @@ impl<K: Hash + Eq> Watchers<K> {
                 };
                 // Dropped after unlocking, unless dropping a key does nothing.
                 if std::mem::needs_drop::<K>() {
-                    spare.extend(not_kept);
+                    if let Some(key) = not_kept {
+                        spare.push(key);
+                    }
                 }
             }
         }
