@@ -7,8 +7,8 @@
 //! | [`DelayQueueTimer`] | W1, W2 | `tokio_util::time::DelayQueue` (tokio's slab-backed wheel) |
 //! | [`CondvarTimer`] | W2 | a dedicated thread over `Mutex<BinaryHeap>` + `Condvar` |
 //! | [`NaivePurgatory`] | W3 | `Mutex<HashMap<key, Vec<op>>>` + a `BinaryHeap` timer with a reaper thread |
-//! | [`TokioTaskPurgatory`] | W3 | a tokio task per waiting request (`Notify` or `sleep_until`), watcher lists in a `DashMap` |
-//! | [`TokioDelayQueuePurgatory`] | W3 | one tokio task driving a `DelayQueue` fed by an unbounded channel, lazy deletion, watcher lists in a `DashMap` |
+//! | [`TokioTaskPurgatory`] | W3 | a tokio task per waiting request (`Notify` or `sleep_until`), watcher lists in a `DashMap` cleaned per key and swept by a timer task |
+//! | [`TokioDelayQueuePurgatory`] | W3 | one tokio task driving a `DelayQueue` fed by an unbounded channel (drained in batches), lazy deletion, watcher lists in a `DashMap` cleaned per key and swept by the driver |
 //!
 //! The two tokio peers share their front, [`DashMapPurgatory`] (watcher lists in a
 //! `DashMap`, [`Watchers`]), and differ only in the [`Timeouts`] they plug into it.
