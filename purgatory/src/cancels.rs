@@ -18,13 +18,22 @@
 //!   armed), as soon as the completing thread has queued [`FLUSH_AT`], and before
 //!   `stats`/`pending` read the timer. So a completed operation's timer entry is freed at most
 //!   one reaper round late, never at its timeout.
-//! - The queue locks are plain `parking_lot` locks held only to push or copy handles out,
-//!   never across a timer call or user code (so loom models need not see them).
+//! - A queue's lock is held while its handles are applied, not only while they are taken
+//!   out: a flush that finds a queue empty, or waits for it, knows that every cancel
+//!   queued there before is applied. (Taken out first and applied after the lock, a
+//!   flush of the reaper could hold a batch the moment another thread's flush found the
+//!   queue empty; `stats().pending` then counted up to 63 completed operations as still
+//!   pending, and a test expecting an exact count failed once in CI.)
+//! - The queue locks are taken before a timer shard lock (inside `cancel_batch`), never
+//!   after one, and never around user code: the cancelled tasks are dropped after the
+//!   queue's lock is released. They are `sync.rs`'s, loom's under `cfg(loom)`: a model
+//!   thread may now be switched out while it holds one.
 
 use smallvec::SmallVec;
 use timer_core::{TimerCore, TimerHandle};
 
 use crate::counters::stripe_index;
+use crate::sync::Mutex;
 
 /// Cancels a completing thread queues before it applies them itself.
 pub(crate) const FLUSH_AT: usize = 64;
@@ -34,7 +43,7 @@ const STRIPES: usize = crate::counters::STRIPES;
 #[repr(align(128))]
 #[derive(Default)]
 struct Stripe {
-    handles: parking_lot::Mutex<Vec<TimerHandle>>,
+    handles: Mutex<Vec<TimerHandle>>,
 }
 
 /// Per-thread-stripe queues of timer handles to cancel.
@@ -42,8 +51,6 @@ struct Stripe {
 pub(crate) struct DeferredCancels {
     stripes: [Stripe; STRIPES],
 }
-
-type Batch = SmallVec<[TimerHandle; FLUSH_AT]>;
 
 impl DeferredCancels {
     /// Queues `handles` for cancelling (under one lock); applies the calling thread's
@@ -53,42 +60,44 @@ impl DeferredCancels {
             return;
         }
         let stripe = &self.stripes[stripe_index()];
-        let mut batch = Batch::new();
+        let mut cancelled = Cancelled::new();
         {
             let mut queued = stripe.handles.lock();
             queued.extend_from_slice(handles);
             if queued.len() < FLUSH_AT {
                 return;
             }
-            batch.extend(queued.drain(..));
+            apply(timer, &mut queued, &mut cancelled);
         }
-        cancel(timer, &mut batch);
+        drop(cancelled);
     }
 
-    /// Applies every queued cancel now.
+    /// Applies every queued cancel now. When it returns, every cancel queued before the
+    /// call has been applied, by this call or by another that had taken it out of its
+    /// queue first (see the module doc).
     pub(crate) fn flush<T>(&self, timer: &TimerCore<T>) {
+        let mut cancelled = Cancelled::new();
         for stripe in &self.stripes {
-            loop {
-                let mut batch = Batch::new();
-                {
-                    let mut handles = stripe.handles.lock();
-                    let n = handles.len().min(FLUSH_AT);
-                    if n == 0 {
-                        break;
-                    }
-                    let from = handles.len() - n;
-                    batch.extend(handles.drain(from..));
+            {
+                let mut queued = stripe.handles.lock();
+                if queued.is_empty() {
+                    continue;
                 }
-                cancel(timer, &mut batch);
+                apply(timer, &mut queued, &mut cancelled);
             }
+            cancelled.clear();
         }
     }
 }
 
-/// Cancels `batch` on `timer` and drops the cancelled tasks after every lock is released.
-fn cancel<T>(timer: &TimerCore<T>, batch: &mut Batch) {
-    let mut cancelled: SmallVec<[T; FLUSH_AT]> = SmallVec::new();
-    timer.cancel_batch(batch, &mut cancelled);
+/// Tasks a cancel took out of the timer, dropped once the queue's lock is released.
+type Cancelled<T> = SmallVec<[T; FLUSH_AT]>;
+
+/// Cancels every handle of `queued` (a queue, locked by the caller) on `timer` and
+/// empties it; the cancelled tasks go to `cancelled`.
+fn apply<T>(timer: &TimerCore<T>, queued: &mut Vec<TimerHandle>, cancelled: &mut Cancelled<T>) {
+    timer.cancel_batch(queued, cancelled);
+    queued.clear();
 }
 
 #[cfg(test)]
@@ -132,6 +141,44 @@ mod tests {
         // Nothing is left queued: a second flush cancels nothing more.
         cancels.flush(&timer);
         assert_eq!(timer.stats().cancelled, total as u64);
+    }
+
+    /// A flush returns only once every cancel queued before it is applied, also those
+    /// another thread's flush took out of a queue a moment before: `stats().pending` and
+    /// `pending()` count on it (a purgatory's reaper flushes every round).
+    #[test]
+    fn a_flush_waits_for_cancels_another_flush_has_taken_out_of_a_queue() {
+        let timer = std::sync::Arc::new(timer());
+        let cancels = std::sync::Arc::new(DeferredCancels::default());
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reaper = {
+            let (timer, cancels, stop) = (timer.clone(), cancels.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    cancels.flush(&timer);
+                }
+            })
+        };
+        let mut seen = Vec::new();
+        for _ in 0..50_000 {
+            let handles: Vec<_> = (0..FLUSH_AT - 1)
+                .map(|_| timer.add(Duration::from_secs(60), Nop).unwrap())
+                .collect();
+            cancels.push_many(&handles, &timer);
+            cancels.flush(&timer);
+            let left = timer.len();
+            if left != 0 {
+                seen.push(left);
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        reaper.join().unwrap();
+        assert!(
+            seen.is_empty(),
+            "{} flushes returned with cancels still in flight, first: {:?}",
+            seen.len(),
+            &seen[..seen.len().min(5)]
+        );
     }
 
     #[test]

@@ -9,8 +9,10 @@
 //! An operation's slot (its lock bit, `slot.rs`) is held before a watcher shard lock, a
 //! timer shard lock, a cancel-queue lock or a free-list lock is taken, never waited for
 //! while one of them is held; the slots held together by one watch chunk are its own new
-//! slots, which nobody else can be waiting for. Watcher shard, timer shard, cancel-queue
-//! and free-list locks are leaves: nothing is locked while one is held. No lock but the
+//! slots, which nobody else can be waiting for. Watcher shard, timer shard and free-list
+//! locks are leaves: nothing is locked while one is held. A cancel-queue lock is held
+//! while its handles are applied, so a timer shard lock is taken under it (never the other
+//! way round; see `cancels.rs`). No lock but the
 //! operation's own slot is held while user code runs (its `try_complete`), except a
 //! key's `Eq` under a watcher shard lock.
 
