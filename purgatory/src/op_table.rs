@@ -397,6 +397,7 @@ impl<O: DelayedOperation> OpTable<O> {
     }
 
     /// Puts `op` in slot `index` (just allocated) and returns it locked.
+    #[inline]
     fn occupy(&self, index: u32, op: O) -> Locked<'_, O> {
         let slot = &self.slot(index).slot;
         let generation = slot.occupy();

@@ -7,13 +7,16 @@ use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// Runs `f`, catching a panic: reported as `what` and dropped, `None` then.
+#[inline]
 pub(crate) fn caught<R>(what: &str, f: impl FnOnce() -> R) -> Option<R> {
     catch_unwind(AssertUnwindSafe(f))
         .map_err(|payload| report(what, payload))
         .ok()
 }
 
-/// Reports a caught panic as `what`, then drops its payload.
+/// Reports a caught panic as `what`, then drops its payload (out of line: rare).
+#[cold]
+#[inline(never)]
 pub(crate) fn report(what: &str, payload: Box<dyn Any + Send>) {
     tracing::error!(
         target: "purgatory",

@@ -76,6 +76,14 @@ fn generation_of(word: u64) -> u32 {
     (word >> 32) as u32
 }
 
+/// A slot was handed out that was not free: the free lists are broken, and no holder's
+/// exclusive access could be trusted any more.
+#[cold]
+#[inline(never)]
+fn not_free(word: u64) -> ! {
+    panic!("a slot handed out that was not free: {word:#x}");
+}
+
 /// Wakes the threads parked on `word` (out of line: rare).
 #[cold]
 #[inline(never)]
@@ -150,10 +158,9 @@ impl<S> Slot<S> {
         // whatever path the slot's index took to get here.
         let word = self.word.fetch_or(LOCKED, Acquire);
         // Checked in every build: the state's exclusive access rests on it.
-        assert!(
-            word & FLAGS == 0 && generation_of(word) != RETIRED,
-            "a slot handed out that was not free: {word:#x}"
-        );
+        if word & FLAGS != 0 || generation_of(word) == RETIRED {
+            not_free(word);
+        }
         generation_of(word)
     }
 

@@ -129,7 +129,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
     /// The end of step 5 for one member, given what arming its timeout gave: armed and
     /// unlocked (`Ok`, with the operation if its timeout fired while it was held), or
     /// taken back because the timer shut down meanwhile.
-    #[inline]
+    #[inline(always)]
     fn armed(
         &self,
         m: &mut Member<'_, K, O>,
