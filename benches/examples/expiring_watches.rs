@@ -1,15 +1,17 @@
-//! Single watches that all expire, for counting what one `try_complete_else_watch`
-//! costs under `valgrind --tool=callgrind`: `N` operations (default 20,000), 10 a
-//! millisecond, each on 3 of 100 keys with a 20 ms timeout; it waits until the
-//! purgatory has expired every one.
+//! Watches that all expire, for counting what one `try_complete_else_watch` costs under
+//! `valgrind --tool=callgrind`: `N` operations (default 20,000), 10 a millisecond, each on
+//! 3 of 100 keys with a 20 ms timeout; it waits until the purgatory has expired every
+//! one. With `B`, the operations go through `watch_batch` in batches of `B` instead, and
+//! the figure is `Purgatory::watch_batch`'s inclusive cost over `N`.
 //!
 //! ```text
 //! cargo build --release -p purgatory-benches --example expiring_watches
-//! valgrind --tool=callgrind target/release/examples/expiring_watches 20000
+//! valgrind --tool=callgrind target/release/examples/expiring_watches 20000 [B]
 //! ```
 //!
-//! It uses only `Purgatory::new`, `try_complete_else_watch` and `shutdown`, so the same
-//! file also builds against older versions of the crate, for a before figure.
+//! It uses only `Purgatory::new`, `try_complete_else_watch`, `watch_batch` and
+//! `shutdown`, so the same file also builds against older versions of the crate, for a
+//! before figure.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -34,17 +36,35 @@ impl DelayedOperation for Request {
 }
 
 fn main() {
-    let n: u64 = std::env::args()
-        .nth(1)
-        .map(|a| a.parse().expect("N is a number"))
-        .unwrap_or(20_000);
+    let arg = |i: usize| -> Option<u64> {
+        std::env::args()
+            .nth(i)
+            .map(|a| a.parse().expect("a number"))
+    };
+    let (n, batch) = (arg(1).unwrap_or(20_000), arg(2));
     let p: Purgatory<u64, Request> = Purgatory::new("expiring-watches");
+    let keys = |i: u64| [i % 100, (i * 7 + 3) % 100, (i * 13 + 5) % 100];
     let mut i = 0;
     while i < n {
-        for _ in 0..10 {
-            let keys = [i % 100, (i * 7 + 3) % 100, (i * 13 + 5) % 100];
-            assert!(!p.try_complete_else_watch(Request, keys).expect("watched"));
-            i += 1;
+        match batch {
+            None => {
+                for _ in 0..10 {
+                    assert!(!p
+                        .try_complete_else_watch(Request, keys(i))
+                        .expect("watched"));
+                    i += 1;
+                }
+            }
+            Some(b) => {
+                let end = (i + b.max(1)).min(n);
+                for result in p.watch_batch((i..end).map(|j| (Request, keys(j)))) {
+                    assert!(result.is_ok());
+                }
+                i = end;
+                if i % 10 >= b.max(1) {
+                    continue; // 10 a millisecond, as one by one
+                }
+            }
         }
         std::thread::sleep(Duration::from_millis(1));
     }
