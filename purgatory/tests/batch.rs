@@ -25,21 +25,32 @@ fn pending<O>(result: Result<WatchOutcome<O>, WatchError<O>>) -> OperationHandle
     }
 }
 
+/// The same four operations, alone (a batch under 32 is watched one by one) and then
+/// followed by 40 more (a chunk): each path gives every operation what `watch` would, in
+/// input order.
 #[test]
 fn each_operation_gets_the_outcome_watch_would_give_in_input_order() {
+    outcomes_in_input_order(0);
+    outcomes_in_input_order(40);
+}
+
+fn outcomes_in_input_order(padding: usize) {
     let clock = ManualClock::new();
     let purgatory: Purgatory<u64, _> = manual_purgatory(&clock);
-    let ledger = Ledger::new(4);
-    let (ready, readiness) = flags(4);
+    let ledger = Ledger::new(4 + padding);
+    let (ready, readiness) = flags(4 + padding);
     ready[1].store(true, SeqCst);
     let probe = |id| Probe::new(id, LONG, &ledger, &readiness);
-    let results = purgatory.watch_batch(vec![
+    let mut batch = vec![
         (probe(0), vec![1, 2]),
         (probe(1), vec![1]),
         (probe(2), vec![]),
         (probe(3), vec![3]),
-    ]);
-    assert_eq!(results.len(), 4);
+    ];
+    // Never ready, each on a key of its own.
+    batch.extend((4..4 + padding).map(|id| (probe(id), vec![100 + id as u64])));
+    let results = purgatory.watch_batch(batch);
+    assert_eq!(results.len(), 4 + padding);
     let mut results = results.into_iter();
     let h0 = pending(results.next().unwrap());
     assert!(matches!(
@@ -51,11 +62,16 @@ fn each_operation_gets_the_outcome_watch_would_give_in_input_order() {
         other => panic!("operation 2: {:?}", other.map(|_| ())),
     }
     let h3 = pending(results.next().unwrap());
+    let padded: Vec<_> = results.map(pending).collect();
+    assert_eq!(padded.len(), padding);
     assert_eq!(ledger.how(1), Some(Completion::Ready));
     assert_eq!(ledger.tries(1), 1, "ready at its first try");
     assert_eq!(ledger.tries(0), 2, "tried before and after listing");
     let stats = purgatory.stats();
-    assert_eq!((stats.pending, stats.watched, stats.keys), (2, 3, 3));
+    assert_eq!(
+        (stats.pending, stats.watched, stats.keys),
+        (2 + padding, 3 + padding, 3 + padding)
+    );
     assert_eq!(stats.completed, 1);
 
     ready[0].store(true, SeqCst);
@@ -65,10 +81,11 @@ fn each_operation_gets_the_outcome_watch_would_give_in_input_order() {
     assert_eq!(ledger.how(3), Some(Completion::Forced));
     let stats = purgatory.stats();
     assert_eq!(
-        stats.pending, 0,
+        stats.pending, padding,
         "the forced operation's timer is cancelled at once"
     );
     assert_eq!((stats.completed, stats.forced), (2, 1));
+    assert_eq!(purgatory.force_complete_batch(&padded), padding);
     assert_eq!(ledger.violations(), 0);
 }
 

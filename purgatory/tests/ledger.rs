@@ -182,8 +182,9 @@ fn worker(
                     Err(error) => epoch.refuse(error),
                 }
             }
-            30..=37 => {
-                let size = 1 + rng.below(16) as usize;
+            30..=33 => {
+                // Under 32 a batch is watched one by one, from 32 in chunks: both.
+                let size = 1 + rng.below(100) as usize;
                 let batch: Vec<(Probe, Vec<u64>)> = (0..size)
                     .map_while(|_| new_op(&epoch, &mut rng, &readiness))
                     .collect();
@@ -196,7 +197,7 @@ fn worker(
                     }
                 }
             }
-            38..=59 => {
+            34..=59 => {
                 // An event: some operation handed out so far becomes ready, and one of its
                 // keys (maybe one nobody else checks) is checked.
                 let handed = epoch.next_id.load(SeqCst).min(OPS);
