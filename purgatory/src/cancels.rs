@@ -6,7 +6,7 @@
 //! it there at once moves that shard's lock, its bookkeeping and the entry's cache lines
 //! to the completing core for every single operation, and the two threads collide on the
 //! lock. Queued per completing thread and applied [`FLUSH_AT`] at a time through
-//! [`Timer::cancel_batch`], one lock round trip and the shard's hot lines serve a whole
+//! [`TimerCore::cancel_batch`], one lock round trip and the shard's hot lines serve a whole
 //! batch, and the entries are unlinked in slab order.
 //!
 //! # Invariants
