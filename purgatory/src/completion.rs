@@ -109,7 +109,6 @@ impl<K, O: DelayedOperation> State<K, O> {
             }
         }
         count += self.complete(&mut taken, Completion::Expired);
-        count += self.expire_orphans();
         if count > 0 {
             tracing::debug!(target: "purgatory", purgatory = %self.name, count, "expire");
         }

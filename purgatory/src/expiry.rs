@@ -80,7 +80,7 @@ impl<K, O: DelayedOperation> State<K, O> {
     where
         K: Hash + Eq + Clone,
     {
-        let expired = self.expire_all(pending);
+        let expired = self.expire_all(pending) + self.expire_orphans();
         self.watchers.clear();
         tracing::debug!(target: "purgatory", purgatory = %self.name, expired, "shutdown");
         expired
