@@ -30,6 +30,9 @@ struct Log {
     answered: AtomicUsize,
     /// The purgatory, for callbacks that shut it down.
     purgatory: OnceLock<Purgatory<u32, Op>>,
+    /// While set, a callback that shuts down waits before it does (a test still watching
+    /// its operations would otherwise have them refused).
+    setting_up: std::sync::atomic::AtomicBool,
     /// When an inside call to `shutdown` returned, and how many answers it saw.
     inside_returned: Mutex<Option<(Instant, usize)>>,
 }
@@ -98,6 +101,9 @@ impl DelayedOperation for Op {
             OnComplete::Sleep(pause) => std::thread::sleep(pause),
             OnComplete::ShutDownThenSleep(pause) => {
                 let purgatory = self.log.purgatory.get().expect("set before any expiry");
+                while self.log.setting_up.load(SeqCst) {
+                    std::thread::yield_now();
+                }
                 purgatory.shutdown();
                 *self.log.inside_returned.lock().unwrap() =
                     Some((Instant::now(), self.log.answered()));
@@ -329,6 +335,7 @@ fn several_at_once_each_return_after_the_last_answer() {
             let log = Arc::new(Log::default());
             let purgatory = purgatory("several", executor.clone());
             log.purgatory.set(purgatory.clone()).ok().unwrap();
+            log.setting_up.store(true, SeqCst);
             watch_many(
                 &purgatory,
                 &log,
@@ -344,6 +351,7 @@ fn several_at_once_each_return_after_the_last_answer() {
                 OnComplete::Sleep(Duration::from_millis(1)),
             );
             watch_many(&purgatory, &log, 1_000, LONG, OnComplete::Record);
+            log.setting_up.store(false, SeqCst);
             let callers: Vec<_> = (0..3)
                 .map(|i| {
                     let purgatory = purgatory.clone();
