@@ -478,6 +478,21 @@ impl<T> TimerCore<T> {
         self.sleeper.wake();
     }
 
+    /// For a driver that does not sleep in [`advance_into`](Self::advance_into) but
+    /// elsewhere (an async task, which must not block its thread): `hook` is called by
+    /// [`wake`](Self::wake), by [`shutdown`](Self::shutdown), and by every add that
+    /// queues a task earlier than every task already queued in its shard. Such a driver
+    /// advances with `Duration::ZERO`, reads [`next_expiration`](Self::next_expiration),
+    /// and waits until then or until the hook is called: an add before the read is seen
+    /// by it, an add after it calls the hook, so the hook must remember a call made
+    /// before the driver starts waiting (as `tokio::sync::Notify::notify_one` does).
+    /// Keep it short and non-blocking: it runs on the adding thread. At most one hook;
+    /// returns false, dropping `hook`, if one is set already.
+    pub fn set_wake_hook(&self, hook: impl Fn() + Send + Sync + 'static) -> bool {
+        self.sleeper
+            .set_hook(crate::sleeper::WakeHook(Box::new(hook)))
+    }
+
     /// When the earliest queued bucket is due, on this timer's clock; `None` when idle.
     pub fn next_expiration(&self) -> Option<Duration> {
         match self.earliest() {

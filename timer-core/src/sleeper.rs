@@ -30,7 +30,18 @@
 //! plan was published did not notify, yet may be earlier than theirs (or may change the
 //! bound they sleep under, see `NextRound`). That costs spurious wake-ups, never a missed
 //! one.
+//!
+//! # A driver that waits elsewhere
+//! A driver that sleeps outside this module (an async task on a runtime, which must not
+//! block its thread on `cond`) cannot publish a plan under `lock`. It installs a wake hook
+//! instead ([`Sleeper::set_hook`]); from then on every add that lowers a shard's earliest
+//! expiration calls [`wake`](Sleeper::wake), whatever `wake_at` says, and `wake` calls the
+//! hook after notifying. Such a driver reads the earliest expiration, then waits for its
+//! own timer or the hook: an add before the read is seen by the read, an add after it
+//! calls the hook. The hook must remember a call that comes before the driver waits (a
+//! `tokio::sync::Notify`'s permit does).
 
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use crate::sync::{AtomicU64, Condvar, Mutex};
@@ -53,6 +64,17 @@ pub(crate) struct Sleeper {
     lock: Mutex<SleepState>,
     cond: Condvar,
     wake_at: AtomicU64,
+    /// The wake hook of a driver that waits elsewhere (see the module doc).
+    hook: OnceLock<WakeHook>,
+}
+
+/// What a driver that waits elsewhere is woken by.
+pub(crate) struct WakeHook(pub(crate) Box<dyn Fn() + Send + Sync>);
+
+impl std::fmt::Debug for WakeHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("WakeHook")
+    }
 }
 
 impl Sleeper {
@@ -61,7 +83,14 @@ impl Sleeper {
             lock: Mutex::new(SleepState::default()),
             cond: Condvar::default(),
             wake_at: AtomicU64::new(AWAKE),
+            hook: OnceLock::new(),
         }
+    }
+
+    /// Installs the wake hook of a driver that waits elsewhere; returns false (and drops
+    /// `hook`) if one is installed already.
+    pub(crate) fn set_hook(&self, hook: WakeHook) -> bool {
+        self.hook.set(hook).is_ok()
     }
 
     /// Sleeps until tick `wake_tick` (at real instant `deadline`, forever if `None`) or a
@@ -104,7 +133,7 @@ impl Sleeper {
     /// Wakes the driver if it plans to sleep past `expiration`. Call after publishing
     /// `expiration` with `SeqCst`.
     pub(crate) fn wake_if_later_than(&self, expiration: u64) {
-        if expiration < self.wake_at.load(SeqCst) {
+        if expiration < self.wake_at.load(SeqCst) || self.hook.get().is_some() {
             self.wake();
         }
     }
@@ -115,5 +144,9 @@ impl Sleeper {
         let mut state = self.lock.lock();
         state.woken = true;
         self.cond.notify_all();
+        drop(state);
+        if let Some(hook) = self.hook.get() {
+            (hook.0)();
+        }
     }
 }

@@ -12,6 +12,9 @@
 //!
 //! - **A wake after an add**: `wake` is never lost (even when it comes before the driver
 //!   sleeps), and the woken driver runs the task that became due.
+//! - **An add racing a driver that waits elsewhere** (an async task, woken through
+//!   `TimerCore::set_wake_hook`): a driver that consumed its earlier wake-ups and then
+//!   read the next expiration either saw the new task or is woken after the read.
 //!
 //! Loom has no clock: a timed wait there waits until notified. The add-versus-sleep model
 //! therefore ends with `shutdown` (which always notifies), as a real driver's deadline
@@ -130,6 +133,44 @@ fn an_add_racing_the_drivers_sleep_is_never_lost() {
             clock.now(),
             Duration::from_millis(5),
             "the clock did not move"
+        );
+    });
+}
+
+#[test]
+fn an_add_the_outside_drivers_read_missed_calls_its_hook_after_the_read() {
+    loom::model(|| {
+        let core: Arc<timer_core::TimerCore<u32>> = Arc::new(
+            TimerBuilder::new()
+                .tick(Duration::from_millis(1))
+                .shards(1)
+                .clock(ManualClock::new())
+                .build_core()
+                .expect("valid configuration"),
+        );
+        // The driver's wake-up permit (what `tokio::sync::Notify` keeps).
+        let permit = Arc::new(loom::sync::atomic::AtomicBool::new(false));
+        let hook = Arc::clone(&permit);
+        // A read-modify-write, as `Notify::notify_one` (loom also loses a plain store
+        // here that a later load of the same thread should see).
+        assert!(core.set_wake_hook(move || {
+            hook.swap(true, Ordering::SeqCst);
+        }));
+
+        let adder = {
+            let core = Arc::clone(&core);
+            thread::spawn(move || drop(core.add(Duration::from_millis(7), 1)))
+        };
+        // The driver: a wait of its last round consumed the permits given so far (a
+        // read-modify-write, as `Notify` does), then this round reads the next expiry.
+        permit.swap(false, Ordering::SeqCst);
+        let seen = core.next_expiration().is_some();
+        adder.join().unwrap();
+        // Its next wait: a permit is there unless the read saw the task.
+        let woken = permit.swap(false, Ordering::SeqCst);
+        assert!(
+            seen || woken,
+            "the driver would wait without a wake-up for a task it did not see"
         );
     });
 }
