@@ -7,6 +7,7 @@ use timer_core::TimerBuilder;
 use crate::error::BuildError;
 use crate::operation::DelayedOperation;
 use crate::purgatory::Purgatory;
+use crate::runtime::RuntimeContext;
 use crate::state::{PurgePolicy, State};
 use crate::watchers::Watchers;
 
@@ -43,6 +44,12 @@ pub struct PurgatoryBuilder {
     timer: TimerBuilder,
     purge_interval: usize,
     shards: usize,
+    /// The runtime set by `runtime` (feature `tokio`); `None`: the one `build` runs in.
+    #[cfg(feature = "tokio")]
+    runtime: Option<tokio::runtime::Handle>,
+    /// Whether `follow_tokio_time` was set (feature `tokio`).
+    #[cfg(feature = "tokio")]
+    tokio_time: bool,
 }
 
 impl Default for PurgatoryBuilder {
@@ -52,6 +59,10 @@ impl Default for PurgatoryBuilder {
             timer: TimerBuilder::new(),
             purge_interval: 1000,
             shards: default_shards(),
+            #[cfg(feature = "tokio")]
+            runtime: None,
+            #[cfg(feature = "tokio")]
+            tokio_time: false,
         }
     }
 }
@@ -105,6 +116,29 @@ impl PurgatoryBuilder {
         self
     }
 
+    /// The tokio runtime whose context every callback runs in (feature `tokio`; see
+    /// [`with_tokio`](crate::with_tokio)). Without it, `build` takes the runtime it is
+    /// called in, if any.
+    #[cfg(feature = "tokio")]
+    pub fn runtime(mut self, handle: tokio::runtime::Handle) -> Self {
+        self.runtime = Some(handle);
+        self
+    }
+
+    /// Follows tokio's clock, paused, advanced and auto-advanced included, for tests on
+    /// `#[tokio::test(start_paused = true)]` (feature `tokio`). The timer reads
+    /// [`TokioClock`](crate::TokioClock) (this overrides a clock set in
+    /// [`timer`](Self::timer)), and instead of a reaper thread a task on the runtime
+    /// drives expiry, sleeping on tokio's timer until the next operation is due, so a
+    /// paused runtime auto-advances straight to it. Needs a runtime
+    /// ([`BuildError::NoRuntime`] otherwise). Expired operations' callbacks then run on
+    /// that task (a runtime worker) unless the timer's executor is a pool.
+    #[cfg(feature = "tokio")]
+    pub fn follow_tokio_time(mut self) -> Self {
+        self.tokio_time = true;
+        self
+    }
+
     /// Checks the configuration and builds the purgatory, starting its reaper if asked.
     pub fn build<K, O>(self) -> Result<Purgatory<K, O>, BuildError>
     where
@@ -117,15 +151,39 @@ impl PurgatoryBuilder {
         if self.purge_interval == 0 {
             return Err(BuildError::InvalidPurgeInterval);
         }
-        let (timer, driver) = self.timer.build_parts()?;
+        #[cfg(feature = "tokio")]
+        let runtime = self
+            .runtime
+            .or_else(|| tokio::runtime::Handle::try_current().ok());
+        #[cfg(feature = "tokio")]
+        let timer = match (&runtime, self.tokio_time) {
+            (_, false) => self.timer,
+            (Some(handle), true) => self
+                .timer
+                .clock(crate::TokioClock::new(handle.clone()))
+                .reaper(false),
+            (None, true) => return Err(BuildError::NoRuntime),
+        };
+        #[cfg(not(feature = "tokio"))]
+        let timer = self.timer;
+        let (timer, driver) = timer.build_parts()?;
         let state = State::new(
             self.name,
             timer,
             Watchers::new(self.shards),
             PurgePolicy::new(self.purge_interval),
+            #[cfg(feature = "tokio")]
+            RuntimeContext::new(runtime),
+            #[cfg(not(feature = "tokio"))]
+            RuntimeContext,
         );
         let reaper = format!("{}-reaper", state.name);
         let driver = driver.start(state, &reaper).map_err(BuildError::Spawn)?;
-        Ok(Purgatory::from_driver(driver))
+        let purgatory = Purgatory::from_driver(driver);
+        #[cfg(feature = "tokio")]
+        if self.tokio_time {
+            crate::tokio_time::spawn_driver(&purgatory);
+        }
+        Ok(purgatory)
     }
 }

@@ -67,6 +67,9 @@ pub enum BuildError {
     InvalidPurgeInterval,
     /// The reaper thread could not be spawned.
     Spawn(std::io::Error),
+    /// Following tokio's time (`PurgatoryBuilder::follow_tokio_time`, feature `tokio`)
+    /// was asked for, but `build` ran outside a tokio runtime and no runtime was named.
+    NoRuntime,
 }
 
 impl fmt::Display for BuildError {
@@ -80,6 +83,9 @@ impl fmt::Display for BuildError {
                 f.write_str("the purge interval must be at least 1")
             }
             BuildError::Spawn(e) => write!(f, "could not spawn the reaper thread: {e}"),
+            BuildError::NoRuntime => f.write_str(
+                "following tokio's time needs a runtime: build inside one or name its handle",
+            ),
         }
     }
 }

@@ -7,6 +7,10 @@
 //! - [`Purgatory`]: holds operations in per-key watcher lists
 //!   (`try_complete_else_watch`, `check_and_complete`, `cancel_for_key`) over a
 //!   hierarchical timing wheel ([`timer_core`]).
+//! - On tokio (cargo feature `tokio`): callbacks in the runtime's context on every path,
+//!   `Purgatory::park` (the future of an operation's answer, cancelling it when
+//!   dropped), `shutdown_async`, a last drop that does not block a worker, and a clock
+//!   that follows tokio's paused time: the chapter `purgatory::with_tokio`.
 //!
 //! # Guarantees
 //! Every accepted operation completes exactly once: by `try_complete` succeeding, by a
@@ -68,20 +72,32 @@ mod op_list;
 mod op_table;
 mod operation;
 mod panics;
+#[cfg(feature = "tokio")]
+mod parked;
 mod purgatory;
 mod purge;
+mod runtime;
 mod slot;
 mod state;
 mod stats;
 mod sync;
+#[cfg(feature = "tokio")]
+mod tokio_time;
 mod watch;
 mod watchers;
+#[cfg(feature = "tokio")]
+#[doc = include_str!("with_tokio.md")]
+pub mod with_tokio {}
 
 pub use builder::{default_shards, PurgatoryBuilder};
 pub use error::{BuildError, WatchError};
 pub use guard::CancelOnDrop;
 pub use handle::{OperationHandle, WatchOutcome};
 pub use operation::{Completion, DelayedOperation};
+#[cfg(feature = "tokio")]
+pub use parked::{reply, Answer, Answered, Parked, Reply, Unanswered};
 pub use purgatory::Purgatory;
 pub use stats::PurgatoryStats;
 pub use timer_core::{Clock, Executor, ManualClock, SystemClock, TimerBuilder};
+#[cfg(feature = "tokio")]
+pub use tokio_time::TokioClock;

@@ -7,6 +7,10 @@
 //! - The reaper thread (one per purgatory, unless its timer is built with
 //!   `reaper(false)`) drives the timer, completes expired operations (`on_complete` then
 //!   `on_expiration`, inline or on the configured pool) and purges completed entries.
+//! - With the feature `tokio`, each of them enters the purgatory's runtime for user code
+//!   (`runtime.rs`), and the last handle dropped in a runtime's context shuts down on its
+//!   blocking pool ([`release`]); with `follow_tokio_time` a task replaces the reaper
+//!   (`tokio_time.rs`).
 //!
 //! # Invariants
 //! - An accepted operation is in its slot of the op table until exactly one of: a
@@ -17,6 +21,7 @@
 //!   either way every operation still pending is expired first.
 
 use std::hash::Hash;
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -56,7 +61,8 @@ where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     O: DelayedOperation,
 {
-    driver: Arc<Driver<State<K, O>>>,
+    /// Taken only by `drop`, which hands it to [`release`].
+    driver: ManuallyDrop<Arc<Driver<State<K, O>>>>,
 }
 
 impl<K, O> Clone for Purgatory<K, O>
@@ -66,7 +72,7 @@ where
 {
     fn clone(&self) -> Self {
         Purgatory {
-            driver: Arc::clone(&self.driver),
+            driver: ManuallyDrop::new(Arc::clone(&self.driver)),
         }
     }
 }
@@ -97,8 +103,15 @@ where
 
     pub(crate) fn from_driver(driver: Driver<State<K, O>>) -> Self {
         Purgatory {
-            driver: Arc::new(driver),
+            driver: ManuallyDrop::new(Arc::new(driver)),
         }
+    }
+
+    /// The driver, shared: for the tokio-time driving task, which must not keep the
+    /// purgatory alive (`tokio_time.rs`).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn driver(&self) -> &Arc<Driver<State<K, O>>> {
+        &self.driver
     }
 
     fn state(&self) -> &State<K, O> {
@@ -137,6 +150,7 @@ where
         // Collect the keys before taking any lock: the caller's iterator is user code.
         let keys: Keys<K> = keys.into_iter().collect();
         let state = self.state();
+        let _runtime = state.runtime.enter();
         state.settle(state.watch_one(op, keys))
     }
 
@@ -161,6 +175,7 @@ where
             .collect();
         let mut results = Vec::with_capacity(staged.len());
         let state = self.state();
+        let _runtime = state.runtime.enter();
         if staged.len() < SMALL_BATCH {
             for (op, keys) in staged {
                 results.push(state.settle(state.watch_one(op, keys)));
@@ -195,6 +210,7 @@ where
         if candidates.is_empty() {
             return 0; // an unknown key: nothing to try, drop or expire
         }
+        let _runtime = state.runtime.enter();
         // Entries this check found naming an operation that is gone (completed, expired
         // or cancelled before it looked, or while it looked).
         let mut dead = 0;
@@ -256,6 +272,7 @@ where
         O: 'a,
     {
         let state = self.state();
+        let _runtime = state.runtime.enter();
         let mut chunk: SmallVec<[OpRef; CHUNK]> = SmallVec::new();
         let mut completed = 0;
         for handle in handles {
@@ -407,6 +424,70 @@ where
         self.driver
             .shutdown_with(|pending| state.expire_pending(pending));
     }
+
+    /// [`shutdown`](Self::shutdown) without blocking the task's thread: the shutdown runs
+    /// on the runtime's blocking pool, and this resolves when it has returned (every
+    /// operation that was pending has had its callbacks). Dropping the future does not
+    /// stop the shutdown. Polled outside a tokio runtime (and the purgatory built without
+    /// one), or while the runtime shuts down, it runs `shutdown` inline. A panic of
+    /// `shutdown` (a key's `Drop`) resumes here. Feature `tokio`.
+    #[cfg(feature = "tokio")]
+    pub async fn shutdown_async(&self) {
+        let runtime = tokio::runtime::Handle::try_current()
+            .ok()
+            .or_else(|| self.state().runtime.handle().cloned());
+        let Some(runtime) = runtime else {
+            return self.shutdown();
+        };
+        let purgatory = self.clone();
+        match runtime.spawn_blocking(move || purgatory.shutdown()).await {
+            Ok(()) => {}
+            Err(failed) if failed.is_panic() => std::panic::resume_unwind(failed.into_panic()),
+            // The runtime is shutting down and dropped the work unrun.
+            Err(_) => self.shutdown(),
+        }
+    }
+}
+
+impl<K, O> Drop for Purgatory<K, O>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    O: DelayedOperation,
+{
+    /// The last handle's drop shuts the purgatory down, expiring what is pending. With
+    /// the feature `tokio`, in a runtime's context, that runs on the runtime's blocking
+    /// pool and the drop returns at once.
+    fn drop(&mut self) {
+        // See `release`.
+        // SAFETY: `driver` is taken here, once, and `self` is never used again: this is
+        // its drop.
+        let driver = unsafe { ManuallyDrop::take(&mut self.driver) };
+        release(driver);
+    }
+}
+
+/// Lets go of one reference to a purgatory's driver. The last one shuts the purgatory
+/// down (the driver's drop: every pending operation is expired and answered).
+///
+/// With the feature `tokio`, a last drop on a thread in a tokio runtime's context (a
+/// worker, most often) does not block it: the driver is dropped on that runtime's
+/// blocking pool, whose threads exist to wait. It is dropped right here when the runtime
+/// is shutting down and its pool takes no more work (the closure is dropped unrun, and
+/// the driver with it), so the guarantee does not depend on the runtime.
+pub(crate) fn release<K, O>(driver: Arc<Driver<State<K, O>>>)
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    O: DelayedOperation,
+{
+    #[cfg(feature = "tokio")]
+    if let Some(last) = Arc::into_inner(driver) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(move || drop(last))),
+            Err(_) => drop(last),
+        }
+    }
+    #[cfg(not(feature = "tokio"))]
+    drop(driver);
 }
 
 impl<K, O> std::fmt::Debug for Purgatory<K, O>

@@ -24,6 +24,7 @@ use crate::cancels::DeferredCancels;
 use crate::counters::Counters;
 use crate::op_table::{OpRef, OpTable};
 use crate::operation::DelayedOperation;
+use crate::runtime::RuntimeContext;
 use crate::sync::Mutex;
 use crate::watchers::{PurgeCursor, Watchers};
 
@@ -40,6 +41,8 @@ pub(crate) struct State<K, O: DelayedOperation> {
     pub(crate) purge: PurgePolicy,
     /// Timer cancels of completed operations, applied in batches (see `cancels.rs`).
     pub(crate) cancels: DeferredCancels,
+    /// The runtime whose context user code runs in (`runtime.rs`).
+    pub(crate) runtime: RuntimeContext,
     #[cfg(feature = "metrics")]
     pub(crate) metrics: Schedule,
 }
@@ -50,6 +53,7 @@ impl<K, O: DelayedOperation> State<K, O> {
         timer: TimerCore<Expiry>,
         watchers: Watchers<K>,
         purge: PurgePolicy,
+        runtime: RuntimeContext,
     ) -> Self {
         State {
             id: NEXT_PURGATORY_ID.fetch_add(1, Ordering::Relaxed),
@@ -60,6 +64,7 @@ impl<K, O: DelayedOperation> State<K, O> {
             counters: Counters::default(),
             purge,
             cancels: DeferredCancels::default(),
+            runtime,
             #[cfg(feature = "metrics")]
             metrics: Default::default(),
         }

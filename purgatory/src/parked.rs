@@ -1,0 +1,269 @@
+//! Awaiting a parked operation (cargo feature `tokio`): the [`Reply`] an operation
+//! answers through, and [`Parked`], the future of that answer, which cancels the
+//! operation when dropped unanswered.
+//!
+//! # States of a `Parked`
+//!
+//! | state | how it got there | its drop |
+//! |---|---|---|
+//! | waiting | `park` watched the operation | cancels it (`Purgatory::cancel`) |
+//! | settled | `park` completed it at once; or polled to its answer; or `try_cancel` | nothing |
+//!
+//! # Invariants
+//! - Exactly once: the drop's cancel and a completion both take the operation out of
+//!   its slot, which only one of them can do (`slot.rs`). If the cancel wins, no
+//!   callback runs and the operation is counted cancelled; if a completion won, its
+//!   callbacks ran (or are running on the completing thread) and it is counted as that
+//!   completion: the answer then arrives into a channel nobody reads, and is dropped.
+//!   [`Parked::try_cancel`] is the same race with both outcomes kept: the operation
+//!   back, or `None` and the answer still to await.
+//! - The answer channel is tokio's `oneshot`: sending never blocks or waits, so
+//!   `on_complete` may reply from any thread, in or out of a runtime.
+//! - A `Parked` holds a purgatory handle only while waiting, so settled answers do not
+//!   keep a purgatory alive.
+
+use std::future::Future;
+use std::hash::Hash;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use tokio::sync::oneshot;
+
+use crate::error::WatchError;
+use crate::handle::{OperationHandle, WatchOutcome};
+use crate::operation::{Completion, DelayedOperation};
+use crate::purgatory::Purgatory;
+
+/// A reply channel for one operation: the [`Reply`] goes into the operation, which
+/// answers through it from `on_complete`; the [`Answer`] goes to
+/// [`Purgatory::park`], which returns the future of the answer.
+pub fn reply<T>() -> (Reply<T>, Answer<T>) {
+    let (sender, receiver) = oneshot::channel();
+    (
+        Reply {
+            sender: Some(sender),
+        },
+        Answer { receiver },
+    )
+}
+
+/// The sending half an operation keeps to answer whoever awaits it. Send once, from
+/// `on_complete`, with the [`Completion`] it was given.
+pub struct Reply<T> {
+    sender: Option<oneshot::Sender<Answered<T>>>,
+}
+
+impl<T> Reply<T> {
+    /// Sends the answer; returns whether it reached a waiting [`Parked`] (false if it was
+    /// dropped, its client gone, or if this reply was already used).
+    pub fn send(&mut self, how: Completion, answer: T) -> bool {
+        match self.sender.take() {
+            Some(sender) => sender.send(Answered { how, answer }).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Whether nobody waits for the answer any more (the `Parked` was dropped, or the
+    /// answer was sent): an operation may then skip building it.
+    pub fn is_closed(&self) -> bool {
+        self.sender.as_ref().is_none_or(oneshot::Sender::is_closed)
+    }
+}
+
+impl<T> std::fmt::Debug for Reply<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reply")
+            .field("closed", &self.is_closed())
+            .finish()
+    }
+}
+
+/// The receiving half of [`reply`], before it is parked: give it to
+/// [`Purgatory::park`] with the operation holding the [`Reply`]. Awaited on its own, it
+/// gives the answer without cancelling anything when dropped (for an operation answered
+/// outside a purgatory).
+#[must_use = "an answer nobody awaits is dropped; give it to Purgatory::park"]
+pub struct Answer<T> {
+    receiver: oneshot::Receiver<Answered<T>>,
+}
+
+impl<T> Future for Answer<T> {
+    type Output = Result<Answered<T>, Unanswered>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.receiver)
+            .poll(cx)
+            .map(|received| received.map_err(|_| Unanswered))
+    }
+}
+
+impl<T> std::fmt::Debug for Answer<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Answer").finish_non_exhaustive()
+    }
+}
+
+/// How a parked operation completed, and what it answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Answered<T> {
+    /// What completed it.
+    pub how: Completion,
+    /// What its `on_complete` sent.
+    pub answer: T,
+}
+
+/// The operation's [`Reply`] was dropped without an answer: its `on_complete` panicked
+/// or did not send, or it was handed back uncompleted (`cancel_for_key`, `cancel`) and
+/// dropped by whoever took it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Unanswered;
+
+impl std::fmt::Display for Unanswered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the operation's reply was dropped without an answer")
+    }
+}
+
+impl std::error::Error for Unanswered {}
+
+/// The future answer of an operation parked in a purgatory ([`Purgatory::park`]).
+/// Resolves to how it completed and what it answered. Dropped while the operation still
+/// waits (its client left, its task ended), it cancels the operation: the timeout is
+/// disarmed and the operation dropped at once, with no callback (see the module doc for
+/// a completion racing the drop).
+#[must_use = "dropping a Parked cancels its operation"]
+pub struct Parked<K, O, T>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    O: DelayedOperation,
+{
+    answer: oneshot::Receiver<Answered<T>>,
+    /// While the operation waits: what cancels it.
+    waiting: Option<(Purgatory<K, O>, OperationHandle<O>)>,
+}
+
+impl<K, O, T> Parked<K, O, T>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    O: DelayedOperation,
+{
+    /// The waiting operation's handle (`None` once settled: completed on `park`,
+    /// answered, or cancelled).
+    pub fn handle(&self) -> Option<OperationHandle<O>> {
+        self.waiting.as_ref().map(|(_, handle)| *handle)
+    }
+
+    /// Takes the operation back if it still waits (no callback runs; counted cancelled);
+    /// `None` if it completed, and then its answer is still to await here. Either way
+    /// the drop cancels nothing any more.
+    pub fn try_cancel(&mut self) -> Option<O> {
+        let (purgatory, handle) = self.waiting.take()?;
+        purgatory.cancel(&handle)
+    }
+
+    /// Lets the operation wait on even if this future is dropped; awaiting the returned
+    /// [`Answer`] gives the same answer.
+    pub fn detach(mut self) -> Answer<T> {
+        self.waiting = None;
+        let (_, placeholder) = oneshot::channel();
+        Answer {
+            receiver: std::mem::replace(&mut self.answer, placeholder),
+        }
+    }
+}
+
+impl<K, O, T> Future for Parked<K, O, T>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    O: DelayedOperation,
+{
+    type Output = Result<Answered<T>, Unanswered>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let received = match Pin::new(&mut this.answer).poll(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(received) => received,
+        };
+        // Answered, or never to be: the operation no longer waits.
+        this.waiting = None;
+        Poll::Ready(received.map_err(|_| Unanswered))
+    }
+}
+
+impl<K, O, T> Drop for Parked<K, O, T>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    O: DelayedOperation,
+{
+    fn drop(&mut self) {
+        if let Some((purgatory, handle)) = self.waiting.take() {
+            // Still waiting: taken back and dropped here. Completed meanwhile: nothing.
+            drop(purgatory.cancel(&handle));
+        }
+    }
+}
+
+impl<K, O, T> std::fmt::Debug for Parked<K, O, T>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    O: DelayedOperation,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Parked")
+            .field("waiting", &self.waiting.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K, O> Purgatory<K, O>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    O: DelayedOperation,
+{
+    /// [`watch`](Self::watch)es `op` (which holds the [`Reply`] of `answer`) and returns
+    /// the future of its answer, which cancels the operation if dropped while it waits.
+    /// Refused with the operation given back, as `watch` (the answer is dropped: answer
+    /// the refused request directly). Feature `tokio`.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use purgatory::{reply, Completion, DelayedOperation, Purgatory, Reply};
+    ///
+    /// struct Fetch { reply: Reply<&'static str> }
+    /// impl DelayedOperation for Fetch {
+    ///     fn timeout(&self) -> Duration { Duration::from_millis(5) }
+    ///     fn try_complete(&mut self) -> bool { false }
+    ///     fn on_complete(&mut self, how: Completion) {
+    ///         self.reply.send(how, "empty fetch");
+    ///     }
+    /// }
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let fetches: Purgatory<u32, Fetch> = Purgatory::new("fetch");
+    /// let (reply, answer) = reply();
+    /// let parked = fetches.park(Fetch { reply }, [7], answer).unwrap();
+    /// let answered = parked.await.unwrap();
+    /// assert_eq!((answered.how, answered.answer), (Completion::Expired, "empty fetch"));
+    /// # });
+    /// ```
+    pub fn park<I, T>(
+        &self,
+        op: O,
+        keys: I,
+        answer: Answer<T>,
+    ) -> Result<Parked<K, O, T>, WatchError<O>>
+    where
+        I: IntoIterator<Item = K>,
+    {
+        let waiting = match self.watch(op, keys)? {
+            WatchOutcome::Completed => None,
+            WatchOutcome::Pending(handle) => Some((self.clone(), handle)),
+        };
+        Ok(Parked {
+            answer: answer.receiver,
+            waiting,
+        })
+    }
+}

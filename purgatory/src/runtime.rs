@@ -1,0 +1,66 @@
+//! The runtime a purgatory's callbacks run in (cargo feature `tokio`; without it this is
+//! an empty type whose `enter` does nothing).
+//!
+//! # Contract
+//! A purgatory built inside a tokio runtime (or given a handle with
+//! [`PurgatoryBuilder::runtime`](crate::PurgatoryBuilder::runtime)) runs all user code of
+//! its operations (`try_complete`, `on_complete`, `on_expiration`, the operation's drop)
+//! with that runtime's context entered, on every path: the caller's thread for a watch,
+//! an event or a force; the reaper thread or the expiry pool for a timeout; the calling
+//! thread for a shutdown; the dropping thread (or a blocking-pool thread, see
+//! `purgatory.rs`) for the last handle's drop. So `tokio::spawn` and
+//! `Handle::current()` work in every callback.
+//!
+//! # Invariants
+//! - The context is entered once per public call or driver step that may run user code
+//!   (not per operation): `watch`, `watch_batch`, `check_and_complete`,
+//!   `force_complete_batch`, each expiry batch and round hook, shutdown's last step, the
+//!   state's drop. Entering nests: a thread already in this or another runtime's context
+//!   is in this one's for the call, and back in its own afterwards.
+//! - Entering only sets a thread-local (and clones the handle's reference count); it
+//!   never blocks, so it is allowed on a runtime worker and inside another runtime.
+
+#[cfg(feature = "tokio")]
+mod with_tokio {
+    /// The handle whose context callbacks run in, if any.
+    #[derive(Debug, Default)]
+    pub(crate) struct RuntimeContext {
+        handle: Option<tokio::runtime::Handle>,
+    }
+
+    impl RuntimeContext {
+        pub(crate) fn new(handle: Option<tokio::runtime::Handle>) -> Self {
+            RuntimeContext { handle }
+        }
+
+        /// Enters the runtime's context until the guard is dropped (nothing if none).
+        #[inline]
+        pub(crate) fn enter(&self) -> Option<tokio::runtime::EnterGuard<'_>> {
+            self.handle.as_ref().map(tokio::runtime::Handle::enter)
+        }
+
+        /// The runtime's handle, if any.
+        pub(crate) fn handle(&self) -> Option<&tokio::runtime::Handle> {
+            self.handle.as_ref()
+        }
+    }
+}
+
+#[cfg(not(feature = "tokio"))]
+mod with_tokio {
+    /// Without the feature `tokio`: no runtime, nothing to enter.
+    #[derive(Debug, Default)]
+    pub(crate) struct RuntimeContext;
+
+    /// What entering no runtime gives: nothing to leave.
+    pub(crate) struct NotEntered;
+
+    impl RuntimeContext {
+        #[inline(always)]
+        pub(crate) fn enter(&self) -> NotEntered {
+            NotEntered
+        }
+    }
+}
+
+pub(crate) use with_tokio::RuntimeContext;

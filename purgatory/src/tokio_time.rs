@@ -1,0 +1,142 @@
+//! Following tokio's clock (cargo feature `tokio`): [`TokioClock`], and the task that
+//! drives a purgatory built with
+//! [`follow_tokio_time`](crate::PurgatoryBuilder::follow_tokio_time) in place of a reaper
+//! thread.
+//!
+//! # Why a task
+//! A paused runtime's time moves only when the runtime moves it (`advance`, or
+//! auto-advance when every task waits, straight to the earliest tokio timer). A reaper
+//! thread sleeping on real time would neither see those jumps nor be a timer the runtime
+//! can jump to. The driving task sleeps on a tokio timer set to the purgatory's next
+//! expiry, so `advance` wakes it and auto-advance stops at it.
+//!
+//! # The driving task's loop
+//! 1. Upgrade its weak reference to the purgatory's driver; gone or shut down: end.
+//! 2. Run one round without waiting (`advance_clock(ZERO)`: due expiries, cancels,
+//!    purges, metrics).
+//! 3. Read the earliest expiry; let go of the driver (the task never keeps the purgatory
+//!    alive, and a last reference it happens to hold is released without blocking the
+//!    worker, see `purgatory::release`).
+//! 4. Wait until then (at most `REAPER_WAIT` while anything is pending or a purge is
+//!    due, as the reaper does) or until the timer's wake hook is called.
+//!
+//! No expiry is missed: the hook ([`TimerCore::set_wake_hook`](timer_core::TimerCore))
+//! is called by every add that queues a task earlier than all others of its shard, and
+//! by shutdown; an add before step 3's read is seen by the read, one after it stores a
+//! `Notify` permit that ends step 4 at once.
+
+use std::hash::Hash;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use timer_core::{Clock, Driver};
+use tokio::runtime::Handle;
+use tokio::sync::Notify;
+
+use crate::expiry::REAPER_WAIT;
+use crate::operation::DelayedOperation;
+use crate::purgatory::{release, Purgatory};
+use crate::state::State;
+
+/// A [`Clock`] that reads tokio's time (`tokio::time::Instant`) in one runtime's context:
+/// paused, advanced and auto-advanced with it in tests (tokio's `test-util`), the
+/// monotonic system time otherwise. Its origin is when it was made.
+///
+/// Reading it enters the runtime's context on the reading thread, so threads outside the
+/// runtime see the same (paused) time as its tasks. A purgatory built with
+/// [`follow_tokio_time`](crate::PurgatoryBuilder::follow_tokio_time) uses it; with a
+/// plain timer, drive the timer yourself (a paused clock does not wake a reaper thread).
+#[derive(Clone, Debug)]
+pub struct TokioClock {
+    runtime: Handle,
+    origin: tokio::time::Instant,
+}
+
+impl TokioClock {
+    /// A clock following `runtime`'s time, at zero now.
+    pub fn new(runtime: Handle) -> Self {
+        let origin = {
+            let _context = runtime.enter();
+            tokio::time::Instant::now()
+        };
+        TokioClock { runtime, origin }
+    }
+
+    /// A clock following the current runtime's time.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime's context.
+    pub fn current() -> Self {
+        Self::new(Handle::current())
+    }
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> Duration {
+        let _context = self.runtime.enter();
+        // A paused clock never goes back; `saturating` keeps that true across the origin.
+        tokio::time::Instant::now().saturating_duration_since(self.origin)
+    }
+}
+
+/// Spawns the task that drives `purgatory` on its runtime (the builder checked there is
+/// one) and installs the timer's wake hook.
+pub(crate) fn spawn_driver<K, O>(purgatory: &Purgatory<K, O>)
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    O: DelayedOperation,
+{
+    let driver = purgatory.driver();
+    let state = driver.target();
+    let Some(runtime) = state.runtime.handle() else {
+        return;
+    };
+    let wake = Arc::new(Notify::new());
+    let hook = Arc::clone(&wake);
+    state.timer.set_wake_hook(move || hook.notify_one());
+    runtime.spawn(drive(Arc::downgrade(driver), wake));
+}
+
+/// The driving task's loop (see the module doc).
+async fn drive<K, O>(driver: Weak<Driver<State<K, O>>>, wake: Arc<Notify>)
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    O: DelayedOperation,
+{
+    loop {
+        let Some(wait) = round(&driver) else {
+            return;
+        };
+        match wait {
+            None => wake.notified().await,
+            Some(wait) if wait.is_zero() => tokio::task::yield_now().await,
+            Some(wait) => {
+                // Either ends the wait; a timeout is not an error here.
+                let _ = tokio::time::timeout(wait, wake.notified()).await;
+            }
+        }
+    }
+}
+
+/// Steps 1-3: one round; returns how long to wait (`Some(None)`: until woken), or `None`
+/// when the purgatory is gone or shut down.
+fn round<K, O>(driver: &Weak<Driver<State<K, O>>>) -> Option<Option<Duration>>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    O: DelayedOperation,
+{
+    let driver = driver.upgrade()?;
+    if driver.is_shutdown() {
+        release(driver);
+        return None;
+    }
+    driver.advance_clock(Duration::ZERO);
+    let state = driver.target();
+    let wait = match state.timer.next_expiration() {
+        Some(at) => Some(at.saturating_sub(state.timer.now()).min(REAPER_WAIT)),
+        None if state.purge_due() => Some(REAPER_WAIT),
+        None => None,
+    };
+    release(driver);
+    Some(wait)
+}

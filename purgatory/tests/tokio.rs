@@ -1,0 +1,556 @@
+//! The tokio face (cargo feature `tokio`): callbacks run in the runtime's context on every
+//! path, the parked future (its answer, its cancel, the race of the two), the shutdown
+//! and last drop that do not block a worker, and the clock that follows tokio's.
+//!
+//! Every contract test runs on a current-thread and a multi-thread runtime.
+#![cfg(feature = "tokio")]
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc as std_mpsc, Arc};
+use std::time::Duration;
+
+use purgatory::{
+    reply, Completion, DelayedOperation, Executor, Purgatory, PurgatoryBuilder, Reply,
+    TimerBuilder, WatchOutcome,
+};
+use tokio::runtime::Runtime;
+use tokio::sync::mpsc;
+
+/// Long enough never to be reached by a passing test.
+const PATIENCE: Duration = Duration::from_secs(20);
+
+fn runtimes() -> [(&'static str, Runtime); 2] {
+    [
+        (
+            "current-thread",
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
+        ),
+        (
+            "multi-thread",
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap(),
+        ),
+    ]
+}
+
+/// Answers through a task it spawns from `on_complete` (which panics outside a runtime's
+/// context), so an answer that arrives proves the callback had the context.
+struct Spawns {
+    id: u32,
+    ready: Arc<AtomicBool>,
+    timeout: Duration,
+    answers: mpsc::UnboundedSender<(u32, Completion)>,
+}
+
+impl DelayedOperation for Spawns {
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+    fn try_complete(&mut self) -> bool {
+        // `try_complete` runs in the context too.
+        assert!(tokio::runtime::Handle::try_current().is_ok());
+        self.ready.load(Ordering::Acquire)
+    }
+    fn on_complete(&mut self, how: Completion) {
+        let answers = self.answers.clone();
+        let id = self.id;
+        tokio::spawn(async move {
+            let _ = answers.send((id, how));
+        });
+    }
+}
+
+struct Fixture {
+    answers: mpsc::UnboundedReceiver<(u32, Completion)>,
+    sender: mpsc::UnboundedSender<(u32, Completion)>,
+    ready: Arc<AtomicBool>,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let (sender, answers) = mpsc::unbounded_channel();
+        Fixture {
+            answers,
+            sender,
+            ready: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    fn op(&self, id: u32, timeout: Duration) -> Spawns {
+        Spawns {
+            id,
+            ready: Arc::clone(&self.ready),
+            timeout,
+            answers: self.sender.clone(),
+        }
+    }
+
+    async fn answer(&mut self, what: &str) -> (u32, Completion) {
+        tokio::time::timeout(PATIENCE, self.answers.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{what}: no answer (did on_complete lack the runtime?)"))
+            .expect("senders live")
+    }
+}
+
+fn pending<O: DelayedOperation>(outcome: WatchOutcome<O>) -> purgatory::OperationHandle<O> {
+    match outcome {
+        WatchOutcome::Pending(handle) => handle,
+        WatchOutcome::Completed => panic!("expected a waiting operation"),
+    }
+}
+
+/// Every path of the contract on one runtime: an event and a force from a task and from
+/// a plain thread, an expiry on the reaper and on a pool, a shutdown from a plain thread,
+/// the drop of the last handle on a plain thread.
+#[test]
+fn every_callback_path_runs_in_the_runtimes_context() {
+    for (flavour, runtime) in runtimes() {
+        runtime.block_on(async {
+            let mut f = Fixture::new();
+            let p: Purgatory<u32, Spawns> = Purgatory::new(flavour);
+            let long = Duration::from_secs(3600);
+
+            // An event from a task, then from a plain thread.
+            p.watch(f.op(1, long), [1]).unwrap();
+            f.ready.store(true, Ordering::Release);
+            assert_eq!(p.check_and_complete(&1), 1);
+            assert_eq!(f.answer("event in a task").await, (1, Completion::Ready));
+            f.ready.store(false, Ordering::Release);
+            p.watch(f.op(2, long), [2]).unwrap();
+            f.ready.store(true, Ordering::Release);
+            let outside = p.clone();
+            std::thread::spawn(move || outside.check_and_complete(&2))
+                .join()
+                .unwrap();
+            assert_eq!(
+                f.answer("event on a plain thread").await,
+                (2, Completion::Ready)
+            );
+            f.ready.store(false, Ordering::Release);
+
+            // On the watch itself, from a plain thread.
+            f.ready.store(true, Ordering::Release);
+            let (outside, op) = (p.clone(), f.op(3, long));
+            std::thread::spawn(move || outside.watch(op, [3]).map(|_| ()).ok())
+                .join()
+                .unwrap();
+            assert_eq!(
+                f.answer("watch on a plain thread").await,
+                (3, Completion::Ready)
+            );
+            f.ready.store(false, Ordering::Release);
+
+            // A force from a plain thread.
+            let handle = pending(p.watch(f.op(4, long), [4]).unwrap());
+            let outside = p.clone();
+            assert!(std::thread::spawn(move || outside.force_complete(&handle))
+                .join()
+                .unwrap());
+            assert_eq!(f.answer("force").await, (4, Completion::Forced));
+
+            // An expiry on the reaper thread.
+            p.watch(f.op(5, Duration::from_millis(5)), [5]).unwrap();
+            assert_eq!(
+                f.answer("expiry on the reaper").await,
+                (5, Completion::Expired)
+            );
+
+            // A shutdown from a plain thread.
+            p.watch(f.op(6, long), [6]).unwrap();
+            let outside = p.clone();
+            std::thread::spawn(move || outside.shutdown())
+                .join()
+                .unwrap();
+            assert_eq!(f.answer("shutdown").await, (6, Completion::Expired));
+            assert_eq!(p.stats().panicked, 0, "{flavour}");
+
+            // An expiry on a pool thread, and the last handle dropped on a plain thread.
+            let pooled: Purgatory<u32, Spawns> = PurgatoryBuilder::new()
+                .timer(TimerBuilder::new().executor(Executor::pool(1).unwrap()))
+                .build()
+                .unwrap();
+            pooled
+                .watch(f.op(7, Duration::from_millis(5)), [7])
+                .unwrap();
+            assert_eq!(f.answer("expiry on a pool").await, (7, Completion::Expired));
+            pooled.watch(f.op(8, long), [8]).unwrap();
+            std::thread::spawn(move || drop(pooled)).join().unwrap();
+            assert_eq!(f.answer("last drop").await, (8, Completion::Expired));
+        });
+    }
+}
+
+/// A purgatory built outside any runtime, given a handle: the contract holds for it.
+#[test]
+fn a_named_runtime_is_used_by_a_purgatory_built_outside_it() {
+    for (flavour, runtime) in runtimes() {
+        let mut f = Fixture::new();
+        let p: Purgatory<u32, Spawns> = PurgatoryBuilder::new()
+            .name(flavour)
+            .runtime(runtime.handle().clone())
+            .build()
+            .unwrap();
+        p.watch(f.op(1, Duration::from_millis(5)), [1]).unwrap();
+        let answered = runtime.block_on(f.answer("expiry"));
+        assert_eq!(answered, (1, Completion::Expired));
+        // Without a runtime at build, none is entered: the context checks panic (in
+        // `try_complete`, twice on a watch, and the spawn in `on_complete`), caught.
+        let bare: Purgatory<u32, Spawns> = Purgatory::new("bare");
+        bare.watch(f.op(2, Duration::from_secs(60)), [2]).ok();
+        bare.shutdown();
+        assert_eq!(
+            bare.stats().panicked,
+            3,
+            "{flavour}: callbacks had no runtime"
+        );
+    }
+}
+
+/// An operation answering through a [`Reply`].
+struct Fetch {
+    ready: Arc<AtomicBool>,
+    timeout: Duration,
+    reply: Reply<u32>,
+    completions: Arc<AtomicU64>,
+}
+
+impl DelayedOperation for Fetch {
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+    fn try_complete(&mut self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+    fn on_complete(&mut self, how: Completion) {
+        self.completions.fetch_add(1, Ordering::Relaxed);
+        self.reply.send(how, 42);
+    }
+}
+
+fn fetch(ready: &Arc<AtomicBool>, timeout: Duration) -> (Fetch, purgatory::Answer<u32>) {
+    let (reply, answer) = reply();
+    let op = Fetch {
+        ready: Arc::clone(ready),
+        timeout,
+        reply,
+        completions: Arc::new(AtomicU64::new(0)),
+    };
+    (op, answer)
+}
+
+#[test]
+fn a_parked_operation_is_awaited_to_its_answer_on_every_outcome() {
+    for (flavour, runtime) in runtimes() {
+        runtime.block_on(async {
+            let p: Purgatory<u32, Fetch> = Purgatory::new(flavour);
+            let ready = Arc::new(AtomicBool::new(false));
+
+            // Ready on an event.
+            let (op, answer) = fetch(&ready, Duration::from_secs(60));
+            let parked = p.park(op, [1], answer).unwrap();
+            assert!(parked.handle().is_some());
+            ready.store(true, Ordering::Release);
+            p.check_and_complete(&1);
+            let answered = parked.await.unwrap();
+            assert_eq!((answered.how, answered.answer), (Completion::Ready, 42));
+
+            // Ready at once: settled, nothing to cancel.
+            let (op, answer) = fetch(&ready, Duration::from_secs(60));
+            let parked = p.park(op, [1], answer).unwrap();
+            assert!(parked.handle().is_none());
+            assert_eq!(parked.await.unwrap().how, Completion::Ready);
+            ready.store(false, Ordering::Release);
+
+            // Expired on the reaper.
+            let (op, answer) = fetch(&ready, Duration::from_millis(5));
+            let parked = p.park(op, [1], answer).unwrap();
+            assert_eq!(parked.await.unwrap().how, Completion::Expired);
+
+            // Forced.
+            let (op, answer) = fetch(&ready, Duration::from_secs(60));
+            let parked = p.park(op, [1], answer).unwrap();
+            assert!(p.force_complete(&parked.handle().unwrap()));
+            assert_eq!(parked.await.unwrap().how, Completion::Forced);
+
+            // Handed back by cancel_for_key and dropped: unanswered.
+            let (op, answer) = fetch(&ready, Duration::from_secs(60));
+            let parked = p.park(op, [9], answer).unwrap();
+            drop(p.cancel_for_key(&9));
+            assert_eq!(parked.await, Err(purgatory::Unanswered));
+
+            // Refused after shutdown: the operation comes back.
+            p.shutdown();
+            let (op, answer) = fetch(&ready, Duration::from_secs(60));
+            assert!(p.park(op, [1], answer).is_err());
+        });
+    }
+}
+
+#[test]
+fn dropping_or_cancelling_a_parked_operation_takes_it_back_without_callbacks() {
+    for (flavour, runtime) in runtimes() {
+        runtime.block_on(async {
+            let p: Purgatory<u32, Fetch> = Purgatory::new(flavour);
+            let ready = Arc::new(AtomicBool::new(false));
+            let (op, answer) = fetch(&ready, Duration::from_secs(60));
+            let completions = Arc::clone(&op.completions);
+            let parked = p.park(op, [1], answer).unwrap();
+            let handle = parked.handle().unwrap();
+            drop(parked);
+            assert!(p.is_completed(&handle));
+            assert_eq!(p.stats().cancelled, 1);
+            assert_eq!(completions.load(Ordering::Relaxed), 0);
+
+            let (op, answer) = fetch(&ready, Duration::from_secs(60));
+            let mut parked = p.park(op, [1], answer).unwrap();
+            let back = parked.try_cancel().expect("it waited");
+            assert_eq!(back.completions.load(Ordering::Relaxed), 0);
+            assert_eq!(p.stats().cancelled, 2);
+            drop(back);
+            assert_eq!(parked.await, Err(purgatory::Unanswered));
+
+            // Detached: its drop cancels nothing; the answer still comes.
+            let (op, answer) = fetch(&ready, Duration::from_millis(5));
+            let detached = p.park(op, [1], answer).unwrap().detach();
+            assert_eq!(detached.await.unwrap().how, Completion::Expired);
+            assert_eq!(p.stats().cancelled, 2);
+        });
+    }
+}
+
+/// A parked future dropped (or `try_cancel`led) while another thread forces its
+/// operation: every operation ends exactly one way, its callback ran or it was
+/// cancelled, never both, never neither, and an answer that won the race is delivered to
+/// `try_cancel`'s caller.
+#[test]
+fn a_cancel_racing_a_completion_ends_each_operation_exactly_once() {
+    const ROUNDS: u64 = 4_000;
+    for (flavour, runtime) in runtimes() {
+        runtime.block_on(async {
+            let p: Purgatory<u32, Fetch> = Purgatory::new(flavour);
+            let ready = Arc::new(AtomicBool::new(false));
+            let completions = Arc::new(AtomicU64::new(0));
+            let (handles, forced) = std_mpsc::channel();
+            let forcer = {
+                let p = p.clone();
+                std::thread::spawn(move || {
+                    for handle in forced {
+                        p.force_complete(&handle);
+                    }
+                })
+            };
+            let (mut answered_after_try, mut taken_back) = (0, 0);
+            for round in 0..ROUNDS {
+                let (mut op, answer) = fetch(&ready, Duration::from_secs(60));
+                op.completions = Arc::clone(&completions);
+                let mut parked = p.park(op, [round as u32 % 64], answer).unwrap();
+                handles.send(parked.handle().unwrap()).unwrap();
+                if round % 2 == 0 {
+                    tokio::task::yield_now().await;
+                    drop(parked);
+                } else {
+                    match parked.try_cancel() {
+                        Some(_) => taken_back += 1,
+                        None => {
+                            let answered = parked.await.expect("the force answered");
+                            assert_eq!(answered.how, Completion::Forced);
+                            answered_after_try += 1;
+                        }
+                    }
+                }
+            }
+            drop(handles);
+            forcer.join().unwrap();
+            let stats = p.stats();
+            let ran = completions.load(Ordering::Relaxed);
+            assert_eq!(ran, stats.forced, "{flavour}");
+            assert_eq!(
+                stats.forced + stats.cancelled,
+                ROUNDS,
+                "{flavour}: {stats:?}"
+            );
+            assert_eq!(taken_back + answered_after_try, ROUNDS / 2, "{flavour}");
+            assert_eq!(stats.pending, 0);
+        });
+    }
+}
+
+/// Blocks in `on_complete` until released (or `PATIENCE` passes), and records which.
+struct Blocks {
+    release: Arc<std::sync::Mutex<std_mpsc::Receiver<()>>>,
+    released: Arc<AtomicU64>,
+    answered: Arc<AtomicU64>,
+}
+
+impl DelayedOperation for Blocks {
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(3600)
+    }
+    fn try_complete(&mut self) -> bool {
+        false
+    }
+    fn on_complete(&mut self, _how: Completion) {
+        let got = self.release.lock().unwrap().recv_timeout(PATIENCE).is_ok();
+        if got {
+            self.released.fetch_add(1, Ordering::Relaxed);
+        }
+        self.answered.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The last handle dropped in a task, and `shutdown_async`, leave the worker free: the
+/// test releases the blocked callbacks only after the drop (or from another task while
+/// the shutdown is awaited); had either blocked the thread, the callbacks would have
+/// timed out unreleased.
+#[test]
+fn the_last_drop_and_shutdown_async_do_not_block_the_worker() {
+    for (flavour, runtime) in runtimes() {
+        for use_async_shutdown in [false, true] {
+            let (release, releases) = std_mpsc::channel();
+            let releases = Arc::new(std::sync::Mutex::new(releases));
+            let released = Arc::new(AtomicU64::new(0));
+            let answered = Arc::new(AtomicU64::new(0));
+            const OPS: u64 = 3;
+            runtime.block_on(async {
+                let p: Purgatory<u32, Blocks> = Purgatory::new(flavour);
+                for key in 0..OPS as u32 {
+                    let op = Blocks {
+                        release: Arc::clone(&releases),
+                        released: Arc::clone(&released),
+                        answered: Arc::clone(&answered),
+                    };
+                    p.watch(op, [key]).unwrap();
+                }
+                if use_async_shutdown {
+                    // Another task on this runtime releases the callbacks: it runs only if
+                    // the shutdown leaves the (current-thread) worker free.
+                    let release = release.clone();
+                    tokio::spawn(async move {
+                        for _ in 0..OPS {
+                            release.send(()).unwrap();
+                        }
+                    });
+                    p.shutdown_async().await;
+                    assert_eq!(answered.load(Ordering::Relaxed), OPS, "{flavour}");
+                } else {
+                    drop(p); // returns at once; the shutdown runs on the blocking pool
+                    for _ in 0..OPS {
+                        release.send(()).unwrap();
+                    }
+                    let deadline = tokio::time::Instant::now() + PATIENCE;
+                    while answered.load(Ordering::Relaxed) < OPS {
+                        assert!(tokio::time::Instant::now() < deadline, "never answered");
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                }
+            });
+            assert_eq!(
+                released.load(Ordering::Relaxed),
+                OPS,
+                "{flavour}, async shutdown {use_async_shutdown}: a callback waited in vain"
+            );
+        }
+    }
+}
+
+/// Outside any runtime there is no pool to move the last drop to: it shuts down inline,
+/// and every operation was answered when it returns.
+#[test]
+fn a_last_drop_outside_any_runtime_shuts_down_inline() {
+    let answered = Arc::new(AtomicU64::new(0));
+    let (release, releases) = std_mpsc::channel();
+    release.send(()).unwrap();
+    let p: Purgatory<u32, Blocks> = Purgatory::new("inline");
+    p.watch(
+        Blocks {
+            release: Arc::new(std::sync::Mutex::new(releases)),
+            released: Arc::new(AtomicU64::new(0)),
+            answered: Arc::clone(&answered),
+        },
+        [1],
+    )
+    .unwrap();
+    drop(p);
+    assert_eq!(
+        answered.load(Ordering::Relaxed),
+        1,
+        "answered before the drop returned"
+    );
+}
+
+/// Paused time: the purgatory's clock is tokio's, and auto-advance goes straight to the
+/// next expiry.
+#[tokio::test(start_paused = true)]
+async fn paused_time_auto_advances_to_an_expiry() {
+    let p: Purgatory<u32, Fetch> = PurgatoryBuilder::new().follow_tokio_time().build().unwrap();
+    let ready = Arc::new(AtomicBool::new(false));
+    let start = tokio::time::Instant::now();
+    let (op, answer) = fetch(&ready, Duration::from_secs(30));
+    let parked = p.park(op, [1], answer).unwrap();
+    assert_eq!(parked.await.unwrap().how, Completion::Expired);
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_secs(30) && waited <= Duration::from_millis(30_002),
+        "{waited:?}"
+    );
+
+    // A task sleeping an hour: the expiry comes at 10 s of it.
+    let (op, answer) = fetch(&ready, Duration::from_secs(10));
+    let parked = p.park(op, [1], answer).unwrap();
+    let start = tokio::time::Instant::now();
+    let expired_at = tokio::spawn(async move {
+        parked.await.unwrap();
+        tokio::time::Instant::now()
+    });
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    let at = expired_at.await.unwrap() - start;
+    assert!(
+        at >= Duration::from_secs(10) && at <= Duration::from_millis(10_002),
+        "{at:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn paused_time_moves_with_advance() {
+    let p: Purgatory<u32, Fetch> = PurgatoryBuilder::new().follow_tokio_time().build().unwrap();
+    let ready = Arc::new(AtomicBool::new(false));
+    let (op, answer) = fetch(&ready, Duration::from_secs(10));
+    let mut parked = p.park(op, [1], answer).unwrap();
+    let handle = parked.handle().unwrap();
+    tokio::time::advance(Duration::from_secs(9)).await;
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!p.is_completed(&handle), "9 s of a 10 s timeout");
+    assert!(futures_poll_once(&mut parked).is_none());
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(parked.await.unwrap().how, Completion::Expired);
+    // A shutdown ends the driving task; nothing is left waiting.
+    p.shutdown_async().await;
+    assert!(p.is_shutdown());
+}
+
+#[test]
+fn following_tokio_time_needs_a_runtime() {
+    let built = PurgatoryBuilder::new()
+        .follow_tokio_time()
+        .build::<u32, Fetch>();
+    assert!(matches!(built, Err(purgatory::BuildError::NoRuntime)));
+}
+
+/// Polls `future` once with a no-op waker.
+fn futures_poll_once<F: std::future::Future + Unpin>(future: &mut F) -> Option<F::Output> {
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    match std::pin::Pin::new(future).poll(&mut cx) {
+        std::task::Poll::Ready(out) => Some(out),
+        std::task::Poll::Pending => None,
+    }
+}
