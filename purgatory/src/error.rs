@@ -4,6 +4,7 @@
 use std::fmt;
 
 /// Why `try_complete_else_watch` / `watch` refused an operation (which it hands back).
+#[non_exhaustive]
 pub enum WatchError<O> {
     /// The key list was empty: an operation nobody can wake would only ever expire.
     NoKeys(O),
@@ -58,6 +59,7 @@ impl<O> std::error::Error for WatchError<O> {}
 
 /// Why a purgatory could not be built.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum BuildError {
     /// The timer's configuration was rejected.
     Timer(timer_core::BuildError),
