@@ -38,6 +38,7 @@ use crate::watchers::Watchers;
 /// # drop(purgatory);
 /// ```
 #[derive(Debug)]
+#[must_use = "a builder does nothing until `build` is called"]
 pub struct PurgatoryBuilder {
     name: String,
     timer: TimerBuilder,

@@ -4,6 +4,7 @@
 use std::fmt;
 
 /// Why `try_complete_else_watch` / `watch` refused an operation (which it hands back).
+#[must_use = "it holds the refused operation, whose request still needs an answer"]
 #[non_exhaustive]
 pub enum WatchError<O> {
     /// The key list was empty: an operation nobody can wake would only ever expire.
