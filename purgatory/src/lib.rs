@@ -78,7 +78,7 @@ mod watch;
 mod watchers;
 
 pub use builder::{default_shards, PurgatoryBuilder};
-pub use error::{BuildError, WatchError};
+pub use error::{BuildError, WatchError, WatchErrorKind};
 pub use guard::CancelOnDrop;
 pub use handle::{OperationHandle, WatchOutcome};
 pub use operation::{Completion, DelayedOperation};
