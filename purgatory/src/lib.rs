@@ -85,3 +85,8 @@ pub use operation::{Completion, DelayedOperation};
 pub use purgatory::Purgatory;
 pub use stats::PurgatoryStats;
 pub use timer_core::{Clock, Executor, ManualClock, SystemClock, TimerBuilder};
+
+/// The package README's examples, compiled and run as doctests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
