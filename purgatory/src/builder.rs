@@ -39,6 +39,7 @@ use crate::watchers::Watchers;
 /// # drop(purgatory);
 /// ```
 #[derive(Debug)]
+#[must_use = "a builder does nothing until `build` is called"]
 pub struct PurgatoryBuilder {
     name: String,
     timer: TimerBuilder,

@@ -43,6 +43,7 @@ where
 ///     assert_eq!(fetches.stats().cancelled, 1);
 /// }
 /// ```
+#[must_use = "dropping the guard cancels the operation at once"]
 pub struct CancelOnDrop<K, O>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
@@ -65,6 +66,7 @@ where
     }
 
     /// The operation's handle.
+    #[must_use]
     pub fn handle(&self) -> OperationHandle<O> {
         self.handle.expect("a guard holds its handle until dropped")
     }

@@ -51,6 +51,7 @@ impl<O> std::fmt::Debug for OperationHandle<O> {
 }
 
 /// What [`Purgatory::watch`](crate::Purgatory::watch) did with an operation.
+#[must_use = "a pending outcome holds the only handle to the operation; `try_complete_else_watch` is the call that needs none"]
 pub enum WatchOutcome<O> {
     /// `try_complete` succeeded at once; `on_complete` has run.
     Completed,

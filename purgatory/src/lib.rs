@@ -90,7 +90,7 @@ mod watchers;
 pub mod with_tokio {}
 
 pub use builder::{default_shards, PurgatoryBuilder};
-pub use error::{BuildError, WatchError};
+pub use error::{BuildError, WatchError, WatchErrorKind};
 pub use guard::CancelOnDrop;
 pub use handle::{OperationHandle, WatchOutcome};
 pub use operation::{Completion, DelayedOperation};
@@ -101,3 +101,8 @@ pub use stats::PurgatoryStats;
 pub use timer_core::{Clock, Executor, ManualClock, SystemClock, TimerBuilder};
 #[cfg(feature = "tokio")]
 pub use tokio_time::TokioClock;
+
+/// The package README's examples, compiled and run as doctests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -315,6 +315,7 @@ where
     /// The one-operation counterpart of [`cancel_for_key`](Self::cancel_for_key); where
     /// [`force_complete`](Self::force_complete) answers the operation, this does not.
     /// [`cancel_on_drop`](Self::cancel_on_drop) calls it when a guard is dropped.
+    #[must_use = "dropping the operation taken back leaves its request unanswered"]
     pub fn cancel(&self, handle: &OperationHandle<O>) -> Option<O> {
         let state = self.state();
         if handle.purgatory != state.id {
@@ -337,6 +338,7 @@ where
     ///
     /// A key whose `Hash` or `Eq` panics: the panic reaches the caller and nothing was
     /// taken.
+    #[must_use = "dropping the operations taken back leaves their requests unanswered"]
     pub fn cancel_for_key(&self, key: &K) -> Vec<O> {
         let state = self.state();
         let ops: Vec<O> = state

@@ -8,6 +8,7 @@ use crate::state::State;
 /// Counters of one purgatory, for metrics. Each figure is read on its own while others
 /// may be counting: a recent value, not a consistent snapshot of all of them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PurgatoryStats {
     /// Operations waiting for their timeout (armed timers).
     pub pending: usize,

@@ -81,15 +81,15 @@ fn publish_metrics_reports_every_figure_labelled_with_the_purgatory() {
         let ready = Arc::new(AtomicBool::new(false));
         let never = Arc::new(AtomicBool::new(false));
         purgatory
-            .watch(Flagged::new(&ready, 10 * second), [1, 2])
+            .try_complete_else_watch(Flagged::new(&ready, 10 * second), [1, 2])
             .unwrap();
         let forced = handle(purgatory.watch(Flagged::new(&never, 10 * second), [1]));
         let cancelled = handle(purgatory.watch(Flagged::new(&never, 10 * second), [2]));
         purgatory
-            .watch(Flagged::new(&never, Duration::from_millis(5)), [3])
+            .try_complete_else_watch(Flagged::new(&never, Duration::from_millis(5)), [3])
             .unwrap();
         purgatory
-            .watch(Flagged::new(&never, 10 * second), [4])
+            .try_complete_else_watch(Flagged::new(&never, 10 * second), [4])
             .unwrap();
         ready.store(true, Ordering::Release);
         assert_eq!(purgatory.check_and_complete(&1), 1);
@@ -216,7 +216,7 @@ fn a_quiet_purgatory_publishes_its_last_figures_within_about_a_second() {
     // The reaper published at its start; the expiry comes before the next publish is
     // due, and after it nothing is pending: the reaper must still wake to publish it.
     purgatory
-        .watch(Flagged::new(&never, Duration::from_millis(20)), [1])
+        .try_complete_else_watch(Flagged::new(&never, Duration::from_millis(20)), [1])
         .unwrap();
     let started = Instant::now();
     wait_for_figures("quiet", 1, 0);
@@ -246,7 +246,7 @@ fn a_busy_reaper_publishes_at_most_about_once_a_second() {
     let mut watched = 0;
     while started.elapsed() < Duration::from_millis(1500) {
         purgatory
-            .watch(
+            .try_complete_else_watch(
                 Flagged::new(&never, Duration::from_millis(2)),
                 [watched % 8],
             )
@@ -255,7 +255,7 @@ fn a_busy_reaper_publishes_at_most_about_once_a_second() {
         std::thread::sleep(Duration::from_millis(1));
     }
     purgatory
-        .watch(Flagged::new(&ready, Duration::from_secs(60)), [100])
+        .try_complete_else_watch(Flagged::new(&ready, Duration::from_secs(60)), [100])
         .unwrap();
     ready.store(true, Ordering::Release);
     assert_eq!(purgatory.check_and_complete(&100), 1);

@@ -19,6 +19,7 @@ use crate::TimerTask;
 /// 1 ms, wheel size 20 (Kafka's), one shard per available core (at least 2), the system
 /// clock, expired tasks run inline on a reaper thread named `timer-reaper`.
 #[derive(Clone)]
+#[must_use = "a builder does nothing until it is built"]
 pub struct TimerBuilder {
     tick: Duration,
     wheel_size: u32,

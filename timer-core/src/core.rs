@@ -62,6 +62,7 @@ static NEXT_TIMER_ID: AtomicU32 = AtomicU32::new(0);
 
 /// Counters of one timer, summed over its shards.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TimerStats {
     /// Tasks currently waiting.
     pub pending: usize,

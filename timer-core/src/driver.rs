@@ -101,6 +101,7 @@ impl NextRound {
     }
 
     /// Both bounds capped at `wait`.
+    #[must_use]
     pub fn min(self, wait: Duration) -> Self {
         NextRound {
             queued: self.queued.min(wait),
@@ -111,6 +112,7 @@ impl NextRound {
 
 /// How a driver runs: the executor, whether to start a reaper thread, and its name.
 #[derive(Clone, Debug, Default)]
+#[must_use = "a driver configuration does nothing until `start` is called"]
 pub struct DriverConfig {
     executor: Executor,
     manual: bool,

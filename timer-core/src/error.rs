@@ -4,6 +4,7 @@ use std::fmt;
 
 /// Why a timer could not be built.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum BuildError {
     /// The tick must be between 1 microsecond and 1 hour.
     InvalidTick(std::time::Duration),
@@ -43,6 +44,7 @@ impl std::error::Error for BuildError {
 
 /// A task the timer did not accept, handed back to the caller.
 #[derive(PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AddError<T> {
     /// The timer has been shut down.
     Shutdown(T),

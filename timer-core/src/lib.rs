@@ -65,6 +65,11 @@ pub use panics::{drop_panic_payload, panic_message};
 pub use timer::Timer;
 pub use wheel::{SlotKey, Wheel};
 
+/// The package README's examples, compiled and run as doctests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
+
 /// Work the timer runs once, when its delay has passed.
 ///
 /// Implemented for every `FnOnce() + Send + 'static` closure; implement it for your own

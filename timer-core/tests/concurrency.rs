@@ -431,6 +431,7 @@ fn shutdown_is_prompt_hands_back_pending_tasks_and_refuses_later_adds() {
     let job: Job = Box::new(|| panic!("must not run"));
     match timer.add(Duration::ZERO, Tagged(7, job)) {
         Err(AddError::Shutdown(Tagged(id, _))) => assert_eq!(id, 7, "the task comes back"),
+        Err(other) => panic!("refused for another reason: {other}"),
         Ok(_) => panic!("add accepted after shutdown"),
     }
     let job: Job = Box::new(|| panic!("must not run"));

@@ -305,6 +305,7 @@ fn check_timer_against_model(
         let id = handles.len();
         match adders.add(0, (probe(id), Ok(Duration::ZERO))) {
             Err(AddError::Shutdown(task)) => prop_assert_eq!(task.id, id),
+            Err(other) => prop_assert!(false, "refused for another reason: {other}"),
             Ok(_) => prop_assert!(false, "add accepted after shutdown"),
         }
         prop_assert_eq!(timer.advance_clock(Duration::ZERO), 0);
