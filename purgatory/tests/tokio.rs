@@ -118,12 +118,12 @@ fn every_callback_path_runs_in_the_runtimes_context() {
             let long = Duration::from_secs(3600);
 
             // An event from a task, then from a plain thread.
-            p.watch(f.op(1, long), [1]).unwrap();
+            p.try_complete_else_watch(f.op(1, long), [1]).unwrap();
             f.ready.store(true, Ordering::Release);
             assert_eq!(p.check_and_complete(&1), 1);
             assert_eq!(f.answer("event in a task").await, (1, Completion::Ready));
             f.ready.store(false, Ordering::Release);
-            p.watch(f.op(2, long), [2]).unwrap();
+            p.try_complete_else_watch(f.op(2, long), [2]).unwrap();
             f.ready.store(true, Ordering::Release);
             let outside = p.clone();
             std::thread::spawn(move || outside.check_and_complete(&2))
@@ -156,14 +156,15 @@ fn every_callback_path_runs_in_the_runtimes_context() {
             assert_eq!(f.answer("force").await, (4, Completion::Forced));
 
             // An expiry on the reaper thread.
-            p.watch(f.op(5, Duration::from_millis(5)), [5]).unwrap();
+            p.try_complete_else_watch(f.op(5, Duration::from_millis(5)), [5])
+                .unwrap();
             assert_eq!(
                 f.answer("expiry on the reaper").await,
                 (5, Completion::Expired)
             );
 
             // A shutdown from a plain thread.
-            p.watch(f.op(6, long), [6]).unwrap();
+            p.try_complete_else_watch(f.op(6, long), [6]).unwrap();
             let outside = p.clone();
             std::thread::spawn(move || outside.shutdown())
                 .join()
@@ -177,10 +178,10 @@ fn every_callback_path_runs_in_the_runtimes_context() {
                 .build()
                 .unwrap();
             pooled
-                .watch(f.op(7, Duration::from_millis(5)), [7])
+                .try_complete_else_watch(f.op(7, Duration::from_millis(5)), [7])
                 .unwrap();
             assert_eq!(f.answer("expiry on a pool").await, (7, Completion::Expired));
-            pooled.watch(f.op(8, long), [8]).unwrap();
+            pooled.try_complete_else_watch(f.op(8, long), [8]).unwrap();
             std::thread::spawn(move || drop(pooled)).join().unwrap();
             assert_eq!(f.answer("last drop").await, (8, Completion::Expired));
         });
@@ -197,13 +198,15 @@ fn a_named_runtime_is_used_by_a_purgatory_built_outside_it() {
             .runtime(runtime.handle().clone())
             .build()
             .unwrap();
-        p.watch(f.op(1, Duration::from_millis(5)), [1]).unwrap();
+        p.try_complete_else_watch(f.op(1, Duration::from_millis(5)), [1])
+            .unwrap();
         let answered = runtime.block_on(f.answer("expiry"));
         assert_eq!(answered, (1, Completion::Expired));
         // Without a runtime at build, none is entered: the context checks panic (in
         // `try_complete`, twice on a watch, and the spawn in `on_complete`), caught.
         let bare: Purgatory<u32, Spawns> = Purgatory::new("bare");
-        bare.watch(f.op(2, Duration::from_secs(60)), [2]).ok();
+        bare.try_complete_else_watch(f.op(2, Duration::from_secs(60)), [2])
+            .ok();
         bare.shutdown();
         assert_eq!(
             bare.stats().panicked,
@@ -426,7 +429,7 @@ fn the_last_drop_and_shutdown_async_do_not_block_the_worker() {
                         released: Arc::clone(&released),
                         answered: Arc::clone(&answered),
                     };
-                    p.watch(op, [key]).unwrap();
+                    p.try_complete_else_watch(op, [key]).unwrap();
                 }
                 if use_async_shutdown {
                     // Another task on this runtime releases the callbacks: it runs only if
@@ -468,7 +471,7 @@ fn a_last_drop_outside_any_runtime_shuts_down_inline() {
     let (release, releases) = std_mpsc::channel();
     release.send(()).unwrap();
     let p: Purgatory<u32, Blocks> = Purgatory::new("inline");
-    p.watch(
+    p.try_complete_else_watch(
         Blocks {
             release: Arc::new(std::sync::Mutex::new(releases)),
             released: Arc::new(AtomicU64::new(0)),
