@@ -95,7 +95,7 @@ pub use guard::CancelOnDrop;
 pub use handle::{OperationHandle, WatchOutcome};
 pub use operation::{Completion, DelayedOperation};
 #[cfg(feature = "tokio")]
-pub use parked::{reply, Answer, Answered, Parked, Reply, Unanswered};
+pub use parked::{reply, Answer, Answered, Parked, Refused, Reply, Unanswered};
 pub use purgatory::Purgatory;
 pub use stats::PurgatoryStats;
 pub use timer_core::{Clock, Executor, ManualClock, SystemClock, TimerBuilder};

@@ -127,6 +127,48 @@ impl std::fmt::Display for Unanswered {
 
 impl std::error::Error for Unanswered {}
 
+/// [`Purgatory::park`] refused the operation (see [`WatchError`]): the operation is in
+/// the error, the answer is given back with it, so the caller can answer the refused
+/// request through the operation's own [`Reply`] and still await it
+/// ([`Parked::settled`]).
+pub struct Refused<O, T> {
+    error: WatchError<O>,
+    answer: Answer<T>,
+}
+
+impl<O, T> Refused<O, T> {
+    /// Why, with the operation; and its answer.
+    pub fn into_parts(self) -> (WatchError<O>, Answer<T>) {
+        (self.error, self.answer)
+    }
+
+    /// Why, with the operation (the answer is dropped).
+    pub fn into_error(self) -> WatchError<O> {
+        self.error
+    }
+
+    /// Why, without the operation.
+    pub fn kind(&self) -> crate::WatchErrorKind {
+        self.error.kind()
+    }
+}
+
+impl<O, T> std::fmt::Debug for Refused<O, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Refused")
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<O, T> std::fmt::Display for Refused<O, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.error, f)
+    }
+}
+
+impl<O, T> std::error::Error for Refused<O, T> {}
+
 /// The future answer of an operation parked in a purgatory ([`Purgatory::park`]).
 /// Resolves to how it completed and what it answered. Dropped while the operation still
 /// waits (its client left, its task ended), it cancels the operation: the timeout is
@@ -148,6 +190,41 @@ where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     O: DelayedOperation,
 {
+    /// An answer no purgatory holds an operation for (one answered at once, or a refused
+    /// operation answered by its caller): awaiting it gives the answer, dropping it
+    /// cancels nothing.
+    pub fn settled(answer: Answer<T>) -> Self {
+        Parked {
+            answer: answer.receiver,
+            waiting: None,
+        }
+    }
+
+    /// The answer if it is there, without waiting: `None` while the operation waits
+    /// (or its callbacks are still running).
+    pub fn try_answer(&mut self) -> Option<Result<Answered<T>, Unanswered>> {
+        let received = match self.answer.try_recv() {
+            Err(oneshot::error::TryRecvError::Empty) => return None,
+            Ok(answered) => Ok(answered),
+            Err(oneshot::error::TryRecvError::Closed) => Err(Unanswered),
+        };
+        self.waiting = None;
+        Some(received)
+    }
+
+    /// Blocks this thread until the answer comes, for code outside async tasks.
+    ///
+    /// # Panics
+    /// Called in an async runtime's context (it would block a worker): await the
+    /// `Parked` there instead.
+    pub fn blocking_answer(mut self) -> Result<Answered<T>, Unanswered> {
+        self.waiting = None;
+        self.take_answer()
+            .receiver
+            .blocking_recv()
+            .map_err(|_| Unanswered)
+    }
+
     /// The waiting operation's handle (`None` once settled: completed on `park`,
     /// answered, or cancelled).
     pub fn handle(&self) -> Option<OperationHandle<O>> {
@@ -166,6 +243,12 @@ where
     /// [`Answer`] gives the same answer.
     pub fn detach(mut self) -> Answer<T> {
         self.waiting = None;
+        self.take_answer()
+    }
+
+    /// The answer's receiver, for a method that consumes `self` (whose drop then finds a
+    /// closed placeholder).
+    fn take_answer(&mut self) -> Answer<T> {
         let (_, placeholder) = oneshot::channel();
         Answer {
             receiver: std::mem::replace(&mut self.answer, placeholder),
@@ -224,8 +307,8 @@ where
 {
     /// [`watch`](Self::watch)es `op` (which holds the [`Reply`] of `answer`) and returns
     /// the future of its answer, which cancels the operation if dropped while it waits.
-    /// Refused with the operation given back, as `watch` (the answer is dropped: answer
-    /// the refused request directly). Feature `tokio`.
+    /// Refused as `watch` is, with the operation and the answer given back in
+    /// [`Refused`]. Feature `tokio`.
     ///
     /// ```
     /// # use std::time::Duration;
@@ -253,13 +336,14 @@ where
         op: O,
         keys: I,
         answer: Answer<T>,
-    ) -> Result<Parked<K, O, T>, WatchError<O>>
+    ) -> Result<Parked<K, O, T>, Refused<O, T>>
     where
         I: IntoIterator<Item = K>,
     {
-        let waiting = match self.watch(op, keys)? {
-            WatchOutcome::Completed => None,
-            WatchOutcome::Pending(handle) => Some((self.clone(), handle)),
+        let waiting = match self.watch(op, keys) {
+            Ok(WatchOutcome::Completed) => None,
+            Ok(WatchOutcome::Pending(handle)) => Some((self.clone(), handle)),
+            Err(error) => return Err(Refused { error, answer }),
         };
         Ok(Parked {
             answer: answer.receiver,

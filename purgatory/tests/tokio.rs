@@ -10,7 +10,7 @@ use std::sync::{mpsc as std_mpsc, Arc};
 use std::time::Duration;
 
 use purgatory::{
-    reply, Completion, DelayedOperation, Executor, Purgatory, PurgatoryBuilder, Reply,
+    reply, Completion, DelayedOperation, Executor, Parked, Purgatory, PurgatoryBuilder, Reply,
     TimerBuilder, WatchOutcome,
 };
 use tokio::runtime::Runtime;
@@ -288,10 +288,17 @@ fn a_parked_operation_is_awaited_to_its_answer_on_every_outcome() {
             drop(p.cancel_for_key(&9));
             assert_eq!(parked.await, Err(purgatory::Unanswered));
 
-            // Refused after shutdown: the operation comes back.
+            // Refused after shutdown: the operation and the answer come back; the caller
+            // answers through the operation's reply and awaits as usual.
             p.shutdown();
             let (op, answer) = fetch(&ready, Duration::from_secs(60));
-            assert!(p.park(op, [1], answer).is_err());
+            let refused = p.park(op, [1], answer).expect_err("shut down");
+            assert_eq!(refused.kind(), purgatory::WatchErrorKind::Shutdown);
+            let (error, answer) = refused.into_parts();
+            let mut op = error.into_operation();
+            op.on_complete(Completion::Expired);
+            let answered = Parked::<u32, Fetch, u32>::settled(answer).await.unwrap();
+            assert_eq!((answered.how, answered.answer), (Completion::Expired, 42));
         });
     }
 }
@@ -383,6 +390,33 @@ fn a_cancel_racing_a_completion_ends_each_operation_exactly_once() {
             assert_eq!(stats.pending, 0);
         });
     }
+}
+
+/// The answer without awaiting: `try_answer` while it waits and once it came, and
+/// `blocking_answer` from a plain thread.
+#[test]
+fn a_parked_answer_is_read_without_awaiting_too() {
+    let p: Purgatory<u32, Fetch> = Purgatory::new("sync");
+    let ready = Arc::new(AtomicBool::new(false));
+    let (op, answer) = fetch(&ready, Duration::from_secs(60));
+    let mut parked = p.park(op, [1], answer).unwrap();
+    assert!(parked.try_answer().is_none(), "it waits");
+    let handle = parked.handle().unwrap();
+    assert!(p.force_complete(&handle));
+    assert_eq!(
+        parked.try_answer().unwrap().unwrap().how,
+        Completion::Forced
+    );
+    assert!(parked.handle().is_none(), "settled");
+    drop(parked);
+    assert_eq!(p.stats().cancelled, 0);
+
+    let (op, answer) = fetch(&ready, Duration::from_millis(5));
+    let parked = p.park(op, [1], answer).unwrap();
+    let answered = std::thread::spawn(move || parked.blocking_answer())
+        .join()
+        .unwrap();
+    assert_eq!(answered.unwrap().how, Completion::Expired);
 }
 
 /// Blocks in `on_complete` until released (or `PATIENCE` passes), and records which.
