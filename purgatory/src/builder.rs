@@ -133,7 +133,10 @@ impl PurgatoryBuilder {
     /// drives expiry, sleeping on tokio's timer until the next operation is due, so a
     /// paused runtime auto-advances straight to it. Needs a runtime
     /// ([`BuildError::NoRuntime`] otherwise). Expired operations' callbacks then run on
-    /// that task (a runtime worker) unless the timer's executor is a pool.
+    /// that task (a runtime worker) unless the timer's executor is a pool; so do purges.
+    /// The runtime needs its time driver (`enable_time`; [`BuildError::NoRuntime`]
+    /// otherwise). When the runtime drops the task (it shuts down first), the purgatory
+    /// shuts down too, expiring what is pending: no time passes for it any more.
     #[cfg(feature = "tokio")]
     pub fn follow_tokio_time(mut self) -> Self {
         self.tokio_time = true;
@@ -159,10 +162,11 @@ impl PurgatoryBuilder {
         #[cfg(feature = "tokio")]
         let timer = match (&runtime, self.tokio_time) {
             (_, false) => self.timer,
-            (Some(handle), true) => self
+            (Some(handle), true) if crate::tokio_time::has_timers(handle) => self
                 .timer
                 .clock(crate::TokioClock::new(handle.clone()))
                 .reaper(false),
+            (Some(_), true) => return Err(BuildError::NoRuntime),
             (None, true) => return Err(BuildError::NoRuntime),
         };
         #[cfg(not(feature = "tokio"))]

@@ -155,7 +155,8 @@ pub enum BuildError {
     /// The reaper thread could not be spawned.
     Spawn(std::io::Error),
     /// Following tokio's time (`PurgatoryBuilder::follow_tokio_time`, feature `tokio`)
-    /// was asked for, but `build` ran outside a tokio runtime and no runtime was named.
+    /// was asked for, but `build` ran outside a tokio runtime and no runtime was named,
+    /// or the runtime has no time driver (built without `enable_time`).
     NoRuntime,
 }
 
@@ -170,9 +171,9 @@ impl fmt::Display for BuildError {
                 f.write_str("the purge interval must be at least 1")
             }
             BuildError::Spawn(e) => write!(f, "could not spawn the reaper thread: {e}"),
-            BuildError::NoRuntime => f.write_str(
-                "following tokio's time needs a runtime: build inside one or name its handle",
-            ),
+            BuildError::NoRuntime => {
+                f.write_str("following tokio's time needs a runtime with its time driver enabled")
+            }
         }
     }
 }

@@ -86,7 +86,9 @@ where
 {
     fn drop(&mut self) {
         if let Some(handle) = self.handle.take() {
-            // Still waiting: taken back and dropped here. Already answered: nothing.
+            // Still waiting: taken back and dropped here (in the purgatory's runtime, as
+            // on every other path). Already answered: nothing.
+            let _runtime = self.purgatory.state().runtime.enter();
             drop(self.purgatory.cancel(&handle));
         }
     }

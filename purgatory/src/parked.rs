@@ -19,20 +19,26 @@
 //!   back, or `None` and the answer still to await.
 //! - The answer channel is tokio's `oneshot`: sending never blocks or waits, so
 //!   `on_complete` may reply from any thread, in or out of a runtime.
-//! - A `Parked` holds a purgatory handle only while waiting, so settled answers do not
-//!   keep a purgatory alive.
+//! - A `Parked` holds its purgatory weakly: it never keeps a purgatory alive (nor forms a
+//!   cycle with one through an operation that holds it). If the purgatory is gone when
+//!   the `Parked` is dropped, its shutdown answered the operation: nothing to cancel.
+//! - The drop's cancel drops the operation with the purgatory's runtime entered, as every
+//!   other path drops operations (`runtime.rs`).
 
 use std::future::Future;
 use std::hash::Hash;
 use std::pin::Pin;
+use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
+use timer_core::Driver;
 use tokio::sync::oneshot;
 
 use crate::error::WatchError;
 use crate::handle::{OperationHandle, WatchOutcome};
 use crate::operation::{Completion, DelayedOperation};
 use crate::purgatory::Purgatory;
+use crate::state::State;
 
 /// A reply channel for one operation: the [`Reply`] goes into the operation, which
 /// answers through it from `on_complete`; the [`Answer`] goes to
@@ -127,6 +133,9 @@ impl std::fmt::Display for Unanswered {
 
 impl std::error::Error for Unanswered {}
 
+/// A purgatory held without keeping it alive.
+type WeakPurgatory<K, O> = Weak<Driver<State<K, O>>>;
+
 /// [`Purgatory::park`] refused the operation (see [`WatchError`]): the operation is in
 /// the error, the answer is given back with it, so the caller can answer the refused
 /// request through the operation's own [`Reply`] and still await it
@@ -174,6 +183,13 @@ impl<O, T> std::error::Error for Refused<O, T> {}
 /// waits (its client left, its task ended), it cancels the operation: the timeout is
 /// disarmed and the operation dropped at once, with no callback (see the module doc for
 /// a completion racing the drop).
+///
+/// Its drop is a [`Purgatory::cancel`], so the purgatory's locking rule applies to it:
+/// never drop a waiting `Parked` inside its own operation's `try_complete` (the cancel
+/// would wait for the lock that `try_complete` runs under). It holds its purgatory
+/// weakly: it does not keep the purgatory alive.
+///
+/// Like every future, it may panic if polled again after it gave its answer.
 #[must_use = "dropping a Parked cancels its operation"]
 pub struct Parked<K, O, T>
 where
@@ -182,7 +198,9 @@ where
 {
     answer: oneshot::Receiver<Answered<T>>,
     /// While the operation waits: what cancels it.
-    waiting: Option<(Purgatory<K, O>, OperationHandle<O>)>,
+    waiting: Option<(WeakPurgatory<K, O>, OperationHandle<O>)>,
+    /// The answer was taken (by a poll or `try_answer`).
+    answered: bool,
 }
 
 impl<K, O, T> Parked<K, O, T>
@@ -197,32 +215,39 @@ where
         Parked {
             answer: answer.receiver,
             waiting: None,
+            answered: false,
         }
     }
 
     /// The answer if it is there, without waiting: `None` while the operation waits
-    /// (or its callbacks are still running).
+    /// (or its callbacks are still running), and once the answer was taken.
     pub fn try_answer(&mut self) -> Option<Result<Answered<T>, Unanswered>> {
+        if self.answered {
+            return None;
+        }
         let received = match self.answer.try_recv() {
             Err(oneshot::error::TryRecvError::Empty) => return None,
             Ok(answered) => Ok(answered),
             Err(oneshot::error::TryRecvError::Closed) => Err(Unanswered),
         };
         self.waiting = None;
+        self.answered = true;
         Some(received)
     }
 
     /// Blocks this thread until the answer comes, for code outside async tasks.
     ///
     /// # Panics
-    /// Called in an async runtime's context (it would block a worker): await the
-    /// `Parked` there instead.
+    /// On a thread that runs an async runtime (it would block a worker): await the
+    /// `Parked` there instead. The `Parked` is then dropped by the unwinding, which
+    /// cancels a waiting operation as any drop does.
     pub fn blocking_answer(mut self) -> Result<Answered<T>, Unanswered> {
+        let (_, placeholder) = oneshot::channel();
+        let receiver = std::mem::replace(&mut self.answer, placeholder);
+        // If this panics, `self` (still waiting) is dropped: its cancel runs.
+        let received = receiver.blocking_recv();
         self.waiting = None;
-        self.take_answer()
-            .receiver
-            .blocking_recv()
-            .map_err(|_| Unanswered)
+        received.map_err(|_| Unanswered)
     }
 
     /// The waiting operation's handle (`None` once settled: completed on `park`,
@@ -232,11 +257,13 @@ where
     }
 
     /// Takes the operation back if it still waits (no callback runs; counted cancelled);
-    /// `None` if it completed, and then its answer is still to await here. Either way
-    /// the drop cancels nothing any more.
+    /// `None` if it completed (or its purgatory is gone, whose shutdown answered it), and
+    /// then its answer is still to await here. Either way the drop cancels nothing any
+    /// more.
+    #[must_use = "a cancelled operation is handed back: answer its request or drop it"]
     pub fn try_cancel(&mut self) -> Option<O> {
         let (purgatory, handle) = self.waiting.take()?;
-        purgatory.cancel(&handle)
+        Purgatory::from_shared(purgatory.upgrade()?).cancel(&handle)
     }
 
     /// Lets the operation wait on even if this future is dropped; awaiting the returned
@@ -271,6 +298,7 @@ where
         };
         // Answered, or never to be: the operation no longer waits.
         this.waiting = None;
+        this.answered = true;
         Poll::Ready(received.map_err(|_| Unanswered))
     }
 }
@@ -281,10 +309,17 @@ where
     O: DelayedOperation,
 {
     fn drop(&mut self) {
-        if let Some((purgatory, handle)) = self.waiting.take() {
-            // Still waiting: taken back and dropped here. Completed meanwhile: nothing.
-            drop(purgatory.cancel(&handle));
-        }
+        let Some((purgatory, handle)) = self.waiting.take() else {
+            return;
+        };
+        // Gone: its shutdown answered the operation.
+        let Some(purgatory) = purgatory.upgrade().map(Purgatory::from_shared) else {
+            return;
+        };
+        // Still waiting: taken back and dropped here, in the runtime's context as on
+        // every other path. Completed meanwhile: nothing.
+        let _runtime = purgatory.state().runtime.enter();
+        drop(purgatory.cancel(&handle));
     }
 }
 
@@ -305,8 +340,10 @@ where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     O: DelayedOperation,
 {
-    /// [`watch`](Self::watch)es `op` (which holds the [`Reply`] of `answer`) and returns
-    /// the future of its answer, which cancels the operation if dropped while it waits.
+    /// [`watch`](Self::watch)es `op` (which holds the [`Reply`] of `answer`: the pair
+    /// that one [`reply()`] call made; with another `Answer`, the future never hears of
+    /// the operation) and returns the future of its answer, which cancels the operation
+    /// if dropped while it waits.
     /// Refused as `watch` is, with the operation and the answer given back in
     /// [`Refused`]. Feature `tokio`.
     ///
@@ -342,12 +379,13 @@ where
     {
         let waiting = match self.watch(op, keys) {
             Ok(WatchOutcome::Completed) => None,
-            Ok(WatchOutcome::Pending(handle)) => Some((self.clone(), handle)),
+            Ok(WatchOutcome::Pending(handle)) => Some((Arc::downgrade(self.driver()), handle)),
             Err(error) => return Err(Refused { error, answer }),
         };
         Ok(Parked {
             answer: answer.receiver,
             waiting,
+            answered: false,
         })
     }
 }

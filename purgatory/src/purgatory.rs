@@ -107,14 +107,22 @@ where
         }
     }
 
-    /// The driver, shared: for the tokio-time driving task, which must not keep the
-    /// purgatory alive (`tokio_time.rs`).
+    /// The driver, shared: for the tokio-time driving task and parked futures, which
+    /// hold it weakly so as not to keep the purgatory alive.
     #[cfg(feature = "tokio")]
     pub(crate) fn driver(&self) -> &Arc<Driver<State<K, O>>> {
         &self.driver
     }
 
-    fn state(&self) -> &State<K, O> {
+    /// A handle of a driver upgraded from a weak reference (its drop is a handle's drop).
+    #[cfg(feature = "tokio")]
+    pub(crate) fn from_shared(driver: Arc<Driver<State<K, O>>>) -> Self {
+        Purgatory {
+            driver: ManuallyDrop::new(driver),
+        }
+    }
+
+    pub(crate) fn state(&self) -> &State<K, O> {
         self.driver.target()
     }
 
@@ -429,8 +437,8 @@ where
 
     /// [`shutdown`](Self::shutdown) without blocking the task's thread: the shutdown runs
     /// on the runtime's blocking pool, and this resolves when it has returned (every
-    /// operation that was pending has had its callbacks). Dropping the future does not
-    /// stop the shutdown. Polled outside a tokio runtime (and the purgatory built without
+    /// operation that was pending has had its callbacks). Once polled, dropping the
+    /// future does not stop the shutdown (a future never polled does nothing). Polled outside a tokio runtime (and the purgatory built without
     /// one), or while the runtime shuts down, it runs `shutdown` inline. A panic of
     /// `shutdown` (a key's `Drop`) resumes here. Feature `tokio`.
     #[cfg(feature = "tokio")]

@@ -17,8 +17,15 @@
 //! 3. Read the earliest expiry; let go of the driver (the task never keeps the purgatory
 //!    alive, and a last reference it happens to hold is released without blocking the
 //!    worker, see `purgatory::release`).
-//! 4. Wait until then (at most `REAPER_WAIT` while anything is pending or a purge is
-//!    due, as the reaper does) or until the timer's wake hook is called.
+//! 4. Wait until then (at most what the round's hooks allow: `REAPER_WAIT` while anything
+//!    is pending or a purge is due, none while a purge is unfinished, the next metrics
+//!    publish; as the reaper thread would) or until the timer's wake hook is called.
+//!
+//! Purges and metrics publishes therefore run in this task, on a runtime worker.
+//!
+//! When the runtime drops the task (the runtime shuts down first), the purgatory shuts
+//! down: its pending operations are expired then, and later watches are refused, since
+//! no time would pass for them any more.
 //!
 //! No expiry is missed: the hook ([`TimerCore::set_wake_hook`](timer_core::TimerCore))
 //! is called by every add that queues a task earlier than all others of its shard, and
@@ -33,7 +40,6 @@ use timer_core::{Clock, Driver};
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
 
-use crate::expiry::REAPER_WAIT;
 use crate::operation::DelayedOperation;
 use crate::purgatory::{release, Purgatory};
 use crate::state::State;
@@ -79,6 +85,16 @@ impl Clock for TokioClock {
     }
 }
 
+/// Whether `runtime` has its time driver (tokio has no query for it: making a timer
+/// without one panics, which is caught here).
+pub(crate) fn has_timers(runtime: &Handle) -> bool {
+    std::panic::catch_unwind(|| {
+        let _context = runtime.enter();
+        drop(tokio::time::sleep(Duration::ZERO));
+    })
+    .is_ok()
+}
+
 /// Spawns the task that drives `purgatory` on its runtime (the builder checked there is
 /// one) and installs the timer's wake hook.
 pub(crate) fn spawn_driver<K, O>(purgatory: &Purgatory<K, O>)
@@ -94,17 +110,19 @@ where
     let wake = Arc::new(Notify::new());
     let hook = Arc::clone(&wake);
     state.timer.set_wake_hook(move || hook.notify_one());
-    runtime.spawn(drive(Arc::downgrade(driver), wake));
+    // The guard is made here, not in the task's body: a task the runtime drops before
+    // ever polling it drops its arguments, so the purgatory shuts down then too.
+    runtime.spawn(drive(ShutDownWithTheRuntime(Arc::downgrade(driver)), wake));
 }
 
 /// The driving task's loop (see the module doc).
-async fn drive<K, O>(driver: Weak<Driver<State<K, O>>>, wake: Arc<Notify>)
+async fn drive<K, O>(driver: ShutDownWithTheRuntime<K, O>, wake: Arc<Notify>)
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     O: DelayedOperation,
 {
     loop {
-        let Some(wait) = round(&driver) else {
+        let Some(wait) = round(&driver.0) else {
             return;
         };
         match wait {
@@ -130,13 +148,38 @@ where
         release(driver);
         return None;
     }
-    driver.advance_clock(Duration::ZERO);
+    // What the round's hooks allow (a purge left unfinished, the next metrics publish),
+    // as the reaper thread would wait under it.
+    let (_, next) = driver.round_now();
     let state = driver.target();
     let wait = match state.timer.next_expiration() {
-        Some(at) => Some(at.saturating_sub(state.timer.now()).min(REAPER_WAIT)),
-        None if state.purge_due() => Some(REAPER_WAIT),
-        None => None,
+        Some(at) => at.saturating_sub(state.timer.now()).min(next.queued),
+        None => next.empty,
     };
     release(driver);
-    Some(wait)
+    Some((wait != Duration::MAX).then_some(wait))
+}
+
+/// Held by the driving task: when the runtime drops the task (it is shutting down, or
+/// gone), the purgatory shuts down with it, expiring what is pending, since nothing would
+/// expire it any more. A task that ends by itself finds the purgatory shut down or gone.
+struct ShutDownWithTheRuntime<K, O>(Weak<Driver<State<K, O>>>)
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    O: DelayedOperation;
+
+impl<K, O> Drop for ShutDownWithTheRuntime<K, O>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    O: DelayedOperation,
+{
+    fn drop(&mut self) {
+        if let Some(driver) = self.0.upgrade() {
+            if !driver.is_shutdown() {
+                Purgatory::from_shared(driver).shutdown();
+            } else {
+                release(driver);
+            }
+        }
+    }
 }

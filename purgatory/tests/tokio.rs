@@ -591,3 +591,145 @@ fn futures_poll_once<F: std::future::Future + Unpin>(future: &mut F) -> Option<F
         std::task::Poll::Pending => None,
     }
 }
+
+/// A runtime built without its time driver cannot drive a purgatory on tokio's time:
+/// refused at build, not a driving task that panics at its first wait.
+#[test]
+fn following_tokio_time_needs_the_runtimes_time_driver() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let built = PurgatoryBuilder::new()
+        .runtime(runtime.handle().clone())
+        .follow_tokio_time()
+        .build::<u32, Fetch>();
+    assert!(matches!(built, Err(purgatory::BuildError::NoRuntime)));
+}
+
+/// When the runtime goes, a purgatory on its time shuts down with it: what was pending is
+/// answered (expired), later watches are refused, nothing waits for a time that no
+/// longer passes.
+#[test]
+fn a_purgatory_on_tokio_time_shuts_down_with_its_runtime() {
+    for (flavour, runtime) in runtimes() {
+        let p: Purgatory<u32, Fetch> = runtime
+            .block_on(async { PurgatoryBuilder::new().follow_tokio_time().build().unwrap() });
+        let ready = Arc::new(AtomicBool::new(false));
+        let (op, answer) = fetch(&ready, Duration::from_secs(3600));
+        let parked = p.park(op, [1], answer).unwrap();
+        drop(runtime);
+        assert!(p.is_shutdown(), "{flavour}");
+        assert_eq!(p.stats().expired, 1, "{flavour}");
+        assert_eq!(parked.blocking_answer().unwrap().how, Completion::Expired);
+        let (op, answer) = fetch(&ready, Duration::from_secs(1));
+        assert!(p.park(op, [1], answer).is_err(), "{flavour}: refused");
+    }
+}
+
+/// `blocking_answer` on a runtime's thread panics, and the unwinding drops the `Parked`,
+/// which cancels its operation as any drop does.
+#[test]
+fn blocking_answer_on_a_runtime_thread_panics_and_still_cancels() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let p: Purgatory<u32, Fetch> = runtime.block_on(async { Purgatory::new("blocking") });
+    let ready = Arc::new(AtomicBool::new(false));
+    let (op, answer) = fetch(&ready, Duration::from_secs(3600));
+    let parked = p.park(op, [1], answer).unwrap();
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        runtime.block_on(async move { parked.blocking_answer() })
+    }));
+    assert!(panicked.is_err());
+    let stats = p.stats();
+    assert_eq!((stats.cancelled, stats.pending), (1, 0), "{stats:?}");
+}
+
+/// Counts the drops that saw a runtime's context.
+struct DropsInContext {
+    in_context: Arc<AtomicU64>,
+    reply: Reply<()>,
+}
+
+impl DelayedOperation for DropsInContext {
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(3600)
+    }
+    fn try_complete(&mut self) -> bool {
+        false
+    }
+    fn on_complete(&mut self, how: Completion) {
+        self.reply.send(how, ());
+    }
+}
+
+impl Drop for DropsInContext {
+    fn drop(&mut self) {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.in_context.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A `Parked` (or a `CancelOnDrop` guard) dropped on a plain thread drops its cancelled
+/// operation in the purgatory's runtime, as every other path does.
+#[test]
+fn a_cancelled_operation_is_dropped_in_the_runtimes_context() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let p: Purgatory<u32, DropsInContext> = PurgatoryBuilder::new()
+        .runtime(runtime.handle().clone())
+        .build()
+        .unwrap();
+    let in_context = Arc::new(AtomicU64::new(0));
+    let (reply_to, answer) = reply();
+    let op = DropsInContext {
+        in_context: Arc::clone(&in_context),
+        reply: reply_to,
+    };
+    let parked = p.park(op, [1], answer).unwrap();
+    std::thread::spawn(move || drop(parked)).join().unwrap();
+    let (reply_to, _answer) = reply();
+    let op = DropsInContext {
+        in_context: Arc::clone(&in_context),
+        reply: reply_to,
+    };
+    let guard = p.cancel_on_drop(pending(p.watch(op, [2]).unwrap()));
+    std::thread::spawn(move || drop(guard)).join().unwrap();
+    assert_eq!(p.stats().cancelled, 2);
+    assert_eq!(in_context.load(Ordering::Relaxed), 2);
+}
+
+/// Once the answer was taken, `try_answer` says so by `None`, not by a false
+/// "unanswered".
+#[test]
+fn try_answer_after_the_answer_was_taken_gives_nothing() {
+    let p: Purgatory<u32, Fetch> = Purgatory::new("taken");
+    let ready = Arc::new(AtomicBool::new(true));
+    let (op, answer) = fetch(&ready, Duration::from_secs(60));
+    let mut parked = p.park(op, [1], answer).unwrap();
+    assert_eq!(parked.try_answer().unwrap().unwrap().how, Completion::Ready);
+    assert!(parked.try_answer().is_none());
+}
+
+/// A waiting `Parked` does not keep its purgatory alive: dropping every handle shuts it
+/// down, which answers the operation; the `Parked`'s drop then finds nothing to cancel.
+#[test]
+fn a_waiting_parked_does_not_keep_its_purgatory_alive() {
+    let p: Purgatory<u32, Fetch> = Purgatory::new("weak");
+    let ready = Arc::new(AtomicBool::new(false));
+    let (op, answer) = fetch(&ready, Duration::from_secs(3600));
+    let completions = Arc::clone(&op.completions);
+    let parked = p.park(op, [1], answer).unwrap();
+    drop(p);
+    assert_eq!(
+        completions.load(Ordering::Relaxed),
+        1,
+        "answered by the shutdown"
+    );
+    assert_eq!(parked.blocking_answer().unwrap().how, Completion::Expired);
+}

@@ -228,6 +228,15 @@ impl<E: Expire> Driver<E> {
             .0
     }
 
+    /// One round that never waits, for a driver that waits elsewhere (an async task; see
+    /// [`TimerCore::set_wake_hook`]): expires what is due and returns how many, and the
+    /// target's [`NextRound`] (how long it may wait before the next round, besides the
+    /// earliest bucket).
+    pub fn round_now(&self) -> (usize, NextRound) {
+        self.shared
+            .round(NextRound::at_most(Duration::ZERO), &mut Vec::new())
+    }
+
     /// Whether shutdown has begun.
     pub fn is_shutdown(&self) -> bool {
         self.shared.target.core().is_shutdown()
