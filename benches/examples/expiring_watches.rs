@@ -12,6 +12,10 @@
 //! It uses only `Purgatory::new`, `try_complete_else_watch`, `watch_batch` and
 //! `shutdown`, so the same file also builds against older versions of the crate, for a
 //! before figure.
+//!
+//! With `IN_RUNTIME=1` in the environment, the purgatory is built and used inside a
+//! tokio runtime's context: built with `--features kafka-purgatory/tokio`, each watch
+//! then enters that runtime for its user code, which is what that costs.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -42,6 +46,12 @@ fn main() {
             .map(|a| a.parse().expect("a number"))
     };
     let (n, batch) = (arg(1).unwrap_or(20_000), arg(2));
+    let runtime = std::env::var_os("IN_RUNTIME").map(|_| {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("a runtime")
+    });
+    let _context = runtime.as_ref().map(tokio::runtime::Runtime::enter);
     let p: Purgatory<u64, Request> = Purgatory::new("expiring-watches");
     let keys = |i: u64| [i % 100, (i * 7 + 3) % 100, (i * 13 + 5) % 100];
     let mut i = 0;

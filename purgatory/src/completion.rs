@@ -4,7 +4,8 @@
 //! # Invariants
 //! - Exactly-once is decided before this: the operation was taken out of its slot
 //!   (`op_table.rs`) by exactly one thread, which alone calls here with it.
-//! - Callbacks run with no lock held; each is caught on its own (`on_complete`,
+//! - Callbacks run with no lock held, in the purgatory's runtime context if it has one
+//!   (`runtime.rs`; entered once per batch); each is caught on its own (`on_complete`,
 //!   `on_expiration`, the drop), so one panic neither skips the others nor unwinds into
 //!   the purgatory. Panics are counted and reported through `tracing`.
 //! - A taken operation's armed timer is queued for cancelling (`cancels.rs`) and its
@@ -55,6 +56,7 @@ impl<K, O: DelayedOperation> State<K, O> {
         }
         self.cancels.push_many(&timers, &self.timer);
         self.record(n, keys, how);
+        let _runtime = self.runtime.enter();
         let panics: u64 = taken.drain(..).map(|t| run_callbacks(t.op, how)).sum();
         self.count_panics(panics);
         n
@@ -67,6 +69,7 @@ impl<K, O: DelayedOperation> State<K, O> {
             self.cancels.push_many(&[timer], &self.timer);
         }
         self.record(1, taken.keys, how);
+        let _runtime = self.runtime.enter();
         self.count_panics(run_callbacks(taken.op, how));
     }
 

@@ -42,13 +42,11 @@ where
     }
 
     fn expire(&self, expired: &mut Vec<Expiry>) {
-        let _runtime = self.runtime.enter();
         self.expire_all(expired.drain(..));
     }
 
     fn before_round(&self) {
         self.cancels.flush(&self.timer);
-        let _runtime = self.runtime.enter();
         self.expire_orphans();
     }
 
@@ -82,7 +80,6 @@ impl<K, O: DelayedOperation> State<K, O> {
     where
         K: Hash + Eq + Clone,
     {
-        let _runtime = self.runtime.enter();
         let expired = self.expire_all(pending) + self.expire_orphans();
         self.watchers.clear();
         tracing::debug!(target: "purgatory", purgatory = %self.name, expired, "shutdown");
@@ -95,7 +92,6 @@ impl<K, O: DelayedOperation> Drop for State<K, O> {
     /// shutdown had expired what was pending (no round runs any more to complete it, see
     /// `op_table.rs`) is completed now.
     fn drop(&mut self) {
-        let _runtime = self.runtime.enter();
         self.expire_orphans();
     }
 }

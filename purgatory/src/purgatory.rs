@@ -158,7 +158,6 @@ where
         // Collect the keys before taking any lock: the caller's iterator is user code.
         let keys: Keys<K> = keys.into_iter().collect();
         let state = self.state();
-        let _runtime = state.runtime.enter();
         state.settle(state.watch_one(op, keys))
     }
 
@@ -183,7 +182,6 @@ where
             .collect();
         let mut results = Vec::with_capacity(staged.len());
         let state = self.state();
-        let _runtime = state.runtime.enter();
         if staged.len() < SMALL_BATCH {
             for (op, keys) in staged {
                 results.push(state.settle(state.watch_one(op, keys)));
@@ -218,7 +216,6 @@ where
         if candidates.is_empty() {
             return 0; // an unknown key: nothing to try, drop or expire
         }
-        let _runtime = state.runtime.enter();
         // Entries this check found naming an operation that is gone (completed, expired
         // or cancelled before it looked, or while it looked).
         let mut dead = 0;
@@ -280,7 +277,6 @@ where
         O: 'a,
     {
         let state = self.state();
-        let _runtime = state.runtime.enter();
         let mut chunk: SmallVec<[OpRef; CHUNK]> = SmallVec::new();
         let mut completed = 0;
         for handle in handles {

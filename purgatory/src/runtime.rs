@@ -3,20 +3,27 @@
 //!
 //! # Contract
 //! A purgatory built inside a tokio runtime (or given a handle with
-//! [`PurgatoryBuilder::runtime`](crate::PurgatoryBuilder::runtime)) runs all user code of
-//! its operations (`try_complete`, `on_complete`, `on_expiration`, the operation's drop)
-//! with that runtime's context entered, on every path: the caller's thread for a watch,
-//! an event or a force; the reaper thread or the expiry pool for a timeout; the calling
-//! thread for a shutdown; the dropping thread (or a blocking-pool thread, see
-//! `purgatory.rs`) for the last handle's drop. So `tokio::spawn` and
-//! `Handle::current()` work in every callback.
+//! [`PurgatoryBuilder::runtime`](crate::PurgatoryBuilder::runtime)) runs the code that
+//! answers an operation (`on_complete`, `on_expiration`, the operation's drop) with that
+//! runtime's context entered, on every path: the caller's thread for a watch that
+//! completes at once, an event or a force; the reaper thread or the expiry pool for a
+//! timeout; the calling thread for a shutdown; the dropping thread (or a blocking-pool
+//! thread, see `purgatory.rs`) for the last handle's drop; the dropping thread for a
+//! cancel by a `Parked` or a guard. So `tokio::spawn` and `Handle::current()` work there.
+//!
+//! `try_complete` is not in that list: it runs on the thread that watches or checks, in
+//! that thread's own context (from a task, the runtime's). It decides, it does not
+//! answer; entering for it would cost every watch about 135 instructions (a handle's
+//! reference count up and down, and a thread-local set and restored; callgrind,
+//! `benches/examples/expiring_watches.rs` with `IN_RUNTIME=1`), about an eighth of a
+//! watch, where entering only to answer costs the watches that complete nothing.
 //!
 //! # Invariants
-//! - The context is entered once per public call or driver step that may run user code
-//!   (not per operation): `watch`, `watch_batch`, `check_and_complete`,
-//!   `force_complete_batch`, each expiry batch and round hook, shutdown's last step, the
-//!   state's drop. Entering nests: a thread already in this or another runtime's context
-//!   is in this one's for the call, and back in its own afterwards.
+//! - The context is entered where operations are answered (`completion.rs`): once per
+//!   batch of completions (up to 16 on expiry, up to 64 for a force batch), once for a
+//!   single completion, and around the drop of a cancelled operation. Entering nests: a
+//!   thread already in this or another runtime's context is in this one's for the
+//!   callbacks, and back in its own afterwards.
 //! - Entering only sets a thread-local (and clones the handle's reference count); it
 //!   never blocks, so it is allowed on a runtime worker and inside another runtime.
 
