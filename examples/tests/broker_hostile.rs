@@ -256,18 +256,9 @@ async fn n2_slow_readers_of_a_big_batch_are_closed_at_the_write_timeout() {
     broker.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn n2_a_big_metadata_echo_never_read_is_closed_at_the_write_timeout() {
-    const NAMES: usize = 300;
-    let write_timeout = Duration::from_millis(1000);
-    let broker = start(BrokerConfig {
-        write_timeout,
-        ..config()
-    })
-    .await;
-    let addr = broker.local_addr();
-    // 300 unknown names of 32,000 bytes: a 9.6 MB answer that echoes them.
-    let topics = (0..NAMES)
+/// A Metadata request naming `names` unknown topics of 32,000 bytes each.
+fn echo_request(names: usize) -> MetadataRequest {
+    let topics = (0..names)
         .map(|i| {
             let mut name = format!("{i:05}").into_bytes();
             name.resize(32_000, b'n');
@@ -280,6 +271,56 @@ async fn n2_a_big_metadata_echo_never_read_is_closed_at_the_write_timeout() {
         .collect();
     let mut request = MetadataRequest::default();
     request.topics = Some(topics);
+    request
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n2_metadata_echoes_never_read_hold_no_more_than_the_request_budget() {
+    const CLIENTS: usize = 4;
+    let broker = start(BrokerConfig {
+        queued_max_request_bytes: 20 << 20,
+        ..config()
+    })
+    .await;
+    let addr = broker.local_addr();
+    // Four 9.6 MB echoes never read: at most two fit in 20 MiB, the others are closed.
+    let request = echo_request(300);
+    let mut clients = Vec::with_capacity(CLIENTS);
+    for _ in 0..CLIENTS {
+        let mut client = connect(addr).await;
+        let request = request.clone();
+        clients.push(tokio::spawn(async move {
+            let _ = client.send(1, &request).await;
+            client
+        }));
+    }
+    let mut closed = 0;
+    for sending in clients {
+        let mut client = timeout(LIMIT, sending).await.unwrap().unwrap();
+        if closed_within(&mut client, Duration::from_millis(300)).await {
+            closed += 1;
+        }
+    }
+    // Two whole echoes fit; partial ones racing for the budget may leave room for one.
+    let stats = broker.stats();
+    assert!((2..CLIENTS).contains(&closed), "{closed} closed; {stats:?}");
+    assert!(stats.queued_request_bytes <= 20 << 20, "{stats:?}");
+    fresh_client_is_served(addr, "while unread echoes fill the budget").await;
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn n2_a_big_metadata_echo_never_read_is_closed_at_the_write_timeout() {
+    const NAMES: usize = 300;
+    let write_timeout = Duration::from_millis(1000);
+    let broker = start(BrokerConfig {
+        write_timeout,
+        ..config()
+    })
+    .await;
+    let addr = broker.local_addr();
+    // 300 unknown names of 32,000 bytes: a 9.6 MB answer that echoes them.
+    let request = echo_request(NAMES);
     let mut client = connect(addr).await;
     let started = Instant::now();
     client.send(1, &request).await.unwrap();

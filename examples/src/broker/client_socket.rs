@@ -73,8 +73,8 @@ impl ClientReader {
         }
     }
 
-    /// The request of `bytes` bytes (its size field included) was handled: they are no
-    /// longer held.
+    /// The request of `bytes` bytes (its size field included) was handed to its handler:
+    /// they are no longer held as queued.
     pub fn release(&mut self, bytes: usize) {
         self.budget.release(bytes);
     }

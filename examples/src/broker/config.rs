@@ -47,10 +47,10 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
                             however slowly it reads (default 30000; Kafka has no write timeout,
                             it closes a connection that makes no progress for
                             connections.max.idle.ms)
-  --queued-max-request-bytes B  bytes of requests read and not yet handled, partial frames and
-                            what clients pipeline behind a waiting request, over all connections
-                            (each connection's first 64 KiB are its own); a read beyond it closes
-                            that connection (default 268435456, 256 MiB; Kafka's
+  --queued-max-request-bytes B  request bytes read and not yet handed to a handler (partial
+                            frames, what clients pipeline behind a waiting request) over all
+                            connections, each connection's first 64 KiB aside; a read beyond it
+                            closes that connection (default 268435456, 256 MiB; Kafka's
                             queued.max.request.bytes, whose default is unbounded)
   --retention-bytes B       bytes kept per partition: the oldest 1 MiB segments are dropped beyond
                             it (default 1073741824, 1 GiB; Kafka's retention.bytes, whose default
@@ -90,8 +90,8 @@ pub struct BrokerConfig {
     pub fetch_max_wait: Duration,
     /// An answer must be written whole within this, or its connection is closed.
     pub write_timeout: Duration,
-    /// Bytes of requests read and not yet handled, over all connections (partial frames and
-    /// bytes pipelined behind a waiting request), beyond each connection's own
+    /// Request bytes read and not yet handed to a handler, over all connections (partial
+    /// frames and bytes pipelined behind a waiting request), beyond each connection's own
     /// [`OWN_REQUEST_BYTES`]. A read that would go beyond closes its connection.
     pub queued_max_request_bytes: usize,
     /// Bytes kept per partition; the oldest segments are dropped beyond it.

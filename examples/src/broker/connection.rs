@@ -13,8 +13,9 @@
 //!   must be written whole within `write_timeout` (a client reading a byte a second makes
 //!   progress, but holds its answer for ever); a waiting request is never idle, and waits
 //!   `fetch_max_wait` at most (`fetch.rs`). Each closes the connection with a log line.
-//! - Memory: the request bytes a connection holds (partial frames, requests being
-//!   handled, bytes pipelined behind a waiting request) count against the broker's request
+//! - Memory: the request bytes a connection holds (partial frames, and bytes pipelined
+//!   behind a waiting request, until their request is handed to its handler, or until
+//!   its answer is written for a Metadata request, whose answer shares its names) count against the broker's request
 //!   budget (`request_budget.rs`); a read beyond it closes the connection. Answers share
 //!   the log's bytes and the request's echoed names rather than copying them (`reply.rs`).
 //! - Bad input ends only its own connection: a frame size outside the limit, a header that
@@ -92,7 +93,15 @@ pub async fn serve(state: Arc<BrokerState>, stream: TcpStream, mut stop: watch::
         };
         // While the request is handled (it may wait in a purgatory), watch the socket: a
         // client that leaves drops the request, whose pending answer cancels its operation.
+        // Handed to its handler, the request is no longer queued (as Kafka releases a
+        // request's buffer once its handler returned, before any purgatory wait), unless
+        // its answer echoes it (Metadata's topic names, shared with the request): then it
+        // stays counted until that answer is written.
         let frame_bytes = frame.len() + 4;
+        let echoed = frame.get(..2) == Some(&(ApiKey::Metadata as i16).to_be_bytes()[..]);
+        if !echoed {
+            reader.release(frame_bytes);
+        }
         let handling = handle(&state, frame);
         tokio::pin!(handling);
         let reply = tokio::select! {
@@ -104,7 +113,6 @@ pub async fn serve(state: Arc<BrokerState>, stream: TcpStream, mut stop: watch::
             }
             _ = stop.changed() => return,
         };
-        reader.release(frame_bytes);
         match reply {
             Reply::Send(answer) => {
                 let limit = config.write_timeout;
@@ -120,6 +128,9 @@ pub async fn serve(state: Arc<BrokerState>, stream: TcpStream, mut stop: watch::
                         ));
                         return;
                     }
+                }
+                if echoed {
+                    reader.release(frame_bytes);
                 }
             }
             Reply::Nothing => {}

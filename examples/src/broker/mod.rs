@@ -110,7 +110,8 @@ impl BrokerState {
 pub struct BrokerStats {
     /// Open connections.
     pub connections: usize,
-    /// Request bytes read and not yet handled that draw on `queued_max_request_bytes`.
+    /// Request bytes read and not yet handed to a handler that draw on
+    /// `queued_max_request_bytes`.
     pub queued_request_bytes: usize,
     /// Bytes held by the partitions' logs (what retention keeps).
     pub log_bytes: u64,

@@ -1,6 +1,11 @@
-//! The total budget for request bytes read and not yet handled (Kafka's
-//! `queued.max.request.bytes`): partial frames, whole frames being handled, and bytes
-//! clients pipeline behind a waiting request, over all connections.
+//! The total budget for request bytes read and not yet handed to a handler (Kafka's
+//! `queued.max.request.bytes`): partial frames, and bytes clients pipeline behind a waiting
+//! request, over all connections. A request handed to its handler is no longer counted (as
+//! Kafka releases a request's buffer when its handler returns): what it holds afterwards
+//! (a produce's batches, now the log's) is bounded by other limits. The exception is a
+//! Metadata request, whose answer echoes its topic names and shares them with it: it stays
+//! counted until the answer is written (or its connection closed), so unread echoes cannot
+//! hold more than the budget between them.
 //!
 //! Invariants:
 //! - Each connection holds its first [`OWN_REQUEST_BYTES`] without drawing on the shared
