@@ -164,18 +164,6 @@ async fn idle_metrics_connections_beyond_the_cap_do_not_starve_kafka_clients() {
         }
     }
     std::thread::sleep(Duration::from_millis(300));
-    // Those beyond the cap were closed at once: a read sees the end of stream.
-    let mut closed = 0;
-    for stream in &mut idle {
-        stream
-            .set_read_timeout(Some(Duration::from_millis(20)))
-            .unwrap();
-        let seen = stream.read(&mut [0u8; 1]);
-        let reset = |e: &std::io::Error| e.kind() == std::io::ErrorKind::ConnectionReset;
-        if matches!(seen, Ok(0)) || seen.as_ref().is_err_and(reset) {
-            closed += 1;
-        }
-    }
     let started = Instant::now();
     let mut client = tokio::time::timeout(LIMIT, WireClient::connect(kafka))
         .await
@@ -195,6 +183,18 @@ async fn idle_metrics_connections_beyond_the_cap_do_not_starve_kafka_clients() {
         waited < Duration::from_millis(200),
         "a Kafka client waited {waited:?}"
     );
+    // Those beyond the cap were closed at once: a read sees the end of stream.
+    let mut closed = 0;
+    for stream in &mut idle {
+        stream
+            .set_read_timeout(Some(Duration::from_millis(20)))
+            .unwrap();
+        let seen = stream.read(&mut [0u8; 1]);
+        let reset = |e: &std::io::Error| e.kind() == std::io::ErrorKind::ConnectionReset;
+        if matches!(seen, Ok(0)) || seen.as_ref().is_err_and(reset) {
+            closed += 1;
+        }
+    }
     assert!(
         closed >= IDLE - 16 - 10,
         "{closed} of {IDLE} idle metrics connections closed"
