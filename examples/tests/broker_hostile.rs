@@ -527,3 +527,107 @@ async fn the_log_keeps_its_retention_bytes_and_moves_its_start() {
     assert!(!partition.records.as_ref().unwrap().is_empty());
     broker.shutdown().await;
 }
+
+// A hostile review of the defences above: a client that trickles a request, one that
+// pipelines many requests behind a long poll and reads every answer, one that leaves in
+// the middle of a big answer.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_trickling_a_request_is_closed_at_the_frame_read_timeout() {
+    let frame_read_timeout = Duration::from_millis(500);
+    let broker = start(BrokerConfig {
+        frame_read_timeout,
+        ..config()
+    })
+    .await;
+    let addr = broker.local_addr();
+    let mut client = connect(addr).await;
+    let started = Instant::now();
+    // A 100-byte request, one byte every 50 ms: 5 s to send it whole.
+    let mut trickled = 100i32.to_be_bytes().to_vec();
+    trickled.resize(104, 0);
+    let mut closed = false;
+    for byte in trickled {
+        if client.send_raw(&[byte]).await.is_err() {
+            closed = true;
+            break;
+        }
+        if broker.stats().connections == 0 {
+            closed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let took = started.elapsed();
+    assert!(closed, "a trickling client was never closed");
+    assert!(
+        took < frame_read_timeout + ACTS_WITHIN,
+        "closed after {took:?}"
+    );
+    fresh_client_is_served(addr, "after a trickling client").await;
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_pipelined_behind_a_long_poll_are_all_answered_in_order() {
+    const BEHIND: usize = 1_000;
+    let broker = start(BrokerConfig {
+        fetch_max_wait: Duration::from_millis(300),
+        ..config()
+    })
+    .await;
+    let mut client = connect(broker.local_addr()).await;
+    client.send(4, &endless_poll()).await.unwrap();
+    for _ in 0..BEHIND {
+        client.send(1, &MetadataRequest::default()).await.unwrap();
+    }
+    let poll = timeout(
+        LIMIT,
+        client.receive::<kafka_protocol::messages::FetchRequest>(),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(poll.responses[0].partitions[0].error_code, 0);
+    for _ in 0..BEHIND {
+        let answer = timeout(LIMIT, client.receive::<MetadataRequest>())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(answer.brokers.len(), 1);
+    }
+    assert_eq!(broker.stats().queued_request_bytes, 0);
+    assert_eq!(broker.stats().connections, 1);
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_in_the_middle_of_a_big_answer_frees_its_connection_at_once() {
+    let broker = start(config()).await;
+    let addr = broker.local_addr();
+    let mut producer = connect(addr).await;
+    let batch = encode_batch(&[Bytes::from(vec![b'x'; 8 << 20])], 1_000);
+    producer
+        .call(7, &requests::produce("demo", 0, 1, 1000, batch))
+        .await
+        .unwrap();
+    drop(producer);
+    let mut client = connect(addr).await;
+    client.reset_on_drop().unwrap();
+    client
+        .send(4, &requests::fetch("demo", 0, 0, 1, 0))
+        .await
+        .unwrap();
+    let mut some = vec![0u8; 64 * 1024];
+    let got = timeout(LIMIT, client.read_some(&mut some))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(got > 0);
+    drop(client);
+    // Well before the 30 s write timeout: the write fails on the reset.
+    let took = eventually("the connection closed", || broker.stats().connections == 0).await;
+    assert!(took < ACTS_WITHIN, "closed after {took:?}");
+    fresh_client_is_served(addr, "after a client left mid-answer").await;
+    broker.shutdown().await;
+}

@@ -92,7 +92,9 @@ pub struct BrokerConfig {
     pub write_timeout: Duration,
     /// Request bytes read and not yet handed to a handler, over all connections (partial
     /// frames and bytes pipelined behind a waiting request), beyond each connection's own
-    /// [`OWN_REQUEST_BYTES`]. A read that would go beyond closes its connection.
+    /// [`OWN_REQUEST_BYTES`]. A read that would go beyond closes its connection, so a
+    /// request larger than this plus [`OWN_REQUEST_BYTES`] can never be read: keep it above
+    /// `max_frame_bytes`.
     pub queued_max_request_bytes: usize,
     /// Bytes kept per partition; the oldest segments are dropped beyond it.
     pub retention_bytes: u64,
