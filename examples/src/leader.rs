@@ -131,9 +131,19 @@ pub struct Leader {
 impl Leader {
     /// Starts a leader of `partitions` empty partitions with `followers` simulated followers.
     pub fn start(partitions: usize, followers: FollowerConfig) -> Leader {
+        Self::start_with_retention(partitions, followers, u64::MAX)
+    }
+
+    /// Like [`Leader::start`], each partition keeping about `retention_bytes` (see
+    /// [`PartitionLog`](crate::partition_log::PartitionLog)).
+    pub fn start_with_retention(
+        partitions: usize,
+        followers: FollowerConfig,
+        retention_bytes: u64,
+    ) -> Leader {
         let in_sync = followers.count;
         let partitions: Arc<[Arc<Partition>]> = (0..partitions)
-            .map(|_| Arc::new(Partition::new(in_sync)))
+            .map(|_| Arc::new(Partition::with_retention(in_sync, retention_bytes)))
             .collect();
         let events = Arc::new(CommitEvents {
             partitions,

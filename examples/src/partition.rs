@@ -65,6 +65,8 @@ pub struct CommittedRead {
     pub records: Bytes,
     /// The high watermark when the data was read.
     pub high_watermark: i64,
+    /// The log start offset when the data was read.
+    pub log_start_offset: i64,
 }
 
 /// A partition led by this broker.
@@ -76,11 +78,17 @@ pub struct Partition {
 }
 
 impl Partition {
-    /// An empty partition with `followers` in-sync followers.
+    /// An empty partition with `followers` in-sync followers that keeps everything.
     pub fn new(followers: usize) -> Self {
+        Self::with_retention(followers, u64::MAX)
+    }
+
+    /// An empty partition whose log keeps about `retention_bytes` of committed batches
+    /// (see [`PartitionLog::apply_retention`]).
+    pub fn with_retention(followers: usize, retention_bytes: u64) -> Self {
         Self {
             state: Mutex::new(PartitionState {
-                log: PartitionLog::new(),
+                log: PartitionLog::with_retention(retention_bytes),
                 replicas: ReplicaProgress::new(followers),
                 producers: ProducerSequences::default(),
             }),
@@ -117,7 +125,7 @@ impl Partition {
         }
         let log_end_offset = state.log.end_offset();
         state.replicas.leader_appended(log_end_offset);
-        let high_watermark_advanced = self.publish_high_watermark(&state);
+        let high_watermark_advanced = self.publish_high_watermark(&mut state);
         Appended {
             base_offset: base_offset.unwrap_or(end_offset),
             end_offset,
@@ -131,14 +139,16 @@ impl Partition {
     pub fn follower_reached(&self, follower: usize, offset: i64) -> bool {
         let mut state = self.state.lock();
         state.replicas.follower_reached(follower, offset);
-        self.publish_high_watermark(&state)
+        self.publish_high_watermark(&mut state)
     }
 
-    fn publish_high_watermark(&self, state: &PartitionState) -> bool {
+    /// Publishes a moved high watermark, then lets retention drop what lies below it.
+    fn publish_high_watermark(&self, state: &mut PartitionState) -> bool {
         let high_watermark = state.replicas.high_watermark();
         if high_watermark <= self.high_watermark.load(Ordering::Relaxed) {
             return false;
         }
+        state.log.apply_retention(high_watermark);
         let position = state.log.boundary_position(high_watermark);
         debug_assert!(position >= self.committed_position.load(Ordering::Relaxed));
         // Position first: a reader that sees the new high watermark sees its bytes too.
@@ -162,6 +172,16 @@ impl Partition {
         self.state.lock().log.end_offset()
     }
 
+    /// The first offset the log still holds (0 until retention drops a segment).
+    pub fn log_start_offset(&self) -> i64 {
+        self.state.lock().log.start_offset()
+    }
+
+    /// Bytes the log holds (what retention keeps).
+    pub fn log_bytes(&self) -> u64 {
+        self.state.lock().log.retained_bytes()
+    }
+
     /// Byte position of the batch holding `offset` (see [`PartitionLog::position_of`]).
     pub fn position_of(&self, offset: i64) -> Option<u64> {
         self.state.lock().log.position_of(offset)
@@ -177,6 +197,7 @@ impl Partition {
                 .log
                 .read(from, high_watermark, max_bytes, at_least_one),
             high_watermark,
+            log_start_offset: state.log.start_offset(),
         }
     }
 

@@ -1,19 +1,32 @@
 //! The in-memory log of one partition: stamped record batches in offset order.
 //!
 //! Invariants:
-//! - Batches are contiguous: each batch starts at the previous batch's end offset, the first
-//!   at offset 0, and `end_offset` is the last batch's end (the log end offset, LEO).
-//! - `position` of a batch is the number of bytes stored before it, so the bytes between two
-//!   batch boundaries are a subtraction; `end_position` is the total size of the log.
-//! - Batches are never modified or removed once appended (no retention: the demo broker lives
-//!   for a test or a measurement).
+//! - Batches are contiguous: each batch starts at the previous batch's end offset, and
+//!   `end_offset` is the last batch's end (the log end offset, LEO). The first batch held
+//!   starts at `start_offset` (the log start offset: 0 until retention drops a segment).
+//! - `position` of a batch is the number of bytes stored before it since the log began
+//!   (dropped bytes included), so the bytes between two batch boundaries are a
+//!   subtraction; `end_position` is the total written, `end_position - start_position` what
+//!   the log holds.
+//! - Batches are never modified once appended. Retention (Kafka's `retention.bytes`) drops
+//!   whole sealed segments from the front, oldest first, while the log would still hold at
+//!   least `retention_bytes` without the segment, and only segments wholly below the offset
+//!   the caller allows (the high watermark): the open segment is never dropped.
 //! - Segments: once the batches after the last sealed segment hold [`SEGMENT_BYTES`] or
 //!   more, they are copied once into one contiguous buffer (a sealed segment) and each batch
 //!   then points into it. A read returns batches of one segment only (as Kafka's log does),
 //!   so a read inside a sealed segment is a slice of it: readers share the log's bytes, and
 //!   a thousand readers of the same batches hold no copy. Only a read of several batches
 //!   of the newest, unsealed segment copies them (at most about [`SEGMENT_BYTES`]); a read of
-//!   one batch never copies.
+//!   one batch never copies. A reader holding a slice of a dropped segment keeps that
+//!   segment's memory until it lets go (an answer is written within the write timeout).
+//! - `running_max_timestamp` of a batch is the largest record timestamp of it and every
+//!   batch before it: it never decreases along the log, so a timestamp lookup is a binary
+//!   search (Kafka's time index keeps the same running maximum).
+//! - Batch numbers: the `n`-th batch ever appended has number `n`; it sits at index
+//!   `n - dropped` of `batches`. Segments name their first batch by number.
+
+use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
 
@@ -25,6 +38,7 @@ struct StoredBatch {
     end_offset: i64,
     position: u64,
     max_timestamp: i64,
+    running_max_timestamp: i64,
     bytes: Bytes,
 }
 
@@ -43,7 +57,7 @@ pub const SEGMENT_BYTES: u64 = 1 << 20;
 /// Batches stored contiguously in one buffer.
 #[derive(Debug)]
 struct Segment {
-    /// Index of its first batch.
+    /// Number of its first batch.
     first_batch: usize,
     /// Log position of its first byte.
     position: u64,
@@ -51,22 +65,49 @@ struct Segment {
     bytes: Bytes,
 }
 
-/// An append-only, in-memory partition log.
-#[derive(Debug, Default)]
+/// An append-only, in-memory partition log with a size bound.
+#[derive(Debug)]
 pub struct PartitionLog {
-    batches: Vec<StoredBatch>,
+    batches: VecDeque<StoredBatch>,
     /// Sealed segments, in log order; they cover the batches before `open_from`.
-    segments: Vec<Segment>,
-    /// Index of the first batch of the open (unsealed) segment.
+    segments: VecDeque<Segment>,
+    /// Number of the first batch of the open (unsealed) segment.
     open_from: usize,
+    /// Batches dropped by retention.
+    dropped: usize,
+    start_offset: i64,
+    start_position: u64,
     end_offset: i64,
     end_position: u64,
+    /// Bytes kept at least (see the module's invariants).
+    retention_bytes: u64,
+}
+
+impl Default for PartitionLog {
+    fn default() -> Self {
+        Self::with_retention(u64::MAX)
+    }
 }
 
 impl PartitionLog {
-    /// An empty log (log end offset 0).
+    /// An empty log (log end offset 0) that keeps everything.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty log that drops its oldest segments beyond `retention_bytes`.
+    pub fn with_retention(retention_bytes: u64) -> Self {
+        PartitionLog {
+            batches: VecDeque::new(),
+            segments: VecDeque::new(),
+            open_from: 0,
+            dropped: 0,
+            start_offset: 0,
+            start_position: 0,
+            end_offset: 0,
+            end_position: 0,
+            retention_bytes,
+        }
     }
 
     /// Appends a batch at the log end offset, stamping its base offset into its header.
@@ -74,13 +115,17 @@ impl PartitionLog {
         let base_offset = self.end_offset;
         let end_offset = base_offset + batch.offset_count;
         let max_timestamp = batch.max_timestamp;
+        let running_max_timestamp = self.batches.back().map_or(max_timestamp, |b| {
+            b.running_max_timestamp.max(max_timestamp)
+        });
         let bytes = batch.stamp(base_offset, leader_epoch);
         let size = bytes.len() as u64;
-        self.batches.push(StoredBatch {
+        self.batches.push_back(StoredBatch {
             base_offset,
             end_offset,
             position: self.end_position,
             max_timestamp,
+            running_max_timestamp,
             bytes,
         });
         self.end_offset = end_offset;
@@ -95,34 +140,65 @@ impl PartitionLog {
     /// Seals the open segment once it holds [`SEGMENT_BYTES`]: one copy of its batches into
     /// a contiguous buffer (none for a single batch), which the batches then point into.
     fn seal_if_full(&mut self) {
-        let open = &mut self.batches[self.open_from..];
-        let Some(position) = open.first().map(|b| b.position) else {
+        let from = self.open_from - self.dropped;
+        let Some(position) = self.batches.get(from).map(|b| b.position) else {
             return;
         };
         let size = self.end_position - position;
         if size < SEGMENT_BYTES {
             return;
         }
-        let bytes = if let [single] = open {
-            single.bytes.clone()
+        let bytes = if self.batches.len() - from == 1 {
+            self.batches[from].bytes.clone()
         } else {
             let mut joined = BytesMut::with_capacity(size as usize);
-            for batch in open.iter() {
+            for batch in self.batches.range(from..) {
                 joined.extend_from_slice(&batch.bytes);
             }
             let joined = joined.freeze();
-            for batch in open.iter_mut() {
+            for batch in self.batches.range_mut(from..) {
                 let start = (batch.position - position) as usize;
                 batch.bytes = joined.slice(start..start + batch.bytes.len());
             }
             joined
         };
-        self.segments.push(Segment {
+        self.segments.push_back(Segment {
             first_batch: self.open_from,
             position,
             bytes,
         });
-        self.open_from = self.batches.len();
+        self.open_from = self.dropped + self.batches.len();
+    }
+
+    /// Drops the oldest sealed segments while the log holds `retention_bytes` without them,
+    /// only segments whose batches all end at or below `upto`. Returns whether any went.
+    pub fn apply_retention(&mut self, upto: i64) -> bool {
+        let mut dropped_any = false;
+        while let Some(oldest) = self.segments.front() {
+            let size = oldest.bytes.len() as u64;
+            let next_first = self
+                .segments
+                .get(1)
+                .map_or(self.open_from, |s| s.first_batch);
+            let last_end = self.batches[next_first - 1 - self.dropped].end_offset;
+            if self.retained_bytes() - size < self.retention_bytes || last_end > upto {
+                break;
+            }
+            debug_assert_eq!(oldest.position, self.start_position);
+            let count = next_first - oldest.first_batch;
+            self.batches.drain(..count);
+            self.dropped += count;
+            self.segments.pop_front();
+            self.start_position += size;
+            self.start_offset = last_end;
+            dropped_any = true;
+        }
+        dropped_any
+    }
+
+    /// The log start offset: the first offset still held.
+    pub fn start_offset(&self) -> i64 {
+        self.start_offset
     }
 
     /// The log end offset: the offset the next record will get.
@@ -130,20 +206,25 @@ impl PartitionLog {
         self.end_offset
     }
 
-    /// Bytes stored in the whole log.
+    /// Bytes written to the log since it began (dropped ones included).
     pub fn end_position(&self) -> u64 {
         self.end_position
     }
 
-    /// Index of the batch holding `offset`, or `batches.len()` at the log end.
+    /// Bytes the log holds.
+    pub fn retained_bytes(&self) -> u64 {
+        self.end_position - self.start_position
+    }
+
+    /// Index in `batches` of the batch holding `offset`, or `batches.len()` at the log end.
     fn batch_index(&self, offset: i64) -> usize {
         self.batches.partition_point(|b| b.end_offset <= offset)
     }
 
     /// Byte position where the batch holding `offset` starts; the log size for the log end
-    /// offset; `None` for an offset outside `0..=end_offset`.
+    /// offset; `None` for an offset outside `start_offset..=end_offset`.
     pub fn position_of(&self, offset: i64) -> Option<u64> {
-        if !(0..=self.end_offset).contains(&offset) {
+        if !(self.start_offset..=self.end_offset).contains(&offset) {
             return None;
         }
         Some(
@@ -161,29 +242,35 @@ impl PartitionLog {
     /// Whole batches from the one holding `from`, ending before `upto`, at most `max_bytes`
     /// in total, except that with `at_least_one` the first batch is returned even when
     /// larger (so a consumer always makes progress, as in Kafka's KIP-74). The batches come
-    /// from one segment: a sealed segment's are a slice of it, not a copy.
+    /// from one segment: a sealed segment's are a slice of it, not a copy. Nothing for an
+    /// offset retention dropped.
     pub fn read(&self, from: i64, upto: i64, max_bytes: usize, at_least_one: bool) -> Bytes {
-        let first = self.batch_index(from.max(0));
+        if from < self.start_offset {
+            return Bytes::new();
+        }
+        let first = self.batch_index(from);
         let Some(head) = self.batches.get(first).filter(|b| b.end_offset <= upto) else {
             return Bytes::new();
         };
         if !at_least_one && head.bytes.len() > max_bytes {
             return Bytes::new();
         }
-        // The sealed segment holding `first`, if any, and the end of `first`'s segment.
-        let (segment, segment_end) = if first < self.open_from {
-            let index = self.segments.partition_point(|s| s.first_batch <= first) - 1;
+        // The sealed segment holding `first`, if any, and the end of `first`'s segment
+        // (indexes into `batches`).
+        let number = first + self.dropped;
+        let (segment, segment_end) = if number < self.open_from {
+            let index = self.segments.partition_point(|s| s.first_batch <= number) - 1;
             let end = self
                 .segments
                 .get(index + 1)
                 .map_or(self.open_from, |s| s.first_batch);
-            (Some(&self.segments[index]), end)
+            (Some(&self.segments[index]), end - self.dropped)
         } else {
             (None, self.batches.len())
         };
         let mut total = head.bytes.len();
         let mut last = first + 1;
-        for batch in &self.batches[last..segment_end] {
+        for batch in self.batches.range(last..segment_end) {
             if batch.end_offset > upto || total + batch.bytes.len() > max_bytes {
                 break;
             }
@@ -198,20 +285,24 @@ impl PartitionLog {
             return segment.bytes.slice(start..start + total);
         }
         let mut out = BytesMut::with_capacity(total);
-        for batch in &self.batches[first..last] {
+        for batch in self.batches.range(first..last) {
             out.extend_from_slice(&batch.bytes);
         }
         out.freeze()
     }
 
-    /// The first batch below `upto` holding a record with a timestamp at or after
-    /// `timestamp_ms`: its base offset and largest timestamp. Batch granularity: a consumer
-    /// starting there skips the few earlier records of that batch itself.
+    /// The first batch below `upto` from which the log's records reach `timestamp_ms`: the
+    /// first whose running largest timestamp is at or after it (the first holding such a
+    /// record, when timestamps only grow). Its base offset and largest timestamp. A binary
+    /// search. Batch granularity: a consumer starting there skips the few earlier records of
+    /// that batch itself.
     pub fn offset_for_timestamp(&self, timestamp_ms: i64, upto: i64) -> Option<(i64, i64)> {
+        let index = self
+            .batches
+            .partition_point(|b| b.running_max_timestamp < timestamp_ms);
         self.batches
-            .iter()
-            .take_while(|b| b.end_offset <= upto)
-            .find(|b| b.max_timestamp >= timestamp_ms)
+            .get(index)
+            .filter(|b| b.end_offset <= upto)
             .map(|b| (b.base_offset, b.max_timestamp))
     }
 }
@@ -336,6 +427,72 @@ mod tests {
         let next = log.read(batches as i64 * 10, upto, usize::MAX, true);
         assert_eq!(offsets_in(&next).first(), Some(&(batches as i64 * 10)));
         assert_eq!(offsets_in(&next).last(), Some(&(upto - 1)));
+    }
+
+    #[test]
+    fn a_timestamp_lookup_matches_a_scan_of_the_running_maximum() {
+        // Timestamps that mostly grow and sometimes go back, as producers' clocks do.
+        let mut log = PartitionLog::new();
+        let mut seed = 7u64;
+        let mut stamps = Vec::new();
+        for i in 0..300 {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let stamp = i * 10 + (seed >> 60) as i64 * 7 - 50;
+            stamps.push(stamp);
+            log.append(batch(1, stamp), 0);
+        }
+        let upto = log.end_offset();
+        for target in -100..3_100 {
+            let mut running = i64::MIN;
+            let scanned = stamps.iter().enumerate().find_map(|(i, &stamp)| {
+                running = running.max(stamp);
+                (running >= target).then_some((i as i64, stamp))
+            });
+            assert_eq!(log.offset_for_timestamp(target, upto), scanned, "{target}");
+            let below = log.offset_for_timestamp(target, 150);
+            assert_eq!(below, scanned.filter(|&(offset, _)| offset < 150));
+        }
+    }
+
+    #[test]
+    fn retention_drops_the_oldest_sealed_segments_below_the_limit_offset() {
+        let mut log = PartitionLog::with_retention(3 * SEGMENT_BYTES);
+        big_batches(&mut log, 60);
+        let end = log.end_offset();
+        // Nothing goes above the limit offset.
+        assert!(!log.apply_retention(0));
+        assert_eq!(log.start_offset(), 0);
+        assert!(log.apply_retention(end));
+        let held = log.retained_bytes();
+        assert!(held >= 3 * SEGMENT_BYTES, "{held}");
+        assert!(held < 4 * SEGMENT_BYTES + 200_000, "{held}");
+        let start = log.start_offset();
+        assert!(start > 0 && start % 10 == 0, "{start}");
+        assert_eq!(log.position_of(start - 1), None);
+        assert_eq!(log.position_of(start), Some(log.end_position() - held));
+        assert!(log.read(start - 1, end, usize::MAX, true).is_empty());
+        let read = log.read(start, end, usize::MAX, true);
+        assert_eq!(offsets_in(&read).first(), Some(&start));
+        // Reads still share the sealed segments, and every offset up to the end is read.
+        assert_eq!(
+            read.as_ptr(),
+            log.read(start, end, usize::MAX, true).as_ptr()
+        );
+        let mut from = start;
+        while from < end {
+            let offsets = offsets_in(&log.read(from, end, usize::MAX, true));
+            assert_eq!(offsets.first(), Some(&from));
+            from = offsets.last().unwrap() + 1;
+        }
+        assert_eq!(
+            log.offset_for_timestamp(0, end).map(|(o, _)| o),
+            Some(start)
+        );
+        // Appending goes on from the same offsets.
+        big_batches(&mut log, 1);
+        assert_eq!(log.end_offset(), end + 10);
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{RequestHeader, ResponseHeader};
 use kafka_protocol::protocol::{encode_request_header_into_buffer, Decodable, Request, StrBytes};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 
@@ -110,6 +110,12 @@ impl WireClient {
     /// close: lingering off, so the kernel sends a reset and drops unsent data.
     pub fn reset_on_drop(&self) -> io::Result<()> {
         self.reader.as_ref().set_zero_linger()
+    }
+
+    /// Reads whatever bytes arrive next, at most `buf.len()`, with no framing (for clients
+    /// that read slowly); 0 when the broker closed the connection.
+    pub async fn read_some(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.reader.read(buf).await
     }
 
     /// Reads one raw frame; `None` when the broker closed the connection.

@@ -27,17 +27,16 @@ impl Drop for Running {
 /// Starts the broker binary on free loopback ports; returns it with its Kafka and
 /// metrics addresses, read from what it prints.
 fn start_broker() -> (Running, SocketAddr, SocketAddr) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_broker"))
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-            "--followers",
-            "1",
-            "--replication-delay-ms",
-            "30",
-        ])
+    let mut command = Command::new(env!("CARGO_BIN_EXE_broker"));
+    command.args(["--followers", "1", "--replication-delay-ms", "30"]);
+    start_with(command)
+}
+
+/// Starts `command` (the broker binary and flags, or a shell starting it) on free loopback
+/// ports with the metrics endpoint.
+fn start_with(mut command: Command) -> (Running, SocketAddr, SocketAddr) {
+    let mut child = command
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .spawn()
         .expect("the broker binary starts");
@@ -141,4 +140,67 @@ async fn the_metrics_endpoint_shows_a_produce_parked_then_completed() {
         text.contains("# TYPE purgatory_completed_total counter"),
         "{text}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_metrics_connections_beyond_the_cap_do_not_starve_kafka_clients() {
+    const IDLE: usize = 150;
+    // Under `ulimit -n 128`: 64 Kafka connections at most by default, 16 metrics ones.
+    let mut command = Command::new("sh");
+    command.args([
+        "-c",
+        "ulimit -n 128 && exec \"$0\" \"$@\"",
+        env!("CARGO_BIN_EXE_broker"),
+        "--followers",
+        "0",
+    ]);
+    let (_running, kafka, metrics) = start_with(command);
+    // 150 connections to the metrics port that never send a request.
+    let mut idle = Vec::with_capacity(IDLE);
+    for _ in 0..IDLE {
+        match TcpStream::connect_timeout(&metrics, LIMIT) {
+            Ok(stream) => idle.push(stream),
+            Err(e) => panic!("connect to the metrics port: {e}"),
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let mut client = tokio::time::timeout(LIMIT, WireClient::connect(kafka))
+        .await
+        .unwrap()
+        .unwrap();
+    let answer = tokio::time::timeout(
+        LIMIT,
+        client.call(1, &kafka_protocol::messages::MetadataRequest::default()),
+    )
+    .await
+    .expect("a Kafka client was not answered while the metrics port was flooded")
+    .unwrap();
+    let waited = started.elapsed();
+    eprintln!("150 idle metrics connections: a Kafka client was served in {waited:?}");
+    assert_eq!(answer.brokers.len(), 1);
+    assert!(
+        waited < Duration::from_millis(200),
+        "a Kafka client waited {waited:?}"
+    );
+    // Those beyond the cap were closed at once: a read sees the end of stream.
+    let mut closed = 0;
+    for stream in &mut idle {
+        stream
+            .set_read_timeout(Some(Duration::from_millis(20)))
+            .unwrap();
+        let seen = stream.read(&mut [0u8; 1]);
+        let reset = |e: &std::io::Error| e.kind() == std::io::ErrorKind::ConnectionReset;
+        if matches!(seen, Ok(0)) || seen.as_ref().is_err_and(reset) {
+            closed += 1;
+        }
+    }
+    assert!(
+        closed >= IDLE - 16 - 10,
+        "{closed} of {IDLE} idle metrics connections closed"
+    );
+    // The metrics port still answers once the idle ones are gone.
+    drop(idle);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(scrape(metrics).contains("purgatory_pending"));
 }

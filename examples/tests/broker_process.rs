@@ -203,3 +203,40 @@ async fn a_metadata_request_naming_the_topic_a_million_times_is_refused_cheaply(
     let answer = client.call(1, &MetadataRequest::default()).await.unwrap();
     assert_eq!(answer.brokers.len(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_readers_of_an_8_mib_batch_share_the_log_bytes() {
+    const READERS: usize = 20;
+    let broker = BrokerProcess::start(&[]);
+    let mut producer = connect(broker.addr).await;
+    let batch = encode_batch(&[Bytes::from(vec![b'x'; 8 << 20])], 1_000);
+    let produced = producer
+        .call(7, &requests::produce("demo", 0, 1, 1000, batch))
+        .await
+        .unwrap();
+    assert_eq!(produced.responses[0].partition_responses[0].error_code, 0);
+    drop(producer);
+    // Let the produce's own buffers go back before the baseline.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let before = process_usage::read(broker.pid()).unwrap();
+    // 20 clients each ask for 1 byte (the first batch comes whole, 8 MiB) and read
+    // nothing: each answer waits in the broker until the write timeout (30 s by default).
+    let mut readers = Vec::with_capacity(READERS);
+    for _ in 0..READERS {
+        let mut client = connect(broker.addr).await;
+        let mut fetch = requests::fetch("demo", 0, 0, 1, 0);
+        fetch.max_bytes = 1;
+        fetch.topics[0].partitions[0].partition_max_bytes = 1;
+        client.send(4, &fetch).await.unwrap();
+        readers.push(client);
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let after = process_usage::read(broker.pid()).unwrap();
+    let grown = after.rss_kib.saturating_sub(before.rss_kib) / 1024;
+    // Copies would be 20 x 8 MiB = 160 MiB.
+    assert!(
+        grown < 40,
+        "{READERS} unread 8 MiB answers grew the RSS by {grown} MiB"
+    );
+    drop(readers);
+}

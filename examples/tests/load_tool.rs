@@ -6,7 +6,7 @@ use std::time::Duration;
 use purgatory_examples::broker::{Broker, BrokerConfig};
 use purgatory_examples::followers::FollowerConfig;
 use purgatory_examples::huge_allocations::HugeAllocationsMappedLazily;
-use purgatory_examples::load::{fetch_wakeup, idle_polls, left_polls, produce_latency};
+use purgatory_examples::load::{fetch_wakeup, hostile, idle_polls, left_polls, produce_latency};
 
 #[global_allocator]
 static ALLOCATOR: HugeAllocationsMappedLazily = HugeAllocationsMappedLazily;
@@ -147,5 +147,21 @@ async fn left_polls_sees_the_descriptors_come_back() {
     assert!(report.parked.open_files >= report.before.open_files + 20);
     assert!(report.returned_after.unwrap() < Duration::from_secs(10));
     assert_eq!(broker.stats().leader.fetch.cancelled, 20);
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_clients_stay_connected_and_are_counted() {
+    let broker = start(0, 0).await;
+    // The broker lives in this process (its clients' sockets too).
+    let pid = std::process::id();
+    let scenario = hostile::Scenario::named("partial-frames", 0).unwrap();
+    let report = hostile::run(broker.local_addr(), pid, scenario, 3)
+        .await
+        .unwrap();
+    // (The descriptor counts are this whole process's, which other tests share.)
+    assert_eq!(report.closed_by_broker, 0);
+    assert!(report.held.rss_kib > 0 && report.held_files > 0);
+    assert!(hostile::Scenario::named("no-such", 0).is_none());
     broker.shutdown().await;
 }

@@ -36,7 +36,10 @@ fn main() -> ExitCode {
     };
     runtime.block_on(async move {
         // Before the broker, so the purgatories' first figures reach the recorder.
-        let _metrics = match config.metrics_listen.map(metrics_endpoint::start) {
+        let metrics = config
+            .metrics_listen
+            .map(|addr| metrics_endpoint::start(addr, config.metrics_max_connections));
+        let _metrics = match metrics {
             None => None,
             Some(started) => match started.await {
                 Ok(endpoint) => {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use purgatory_examples::cli::{FlagError, Flags};
 use purgatory_examples::load::latency_summary::{ms, LatencySummary};
 use purgatory_examples::load::{
-    fetch_wakeup, idle_polls, left_polls, produce_latency, timer_jitter,
+    fetch_wakeup, hostile, idle_polls, left_polls, produce_latency, timer_jitter,
 };
 
 const USAGE: &str = "usage: broker_load COMMAND [--broker ADDR] [--topic NAME] [--partition P] ...
@@ -20,6 +20,9 @@ commands:
   idle-polls       [--connections N (10000)] [--max-wait-ms W (60000)] [--idle-s S (10)] [--broker-pid PID]
   left-polls       --broker-pid PID [--connections N (5000)]: N long polls (max_wait 2^31-1 ms)
                    whose clients then all leave; the broker's descriptors and RSS until back
+  hostile          --broker-pid PID --scenario pipelined-polls|slow-readers|metadata-echo|partial-frames
+                   [--connections N (100)] [--names K (3000)]: N clients each doing the scenario
+                   of issue #23 and staying; the broker's RSS per connection
   timer-jitter     [--sleep-ms D (50)] [--samples N (200)]: lateness of timed sleeps, no broker
 --broker defaults to 127.0.0.1:9092, --topic to demo, --partition to 0.";
 
@@ -55,6 +58,8 @@ fn main() -> ExitCode {
             "--samples",
             "--parked-fetches",
             "--fetch-entries",
+            "--scenario",
+            "--names",
         ],
         &[],
     );
@@ -263,6 +268,45 @@ async fn run(command: &str, flags: &Flags) -> Result<(), RunError> {
             if report.returned_after.is_none() {
                 return Err(RunError::Failed("the descriptors did not come back".into()));
             }
+        }
+        "hostile" => {
+            let pid = match flags.get("--broker-pid", 0u32)? {
+                0 => return Err(RunError::Usage("hostile needs --broker-pid".into())),
+                pid => pid,
+            };
+            let name: String = flags.get("--scenario", String::new())?;
+            let names: usize = flags.get("--names", 3000)?;
+            let Some(scenario) = hostile::Scenario::named(&name, names) else {
+                return Err(RunError::Usage(format!(
+                    "--scenario {name:?}: see the list"
+                )));
+            };
+            let connections: usize = flags.get("--connections", 100)?;
+            let report = hostile::run(broker, pid, scenario, connections).await?;
+            let mib = |kib: u64| kib as f64 / 1024.0;
+            let grown = report.held.rss_kib.saturating_sub(report.before.rss_kib);
+            println!("hostile {name}: {connections} clients, each staying connected");
+            println!(
+                "  broker before: RSS {:.1} MiB, {} descriptors",
+                mib(report.before.rss_kib),
+                report.before_files
+            );
+            println!(
+                "  2 s after the last: RSS {:.1} MiB, {} descriptors; {} connection(s) closed by the broker",
+                mib(report.held.rss_kib),
+                report.held_files,
+                report.closed_by_broker
+            );
+            println!(
+                "  held per connection: {:.1} KiB ({:.2} MiB); per connection still open: {:.1} KiB",
+                grown as f64 / connections.max(1) as f64,
+                mib(grown) / connections.max(1) as f64,
+                grown as f64 / (connections - report.closed_by_broker).max(1) as f64
+            );
+            println!(
+                "  1 s after they left: RSS {:.1} MiB",
+                mib(report.after.rss_kib)
+            );
         }
         "timer-jitter" => {
             let sleep = Duration::from_millis(flags.get("--sleep-ms", 50)?);

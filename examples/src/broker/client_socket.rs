@@ -8,9 +8,13 @@
 //!
 //! Invariants:
 //! - No byte is lost or reordered: buffered bytes are always read before the socket's.
-//! - The buffer holds at most [`PIPELINE_LIMIT`] bytes; past it the socket is not read until
-//!   the waiting request is answered (back-pressure, as before this watch existed), and a
-//!   client leaving in that state is seen only then.
+//! - The socket is always read while a request waits, however much the client pipelines,
+//!   so a client that leaves is always seen (issue #23: a socket left unread behind 1 MiB
+//!   hid the end of stream of clients that had gone). What it may hold is bounded by the
+//!   request budget instead: every byte read from the socket is counted in the
+//!   connection's [`ConnectionBudget`] until [`release`](ClientReader::release)d (once the
+//!   request it belongs to is handled); a read the budget refuses ends the watch with
+//!   [`Left::OverBudget`] (or fails the frame read), and the connection is closed.
 //! - An idle or waiting connection holds no buffer: it is allocated when bytes arrive
 //!   during a wait and released once read.
 //!
@@ -25,12 +29,11 @@ use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::tcp::OwnedReadHalf;
 
-/// Most bytes buffered while a request waits.
-pub const PIPELINE_LIMIT: usize = 1 << 20;
+use super::request_budget::{ConnectionBudget, OverBudget};
 
 /// Bytes read at most per read while a request waits (into a buffer on the stack, so a
 /// waiting connection that receives nothing allocates nothing).
-const READ_CHUNK: usize = 1024;
+const READ_CHUNK: usize = 16 * 1024;
 
 /// How a client left.
 #[derive(Debug)]
@@ -39,6 +42,8 @@ pub enum Left {
     Closed,
     /// The socket failed (typically a reset).
     Failed(io::Error),
+    /// It pipelined more than the request budget lets it hold.
+    OverBudget(OverBudget),
 }
 
 impl fmt::Display for Left {
@@ -46,6 +51,7 @@ impl fmt::Display for Left {
         match self {
             Left::Closed => write!(f, "the client closed the connection"),
             Left::Failed(e) => write!(f, "socket error: {e}"),
+            Left::OverBudget(e) => write!(f, "pipelined {e}"),
         }
     }
 }
@@ -54,15 +60,23 @@ impl fmt::Display for Left {
 pub struct ClientReader {
     socket: OwnedReadHalf,
     pending: BytesMut,
+    budget: ConnectionBudget,
 }
 
 impl ClientReader {
-    /// Reads from `socket`.
-    pub fn new(socket: OwnedReadHalf) -> Self {
+    /// Reads from `socket`, counting what it holds in `budget`.
+    pub fn new(socket: OwnedReadHalf, budget: ConnectionBudget) -> Self {
         ClientReader {
             socket,
             pending: BytesMut::new(),
+            budget,
         }
+    }
+
+    /// The request of `bytes` bytes (its size field included) was handed to its handler:
+    /// they are no longer held as queued.
+    pub fn release(&mut self, bytes: usize) {
+        self.budget.release(bytes);
     }
 
     /// Waits until a byte can be read without consuming it: `Ok(true)` when one is there,
@@ -75,14 +89,11 @@ impl ClientReader {
         Ok(self.socket.peek(&mut byte).await? > 0)
     }
 
-    /// Reads and buffers what the client sends until it leaves; returns how it left. Never
-    /// returns while the client stays (it stops reading at [`PIPELINE_LIMIT`] buffered
-    /// bytes). Cancel-safe: bytes read before a cancellation stay buffered.
+    /// Reads and buffers what the client sends until it leaves or holds more than the
+    /// request budget allows; returns which. Never returns while the client stays within
+    /// the budget. Cancel-safe: bytes read before a cancellation stay buffered.
     pub async fn until_closed(&mut self) -> Left {
         loop {
-            if self.pending.len() >= PIPELINE_LIMIT {
-                return std::future::pending().await;
-            }
             if let Err(e) = self.socket.readable().await {
                 return Left::Failed(e);
             }
@@ -91,7 +102,12 @@ impl ClientReader {
             let mut chunk = [0u8; READ_CHUNK];
             match self.socket.try_read(&mut chunk) {
                 Ok(0) => return Left::Closed,
-                Ok(n) => self.pending.extend_from_slice(&chunk[..n]),
+                Ok(n) => {
+                    if let Err(e) = self.budget.hold(n) {
+                        return Left::OverBudget(e);
+                    }
+                    self.pending.extend_from_slice(&chunk[..n]);
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Left::Failed(e),
             }
@@ -113,7 +129,15 @@ impl AsyncRead for ClientReader {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         if this.pending.is_empty() {
-            return Pin::new(&mut this.socket).poll_read(cx, buf);
+            let before = buf.filled().len();
+            let read = Pin::new(&mut this.socket).poll_read(cx, buf);
+            let got = buf.filled().len() - before;
+            if let Poll::Ready(Ok(())) = read {
+                if let Err(e) = this.budget.hold(got) {
+                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::OutOfMemory, e)));
+                }
+            }
+            return read;
         }
         let n = buf.remaining().min(this.pending.len());
         buf.put_slice(&this.pending[..n]);
@@ -128,11 +152,18 @@ impl AsyncRead for ClientReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::broker::config::OWN_REQUEST_BYTES;
+    use crate::broker::request_budget::RequestBudget;
+    use std::sync::Arc;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
     use tokio::time::{timeout, Duration};
 
     async fn pair() -> (ClientReader, TcpStream) {
+        pair_within(usize::MAX).await
+    }
+
+    async fn pair_within(budget: usize) -> (ClientReader, TcpStream) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let client = TcpStream::connect(listener.local_addr().unwrap())
             .await
@@ -140,7 +171,8 @@ mod tests {
         let (server, _) = listener.accept().await.unwrap();
         let (read, _write) = server.into_split();
         // The write half is dropped: that only shuts the server's sending side.
-        (ClientReader::new(read), client)
+        let budget = ConnectionBudget::new(Arc::new(RequestBudget::new(budget)));
+        (ClientReader::new(read, budget), client)
     }
 
     #[tokio::test]
@@ -165,5 +197,36 @@ mod tests {
             .unwrap();
         assert!(matches!(left, Left::Closed), "{left}");
         assert!(!reader.wait_for_data().await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_close_behind_many_pipelined_bytes_is_seen() {
+        let (mut reader, mut client) = pair().await;
+        client.write_all(&vec![1u8; 3 << 20]).await.unwrap();
+        drop(client);
+        let left = timeout(Duration::from_secs(5), reader.until_closed())
+            .await
+            .unwrap();
+        assert!(matches!(left, Left::Closed), "{left}");
+        assert_eq!(reader.buffered(), 3 << 20);
+    }
+
+    #[tokio::test]
+    async fn pipelining_beyond_the_budget_ends_the_watch_and_release_gives_it_back() {
+        let (mut reader, mut client) = pair_within(100_000).await;
+        let sender = tokio::spawn(async move {
+            let _ = client.write_all(&vec![1u8; 1 << 20]).await;
+            client
+        });
+        let left = timeout(Duration::from_secs(5), reader.until_closed())
+            .await
+            .unwrap();
+        assert!(matches!(left, Left::OverBudget(_)), "{left}");
+        assert!(reader.buffered() <= OWN_REQUEST_BYTES + 100_000);
+        let held = reader.buffered();
+        reader.release(held);
+        assert_eq!(reader.budget.held(), 0);
+        drop(reader);
+        drop(timeout(Duration::from_secs(5), sender).await);
     }
 }

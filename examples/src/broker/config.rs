@@ -1,8 +1,12 @@
 //! The broker's configuration and its command-line flags.
 //!
 //! Invariants: every limit is at least 1 (a zero would refuse everything or close every
-//! connection at once), and the defaults are Kafka's where Kafka has the setting
-//! (`connections.max.idle.ms`, `fetch.max.bytes`, `socket.request.max.bytes`).
+//! connection at once), and the defaults are Kafka's where Kafka has the setting and its
+//! default is a bound (`connections.max.idle.ms`, `fetch.max.bytes`,
+//! `socket.request.max.bytes`). Where Kafka's default is "unbounded"
+//! (`queued.max.request.bytes`, `retention.bytes`) or Kafka has no such setting (the cap on
+//! a fetch's wait, the write timeout, the metrics listener's cap), the default is a bound
+//! chosen here and said so in [`USAGE`].
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -14,7 +18,9 @@ use crate::followers::FollowerConfig;
 pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partitions N] \
 [--followers N] [--replication-delay-ms D] [--stall-followers] [--max-frame-bytes B] \
 [--max-produce-wait-ms T] [--metrics-listen ADDR] [--max-connections N] [--connections-max-idle-ms T] \
-[--frame-read-timeout-ms T] [--fetch-max-bytes B] [--max-partitions-per-request N]
+[--frame-read-timeout-ms T] [--fetch-max-bytes B] [--max-partitions-per-request N] \
+[--fetch-max-wait-ms T] [--write-timeout-ms T] [--queued-max-request-bytes B] \
+[--retention-bytes B] [--metrics-max-connections N]
   --listen ADDR             address to listen on (default 127.0.0.1:9092; port 0 = any free port)
   --topic NAME              the one topic served (default demo)
   --partitions N            its partitions (default 1)
@@ -34,7 +40,23 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
   --fetch-max-bytes B       cap on the records of one fetch answer, whatever the client asks
                             (default 57671680, Kafka's fetch.max.bytes: 55 MiB)
   --max-partitions-per-request N  a Produce, Fetch or ListOffsets naming more partitions, or a
-                            Metadata naming more topics, closes the connection (default 10000)";
+                            Metadata naming more topics, closes the connection (default 10000)
+  --fetch-max-wait-ms T     cap on a fetch's own max_wait_ms: a long poll is answered with what
+                            is there after T ms at most (default 30000; Kafka has no cap)
+  --write-timeout-ms T      close a connection whose answer is not written whole within T ms,
+                            however slowly it reads (default 30000; Kafka has no write timeout,
+                            it closes a connection that makes no progress for
+                            connections.max.idle.ms)
+  --queued-max-request-bytes B  request bytes read and not yet handed to a handler (partial
+                            frames, what clients pipeline behind a waiting request) over all
+                            connections, each connection's first 64 KiB aside; a read beyond it
+                            closes that connection (default 268435456, 256 MiB; Kafka's
+                            queued.max.request.bytes, whose default is unbounded)
+  --retention-bytes B       bytes kept per partition: the oldest 1 MiB segments are dropped beyond
+                            it (default 1073741824, 1 GiB; Kafka's retention.bytes, whose default
+                            is unbounded)
+  --metrics-max-connections N  open connections of --metrics-listen at most; one more is closed at
+                            once (default 16; Kafka has none, it serves JMX)";
 
 /// How a broker is set up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,11 +86,34 @@ pub struct BrokerConfig {
     pub fetch_max_bytes: usize,
     /// Most partitions one Produce, Fetch or ListOffsets request may name (Metadata: topics).
     pub max_partitions_per_request: usize,
+    /// Cap on a fetch's `max_wait_ms`: a long poll is answered after this at most.
+    pub fetch_max_wait: Duration,
+    /// An answer must be written whole within this, or its connection is closed.
+    pub write_timeout: Duration,
+    /// Request bytes read and not yet handed to a handler, over all connections (partial
+    /// frames and bytes pipelined behind a waiting request), beyond each connection's own
+    /// [`OWN_REQUEST_BYTES`]. A read that would go beyond closes its connection, so a
+    /// request larger than this plus [`OWN_REQUEST_BYTES`] can never be read: keep it above
+    /// `max_frame_bytes`.
+    pub queued_max_request_bytes: usize,
+    /// Bytes kept per partition; the oldest segments are dropped beyond it.
+    pub retention_bytes: u64,
+    /// Open connections of the metrics listener at most.
+    pub metrics_max_connections: usize,
 }
 
-/// Descriptors kept for the broker itself (listener, standard streams, runtime, threads)
-/// when the connection cap is derived from the open-file limit.
+/// Request bytes each connection may hold without drawing on the shared
+/// `queued_max_request_bytes`: the small requests of every client (Metadata, Fetch,
+/// ApiVersions) are always read, however much hostile connections hold.
+pub const OWN_REQUEST_BYTES: usize = 64 * 1024;
+
+/// Descriptors kept for the broker itself (listener, standard streams, runtime, threads,
+/// and the metrics listener's connections, at most [`DEFAULT_METRICS_MAX_CONNECTIONS`] by
+/// default) when the connection cap is derived from the open-file limit.
 const RESERVED_DESCRIPTORS: u64 = 64;
+
+/// The default cap of the metrics listener's connections (inside `RESERVED_DESCRIPTORS`).
+pub const DEFAULT_METRICS_MAX_CONNECTIONS: usize = 16;
 
 /// The default connection cap: the soft open-file limit minus 64 (`RESERVED_DESCRIPTORS`)
 /// (at least 1; 10,000 when the limit cannot be read or is unlimited).
@@ -105,6 +150,11 @@ impl Default for BrokerConfig {
             frame_read_timeout: Duration::from_secs(30),
             fetch_max_bytes: 55 * 1024 * 1024,
             max_partitions_per_request: 10_000,
+            fetch_max_wait: Duration::from_secs(30),
+            write_timeout: Duration::from_secs(30),
+            queued_max_request_bytes: 256 * 1024 * 1024,
+            retention_bytes: 1 << 30,
+            metrics_max_connections: DEFAULT_METRICS_MAX_CONNECTIONS,
         }
     }
 }
@@ -134,6 +184,11 @@ impl BrokerConfig {
                 "--frame-read-timeout-ms",
                 "--fetch-max-bytes",
                 "--max-partitions-per-request",
+                "--fetch-max-wait-ms",
+                "--write-timeout-ms",
+                "--queued-max-request-bytes",
+                "--retention-bytes",
+                "--metrics-max-connections",
             ],
             &["--stall-followers"],
         )?;
@@ -190,6 +245,23 @@ impl BrokerConfig {
             max_partitions_per_request: as_usize(positive(
                 "--max-partitions-per-request",
                 defaults.max_partitions_per_request as u64,
+            )?),
+            fetch_max_wait: millis(positive(
+                "--fetch-max-wait-ms",
+                defaults.fetch_max_wait.as_millis() as u64,
+            )?),
+            write_timeout: millis(positive(
+                "--write-timeout-ms",
+                defaults.write_timeout.as_millis() as u64,
+            )?),
+            queued_max_request_bytes: as_usize(positive(
+                "--queued-max-request-bytes",
+                defaults.queued_max_request_bytes as u64,
+            )?),
+            retention_bytes: positive("--retention-bytes", defaults.retention_bytes)?,
+            metrics_max_connections: as_usize(positive(
+                "--metrics-max-connections",
+                defaults.metrics_max_connections as u64,
             )?),
             listen: flags.get("--listen", defaults.listen)?,
             topic,
@@ -252,6 +324,16 @@ mod tests {
             "4096",
             "--max-partitions-per-request",
             "12",
+            "--fetch-max-wait-ms",
+            "900",
+            "--write-timeout-ms",
+            "800",
+            "--queued-max-request-bytes",
+            "5000",
+            "--retention-bytes",
+            "6000",
+            "--metrics-max-connections",
+            "3",
         ])
         .unwrap();
         assert_eq!(config.listen.port(), 0);
@@ -266,6 +348,11 @@ mod tests {
         assert_eq!(config.frame_read_timeout, Duration::from_millis(700));
         assert_eq!(config.fetch_max_bytes, 4096);
         assert_eq!(config.max_partitions_per_request, 12);
+        assert_eq!(config.fetch_max_wait, Duration::from_millis(900));
+        assert_eq!(config.write_timeout, Duration::from_millis(800));
+        assert_eq!(config.queued_max_request_bytes, 5000);
+        assert_eq!(config.retention_bytes, 6000);
+        assert_eq!(config.metrics_max_connections, 3);
     }
 
     #[test]
@@ -277,6 +364,9 @@ mod tests {
         assert!(parse(&["--max-connections", "0"]).is_err());
         assert!(parse(&["--connections-max-idle-ms", "0"]).is_err());
         assert!(parse(&["--fetch-max-bytes", "0"]).is_err());
+        assert!(parse(&["--write-timeout-ms", "0"]).is_err());
+        assert!(parse(&["--retention-bytes", "0"]).is_err());
+        assert!(parse(&["--metrics-max-connections", "0"]).is_err());
     }
 
     #[test]

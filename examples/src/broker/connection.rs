@@ -9,8 +9,15 @@
 //!   connection at once, and dropping the request's future cancels its operation in the
 //!   purgatory (an appended produce stays appended; only its answer is dropped).
 //! - Time limits: the next request must start within `connections_max_idle` of the last
-//!   answer, and a started request must arrive whole within `frame_read_timeout`; a waiting
-//!   request is never idle. Each closes the connection with a log line.
+//!   answer, a started request must arrive whole within `frame_read_timeout`, and an answer
+//!   must be written whole within `write_timeout` (a client reading a byte a second makes
+//!   progress, but holds its answer for ever); a waiting request is never idle, and waits
+//!   `fetch_max_wait` at most (`fetch.rs`). Each closes the connection with a log line.
+//! - Memory: the request bytes a connection holds (partial frames, and bytes pipelined
+//!   behind a waiting request, until their request is handed to its handler, or until
+//!   its answer is written for a Metadata request, whose answer shares its names) count against the broker's request
+//!   budget (`request_budget.rs`); a read beyond it closes the connection. Answers share
+//!   the log's bytes and the request's echoed names rather than copying them (`reply.rs`).
 //! - Bad input ends only its own connection: a frame size outside the limit, a header that
 //!   does not decode, an unknown API, an unsupported version (except ApiVersions, answered
 //!   with UNSUPPORTED_VERSION as KIP-511 asks), a body that does not decode, or a request
@@ -35,7 +42,8 @@ use tokio::time::timeout;
 use super::api_versions;
 use super::client_socket::ClientReader;
 use super::frame::{read_frame, FrameError};
-use super::reply::{respond, Reply};
+use super::reply::{respond, respond_sharing, Answer, Reply};
+use super::request_budget::ConnectionBudget;
 use super::{fetch, init_producer_id, list_offsets, metadata, produce, BrokerState};
 
 /// Serves one connection until the client leaves, it misbehaves, it stays idle or half-way
@@ -46,7 +54,8 @@ pub async fn serve(state: Arc<BrokerState>, stream: TcpStream, mut stop: watch::
         .map_or_else(|_| "?".to_string(), |a| a.to_string());
     let _ = stream.set_nodelay(true);
     let (reader, mut writer) = stream.into_split();
-    let mut reader = ClientReader::new(reader);
+    let budget = ConnectionBudget::new(std::sync::Arc::clone(&state.request_budget));
+    let mut reader = ClientReader::new(reader, budget);
     let config = &state.config;
     loop {
         // Between requests: the next one must start within the idle timeout, and then
@@ -84,6 +93,15 @@ pub async fn serve(state: Arc<BrokerState>, stream: TcpStream, mut stop: watch::
         };
         // While the request is handled (it may wait in a purgatory), watch the socket: a
         // client that leaves drops the request, whose pending answer cancels its operation.
+        // Handed to its handler, the request is no longer queued (as Kafka releases a
+        // request's buffer once its handler returned, before any purgatory wait), unless
+        // its answer echoes it (Metadata's topic names, shared with the request): then it
+        // stays counted until that answer is written.
+        let frame_bytes = frame.len() + 4;
+        let echoed = frame.get(..2) == Some(&(ApiKey::Metadata as i16).to_be_bytes()[..]);
+        if !echoed {
+            reader.release(frame_bytes);
+        }
         let handling = handle(&state, frame);
         tokio::pin!(handling);
         let reply = tokio::select! {
@@ -96,9 +114,23 @@ pub async fn serve(state: Arc<BrokerState>, stream: TcpStream, mut stop: watch::
             _ = stop.changed() => return,
         };
         match reply {
-            Reply::Send(bytes) => {
-                if writer.write_all(&bytes).await.is_err() {
-                    return;
+            Reply::Send(answer) => {
+                let limit = config.write_timeout;
+                match timeout(limit, write_answer(&mut writer, &answer)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return,
+                    Err(_) => {
+                        state.log(&format!(
+                            "closing {peer}: answer of {} bytes not written whole after {} ms \
+                             (--write-timeout-ms)",
+                            answer.len(),
+                            limit.as_millis()
+                        ));
+                        return;
+                    }
+                }
+                if echoed {
+                    reader.release(frame_bytes);
                 }
             }
             Reply::Nothing => {}
@@ -108,6 +140,17 @@ pub async fn serve(state: Arc<BrokerState>, stream: TcpStream, mut stop: watch::
             }
         }
     }
+}
+
+/// Writes the parts of `answer` back to back.
+async fn write_answer(
+    writer: &mut tokio::net::tcp::OwnedWriteHalf,
+    answer: &Answer,
+) -> std::io::Result<()> {
+    for part in answer.parts() {
+        writer.write_all(part).await?;
+    }
+    Ok(())
 }
 
 /// Runs one step of reading a request within `limit`. `Err(None)`: the client closed the
@@ -167,12 +210,14 @@ async fn dispatch(state: &BrokerState, api: ApiKey, version: i16, id: i32, body:
             Ok(_) => respond(api, version, id, &api_versions::response(false)),
             Err(reason) => Reply::Close(reason),
         },
-        ApiKey::Metadata => match decode::<MetadataRequest>(body, version, cap) {
-            Ok(request) => respond(
+        ApiKey::Metadata => match decode::<MetadataRequest>(body.clone(), version, cap) {
+            // The answer echoes the names, slices of the body: it shares them.
+            Ok(request) => respond_sharing(
                 api,
                 version,
                 id,
                 &metadata::handle(state, &request, version),
+                &[body],
             ),
             Err(reason) => Reply::Close(reason),
         },
@@ -197,7 +242,15 @@ async fn dispatch(state: &BrokerState, api: ApiKey, version: i16, id: i32, body:
         ApiKey::Fetch => match decode::<FetchRequest>(body, version, cap) {
             Ok(request) => {
                 let response = fetch::handle(state, request, version).await;
-                respond(api, version, id, &response)
+                // The records are slices of the log's segments: the answer shares them.
+                let records: Vec<Bytes> = response
+                    .responses
+                    .iter()
+                    .flat_map(|topic| topic.partitions.iter())
+                    .filter_map(|partition| partition.records.clone())
+                    .filter(|records| !records.is_empty())
+                    .collect();
+                respond_sharing(api, version, id, &response, &records)
             }
             Err(reason) => Reply::Close(reason),
         },

@@ -17,6 +17,9 @@
 //!   partition within its `partition_max_bytes`.
 //! - The decoded request is dropped before the wait: a parked fetch holds one entry per
 //!   distinct partition.
+//! - A fetch waits at most `fetch_max_wait` (`--fetch-max-wait-ms`), whatever its
+//!   `max_wait_ms` says: a waiting request is never idle, so without the cap a client that
+//!   can no longer be watched would hold its connection for as long as it asked.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -75,7 +78,9 @@ pub async fn handle(state: &BrokerState, request: FetchRequest, version: i16) ->
     let any_error = wanted.iter().any(|w| w.found.is_err());
     let available: u64 = waits.iter().map(BytesWait::available).sum();
     if !any_error && !waits.is_empty() && max_wait_ms > 0 && available < min_bytes {
-        let max_wait = Duration::from_millis(max_wait_ms as u64);
+        // The client's wait, capped by the broker's: a poll asking for 2^31-1 ms (24.8
+        // days) is answered after `fetch_max_wait` at most.
+        let max_wait = Duration::from_millis(max_wait_ms as u64).min(state.config.fetch_max_wait);
         // Whatever ends the wait (bytes, max_wait, shutdown), the answer is what is there now.
         let _ = state
             .leader
@@ -149,10 +154,10 @@ fn response(wanted: Vec<Wanted>, mut budget: usize, version: i16) -> FetchRespon
                 data.high_watermark = read.high_watermark;
                 data.last_stable_offset = read.high_watermark;
                 data.records = Some(read.records);
+                if version >= 5 {
+                    data.log_start_offset = read.log_start_offset;
+                }
             }
-        }
-        if version >= 5 {
-            data.log_start_offset = 0;
         }
         match topics.last_mut() {
             Some(last) if last.topic == w.topic => last.partitions.push(data),

@@ -37,6 +37,8 @@ impl fmt::Display for FrameError {
                 write!(f, "frame size {size} outside 0..={limit}")
             }
             FrameError::Truncated => write!(f, "connection closed inside a frame"),
+            // The request budget refused the bytes (`client_socket.rs`).
+            FrameError::Io(e) if e.kind() == io::ErrorKind::OutOfMemory => write!(f, "{e}"),
             FrameError::Io(e) => write!(f, "socket error: {e}"),
         }
     }

@@ -1,6 +1,20 @@
 //! ListOffsets: where consumers start. Latest is the high watermark (what consumers may
-//! read; with no transactions it is also the last stable offset), earliest is 0, and a
-//! timestamp finds the first committed batch holding a record at or after it.
+//! read; with no transactions it is also the last stable offset), earliest is the log start
+//! offset (it moves with retention), and a timestamp finds the first committed batch
+//! holding a record at or after it.
+//!
+//! Invariants (what keeps a request's cost proportional to its distinct partitions and
+//! the log's logarithm, never to mentions times batches):
+//! - A partition named more than once is answered INVALID_REQUEST at each mention, with no
+//!   lookup, as Kafka does (`duplicatePartitions` in its `handleListOffsetRequest`).
+//! - A timestamp is found by binary search over the log's running largest timestamp
+//!   ([`PartitionLog::offset_for_timestamp`]), with the partition lock held for that search
+//!   only. A request of `--max-partitions-per-request` lookups over a million batches is
+//!   about 200,000 comparisons: short enough for an async worker.
+//!
+//! [`PartitionLog::offset_for_timestamp`]: crate::partition_log::PartitionLog::offset_for_timestamp
+
+use std::collections::HashMap;
 
 use kafka_protocol::messages::list_offsets_response::{
     ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
@@ -20,6 +34,14 @@ pub fn handle(
     request: &ListOffsetsRequest,
     version: i16,
 ) -> ListOffsetsResponse {
+    let mut mentions: HashMap<(&str, i32), u32> = HashMap::new();
+    for topic in &request.topics {
+        for p in &topic.partitions {
+            *mentions
+                .entry((&topic.name.0, p.partition_index))
+                .or_default() += 1;
+        }
+    }
     let mut response = ListOffsetsResponse::default();
     response.topics = request
         .topics
@@ -38,6 +60,10 @@ pub fn handle(
                     if version >= 4 {
                         out.leader_epoch = 0;
                     }
+                    if mentions[&(&*topic.name.0, p.partition_index)] > 1 {
+                        out.error_code = ResponseError::InvalidRequest.code();
+                        return out;
+                    }
                     let Some((_, partition)) = state.partition(&topic.name.0, p.partition_index)
                     else {
                         out.error_code = ResponseError::UnknownTopicOrPartition.code();
@@ -45,7 +71,7 @@ pub fn handle(
                     };
                     match p.timestamp {
                         LATEST => out.offset = partition.high_watermark(),
-                        EARLIEST => out.offset = 0,
+                        EARLIEST => out.offset = partition.log_start_offset(),
                         at if at >= 0 => {
                             if let Some((offset, timestamp)) = partition.offset_for_timestamp(at) {
                                 out.offset = offset;

@@ -46,17 +46,18 @@ pub fn handle(state: &BrokerState, request: &MetadataRequest, version: i16) -> M
     broker.host = StrBytes::from_string(state.advertised.ip().to_string());
     broker.port = i32::from(state.advertised.port());
 
-    let names: Vec<Option<String>> = match &request.topics {
+    // The names stay slices of the request (no copy); the answer shares them too.
+    let names: Vec<Option<StrBytes>> = match &request.topics {
         // v0 has no null list: an empty list means every topic.
         Some(topics) if !(version == 0 && topics.is_empty()) => {
             let mut seen = HashSet::new();
             topics
                 .iter()
                 .filter(|t| seen.insert(t.name.as_ref()))
-                .map(|t| t.name.as_ref().map(|n| n.0.to_string()))
+                .map(|t| t.name.as_ref().map(|n| n.0.clone()))
                 .collect()
         }
-        _ => vec![Some(state.config.topic.clone())],
+        _ => vec![Some(StrBytes::from_string(state.config.topic.clone()))],
     };
 
     let mut response = MetadataResponse::default();
@@ -67,10 +68,10 @@ pub fn handle(state: &BrokerState, request: &MetadataRequest, version: i16) -> M
     response
 }
 
-fn topic(state: &BrokerState, name: Option<String>) -> MetadataResponseTopic {
+fn topic(state: &BrokerState, name: Option<StrBytes>) -> MetadataResponseTopic {
     let mut topic = MetadataResponseTopic::default();
     match name {
-        Some(name) if name == state.config.topic => {
+        Some(name) if *name == *state.config.topic => {
             topic.partitions = (0..state.config.partitions)
                 .map(|index| {
                     let mut partition = MetadataResponsePartition::default();
@@ -82,11 +83,11 @@ fn topic(state: &BrokerState, name: Option<String>) -> MetadataResponseTopic {
                     partition
                 })
                 .collect();
-            topic.name = Some(TopicName(StrBytes::from_string(name)));
+            topic.name = Some(TopicName(name));
         }
         other => {
             topic.error_code = ResponseError::UnknownTopicOrPartition.code();
-            topic.name = other.map(|n| TopicName(StrBytes::from_string(n)));
+            topic.name = other.map(TopicName);
         }
     }
     topic

@@ -10,10 +10,18 @@
 //! The recorder is process-wide, so the binary starts this once, not each [`Broker`]
 //! (tests start many brokers in one process).
 //!
+//! Invariant: at most `max_connections` scrapers are served at once; a connection accepted
+//! beyond that is closed at once. The metrics port takes its descriptors from the ones the
+//! Kafka listener's default `--max-connections` leaves to the broker, so idle scrapers
+//! cannot starve Kafka clients of descriptors (each connection also ends after
+//! `REQUEST_TIMEOUT` without a request).
+//!
 //! [`Broker`]: super::Broker
 
 use std::io;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -46,26 +54,51 @@ impl Drop for MetricsEndpoint {
 }
 
 /// Installs the Prometheus recorder for the whole process and serves its text on `addr`,
-/// on the current tokio runtime. Fails if `addr` cannot be bound or if a recorder is
-/// already installed.
-pub async fn start(addr: SocketAddr) -> io::Result<MetricsEndpoint> {
+/// on the current tokio runtime, to `max_connections` connections at once. Fails if `addr`
+/// cannot be bound or if a recorder is already installed.
+pub async fn start(addr: SocketAddr, max_connections: usize) -> io::Result<MetricsEndpoint> {
     let listener = TcpListener::bind(addr).await?;
     let local_addr = listener.local_addr()?;
     let handle = PrometheusBuilder::new()
         .install_recorder()
         .map_err(io::Error::other)?;
-    let acceptor = tokio::spawn(accept(listener, handle));
+    let acceptor = tokio::spawn(accept(listener, handle, max_connections));
     Ok(MetricsEndpoint {
         local_addr,
         acceptor,
     })
 }
 
-async fn accept(listener: TcpListener, handle: PrometheusHandle) {
+/// Counts a scraper's connection for as long as it lives.
+struct Open(Arc<AtomicUsize>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+async fn accept(listener: TcpListener, handle: PrometheusHandle, max_connections: usize) {
+    let open = Arc::new(AtomicUsize::new(0));
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
-                tokio::spawn(answer(stream, handle.clone()));
+                let admitted = open
+                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                        (n < max_connections).then_some(n + 1)
+                    })
+                    .is_ok();
+                if !admitted {
+                    // Closed at once: its descriptor is back before the next accept.
+                    drop(stream);
+                    continue;
+                }
+                let counted = Open(Arc::clone(&open));
+                let handle = handle.clone();
+                tokio::spawn(async move {
+                    let _counted = counted;
+                    answer(stream, handle).await;
+                });
             }
             // Out of descriptors, typically: let some close.
             Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,

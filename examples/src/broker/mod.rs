@@ -31,6 +31,7 @@ mod metadata;
 pub mod metrics_endpoint;
 mod produce;
 mod reply;
+mod request_budget;
 
 use std::io;
 use std::net::SocketAddr;
@@ -46,6 +47,7 @@ pub use config::BrokerConfig;
 
 use crate::leader::{Leader, LeaderStats};
 use crate::partition::{Partition, PartitionKey};
+use request_budget::RequestBudget;
 
 /// First producer id handed out.
 const FIRST_PRODUCER_ID: i64 = 1000;
@@ -62,6 +64,8 @@ pub(crate) struct BrokerState {
     pub next_producer_id: AtomicI64,
     /// Open connections.
     pub connections: AtomicUsize,
+    /// Request bytes held beyond each connection's own allowance, over all connections.
+    pub request_budget: Arc<RequestBudget>,
     /// Connections closed since memory was last handed back (`memory.rs`).
     pub closed_since_trim: AtomicUsize,
     /// Wakes the task that hands memory back.
@@ -80,6 +84,19 @@ impl BrokerState {
         Some((key, self.leader.partition(key)?))
     }
 
+    /// Current counters.
+    fn stats(&self) -> BrokerStats {
+        BrokerStats {
+            connections: self.connections.load(Ordering::Relaxed),
+            queued_request_bytes: self.request_budget.drawn(),
+            log_bytes: (0..self.config.partitions)
+                .filter_map(|i| self.leader.partition(PartitionKey(i as u32)))
+                .map(|p| p.log_bytes())
+                .sum(),
+            leader: self.leader.stats(),
+        }
+    }
+
     /// Reports a connection-level event.
     pub fn log(&self, message: &str) {
         if self.verbose {
@@ -93,6 +110,11 @@ impl BrokerState {
 pub struct BrokerStats {
     /// Open connections.
     pub connections: usize,
+    /// Request bytes read and not yet handed to a handler that draw on
+    /// `queued_max_request_bytes`.
+    pub queued_request_bytes: usize,
+    /// Bytes held by the partitions' logs (what retention keeps).
+    pub log_bytes: u64,
     /// The purgatories' counters.
     pub leader: LeaderStats,
 }
@@ -115,13 +137,19 @@ impl Broker {
     pub async fn start_with(config: BrokerConfig, verbose: bool) -> io::Result<Broker> {
         let listener = TcpListener::bind(config.listen).await?;
         let local_addr = listener.local_addr()?;
-        let leader = Leader::start(config.partitions, config.followers);
+        let queued_max_request_bytes = config.queued_max_request_bytes;
+        let leader = Leader::start_with_retention(
+            config.partitions,
+            config.followers,
+            config.retention_bytes,
+        );
         let state = Arc::new(BrokerState {
             config,
             leader,
             advertised: local_addr,
             next_producer_id: AtomicI64::new(FIRST_PRODUCER_ID),
             connections: AtomicUsize::new(0),
+            request_budget: Arc::new(RequestBudget::new(queued_max_request_bytes)),
             closed_since_trim: AtomicUsize::new(0),
             trim_wanted: Notify::new(),
             verbose,
@@ -148,10 +176,7 @@ impl Broker {
 
     /// Current counters.
     pub fn stats(&self) -> BrokerStats {
-        BrokerStats {
-            connections: self.state.connections.load(Ordering::Relaxed),
-            leader: self.state.leader.stats(),
-        }
+        self.state.stats()
     }
 
     /// Stops the broker: no new connections, followers stopped, purgatories shut down
@@ -165,10 +190,7 @@ impl Broker {
         // cancelled by their connection's end.
         let _ = tokio::task::spawn_blocking(move || state.leader.shutdown()).await;
         let _ = self.stop.send(true);
-        BrokerStats {
-            connections: self.state.connections.load(Ordering::Relaxed),
-            leader: self.state.leader.stats(),
-        }
+        self.state.stats()
     }
 }
 

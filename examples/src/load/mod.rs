@@ -8,6 +8,7 @@
 //!   while they wait (read from `/proc`), then one append that answers them all.
 //! - [`left_polls`]: many long polls whose clients then leave at once; how soon the
 //!   broker's descriptors and memory come back.
+//! - [`hostile`]: the memory each hostile client of issue #23 makes the broker hold.
 //! - [`timer_jitter`]: the machine's own lateness on timed sleeps (no broker), the noise
 //!   floor under the followers' delay.
 //!
@@ -15,6 +16,7 @@
 //! every wait.
 
 pub mod fetch_wakeup;
+pub mod hostile;
 pub mod idle_polls;
 pub mod latency_summary;
 pub mod left_polls;

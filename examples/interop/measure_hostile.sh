@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The memory each hostile client of issue #23 makes the broker hold (release build), as
+# reported in examples/README.md. For each scenario a broker with the default flags starts
+# on a free loopback port, `broker_load hostile` connects N clients that each do the
+# scenario and stay, and reads the broker's RSS and descriptors from /proc before, 2 s
+# after the last client, and 1 s after they all left; then the broker is stopped.
+#
+#   pipelined-polls  a long poll (min_bytes, max_wait 2^31-1) + 1 MiB + 4 KiB behind it
+#   slow-readers     a fetch of one 8 MiB batch (max_bytes 1), never read
+#   metadata-echo    a Metadata naming 3,000 unknown 32,000-byte topics (96 MB), never read
+#   partial-frames   1 MiB of a request announced as 100 MiB
+#
+# Environment: BROKER (default: this workspace's target/release/broker) to measure another
+# build, e.g. one of an older commit; EXTRA_FLAGS for the broker; CARGO_TARGET_DIR.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+workspace="$(cd "$here/../.." && pwd)"
+target_dir="${CARGO_TARGET_DIR:-$workspace/target}"
+work="$(mktemp -d)"
+broker_pid=""
+
+stop_broker() {
+    if [[ -n "$broker_pid" ]]; then
+        kill -INT "$broker_pid" 2>/dev/null || true
+        for _ in $(seq 1 50); do kill -0 "$broker_pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$broker_pid" 2>/dev/null || true
+        wait "$broker_pid" 2>/dev/null || true
+        broker_pid=""
+    fi
+}
+trap 'stop_broker; rm -rf "$work"' EXIT
+trap 'exit 130' INT TERM
+
+(cd "$workspace" && timeout 1800 cargo build --release -p purgatory-examples --bin broker --bin broker_load)
+broker="${BROKER:-$target_dir/release/broker}"
+load="$target_dir/release/broker_load"
+
+start_broker() {
+    : >"$work/broker.out"
+    # shellcheck disable=SC2086
+    "$broker" --listen 127.0.0.1:0 --followers 0 ${EXTRA_FLAGS:-} >"$work/broker.out" 2>"$work/broker.err" &
+    broker_pid=$!
+    address=""
+    for _ in $(seq 1 300); do
+        address="$(sed -n 's/^broker listening on \([0-9.]*:[0-9]*\).*/\1/p' "$work/broker.out")"
+        [[ -n "$address" ]] && return 0
+        sleep 0.1
+    done
+    echo "the broker did not start"; cat "$work/broker.err"; exit 1
+}
+
+measure() {
+    local scenario="$1" connections="$2"
+    start_broker
+    timeout 300 "$load" hostile --broker "$address" --broker-pid "$broker_pid" \
+        --scenario "$scenario" --connections "$connections"
+    stop_broker
+}
+
+measure pipelined-polls 300
+measure slow-readers 40
+measure metadata-echo 4
+measure partial-frames 300

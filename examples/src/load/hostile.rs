@@ -1,0 +1,183 @@
+//! The memory a hostile connection holds in the broker (issue #23): `connections` clients
+//! each do one of the scenarios below and stay connected; the broker's resident memory and
+//! descriptors are read from `/proc` before (after any setup) and once they have all done
+//! it, then the clients leave and the broker is read again.
+//!
+//! - [`Scenario::PipelinedPolls`] (N1): a long poll (min_bytes and max_wait 2^31-1), then
+//!   1 MiB + 4 KiB of anything pipelined behind it.
+//! - [`Scenario::SlowReaders`] (N2): one 8 MiB batch is produced first; each client fetches
+//!   it with `max_bytes` 1 (the first batch comes whole) and reads nothing.
+//! - [`Scenario::MetadataEcho`] (N2): a Metadata request naming `names` unknown topics of
+//!   32,000 bytes each (the answer echoes them), never read.
+//! - [`Scenario::PartialFrames`]: a request announced as 100 MiB of which 1 MiB is sent.
+//!
+//! Connections the broker closes (a defence acting) are counted: their memory is not held.
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+use kafka_protocol::messages::{MetadataRequest, TopicName};
+use kafka_protocol::protocol::StrBytes;
+
+use super::bounded;
+use super::process_usage::{self, ProcessUsage};
+use crate::record_batch::encode_batch;
+use crate::wire_client::{requests, WireClient};
+
+/// How long the clients are given to do their part before the broker is read.
+const SETTLE: Duration = Duration::from_secs(2);
+
+/// What each hostile client does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scenario {
+    /// A long poll, then 1 MiB + 4 KiB pipelined behind it.
+    PipelinedPolls,
+    /// A fetch of an 8 MiB batch never read.
+    SlowReaders,
+    /// A Metadata request echoing `names` names of 32,000 bytes, never read.
+    MetadataEcho {
+        /// Unknown topic names per request.
+        names: usize,
+    },
+    /// 1 MiB of a request announced as 100 MiB.
+    PartialFrames,
+}
+
+impl Scenario {
+    /// The scenario named `name` (`pipelined-polls`, `slow-readers`, `metadata-echo`,
+    /// `partial-frames`).
+    pub fn named(name: &str, names: usize) -> Option<Scenario> {
+        Some(match name {
+            "pipelined-polls" => Scenario::PipelinedPolls,
+            "slow-readers" => Scenario::SlowReaders,
+            "metadata-echo" => Scenario::MetadataEcho { names },
+            "partial-frames" => Scenario::PartialFrames,
+            _ => return None,
+        })
+    }
+}
+
+/// What was measured.
+#[derive(Debug, Clone)]
+pub struct HostileReport {
+    /// The broker after any setup, before the hostile clients.
+    pub before: ProcessUsage,
+    /// Its descriptors then.
+    pub before_files: usize,
+    /// With every hostile client connected and done.
+    pub held: ProcessUsage,
+    /// Its descriptors then.
+    pub held_files: usize,
+    /// One second after the clients left.
+    pub after: ProcessUsage,
+    /// Clients whose connection the broker had closed when `held` was read.
+    pub closed_by_broker: usize,
+}
+
+/// Runs `connections` clients of `scenario` against `broker` (process `pid`).
+pub async fn run(
+    broker: SocketAddr,
+    pid: u32,
+    scenario: Scenario,
+    connections: usize,
+) -> io::Result<HostileReport> {
+    if scenario == Scenario::SlowReaders {
+        let mut producer = bounded("connect", WireClient::connect(broker)).await?;
+        let batch = encode_batch(&[Bytes::from(vec![b'x'; 8 << 20])], 1_000);
+        let produce = requests::produce("demo", 0, 1, 30_000, batch);
+        bounded("produce", producer.call(7, &produce)).await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let before = process_usage::read(pid)?;
+    let before_files = process_usage::open_files(pid)?;
+    let mut clients = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        let mut client = bounded("connect", WireClient::connect(broker)).await?;
+        act(&mut client, scenario).await?;
+        clients.push(client);
+    }
+    tokio::time::sleep(SETTLE).await;
+    let held = process_usage::read(pid)?;
+    let held_files = process_usage::open_files(pid)?;
+    let mut closed_by_broker = 0;
+    for client in &mut clients {
+        if closed(client).await {
+            closed_by_broker += 1;
+        }
+    }
+    drop(clients);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = process_usage::read(pid)?;
+    Ok(HostileReport {
+        before,
+        before_files,
+        held,
+        held_files,
+        after,
+        closed_by_broker,
+    })
+}
+
+/// Does the scenario's part on `client` (the writes a closing broker refuses are fine).
+async fn act(client: &mut WireClient, scenario: Scenario) -> io::Result<()> {
+    let sent = match scenario {
+        Scenario::PipelinedPolls => {
+            client
+                .send(4, &requests::fetch("demo", 0, 0, i32::MAX, i32::MAX))
+                .await?;
+            client.send_raw(&vec![0x55u8; (1 << 20) + 4096]).await
+        }
+        Scenario::SlowReaders => {
+            let mut fetch = requests::fetch("demo", 0, 0, 1, 0);
+            fetch.max_bytes = 1;
+            fetch.topics[0].partitions[0].partition_max_bytes = 1;
+            client.send(4, &fetch).await.map(drop)
+        }
+        Scenario::MetadataEcho { names } => {
+            let topics = (0..names)
+                .map(|i| {
+                    let mut name = format!("{i:06}");
+                    name.extend(std::iter::repeat_n('n', 32_000 - name.len()));
+                    let mut topic = MetadataRequestTopic::default();
+                    topic.name = Some(TopicName(StrBytes::from_string(name)));
+                    topic
+                })
+                .collect();
+            let mut request = MetadataRequest::default();
+            request.topics = Some(topics);
+            client.send(1, &request).await.map(drop)
+        }
+        Scenario::PartialFrames => {
+            let mut partial = (100i32 << 20).to_be_bytes().to_vec();
+            partial.resize(4 + (1 << 20), 0x55);
+            client.send_raw(&partial).await
+        }
+    };
+    match sent {
+        Err(e)
+            if e.kind() != io::ErrorKind::BrokenPipe
+                && e.kind() != io::ErrorKind::ConnectionReset =>
+        {
+            Err(e)
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Whether the broker has closed `client`'s connection (reading what it sent meanwhile,
+/// for at most 20 ms of silence).
+async fn closed(client: &mut WireClient) -> bool {
+    let mut sink = vec![0u8; 64 * 1024];
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(5) {
+        match tokio::time::timeout(Duration::from_millis(20), client.read_some(&mut sink)).await {
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => {}
+            Err(_) => return false,
+        }
+    }
+    false
+}
