@@ -14,8 +14,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use purgatory::{Completion, DelayedOperation};
-use tokio::sync::oneshot;
+use purgatory::{Answer, Completion, DelayedOperation, Reply};
 
 use crate::partition::{Partition, PartitionKey};
 
@@ -58,7 +57,7 @@ pub struct DelayedFetch {
     max_wait: Duration,
     min_bytes: u64,
     waits: Vec<BytesWait>,
-    reply: Option<oneshot::Sender<FetchCompletion>>,
+    reply: Reply<FetchCompletion>,
 }
 
 impl DelayedFetch {
@@ -67,13 +66,13 @@ impl DelayedFetch {
         max_wait: Duration,
         min_bytes: u64,
         waits: Vec<BytesWait>,
-    ) -> (DelayedFetch, oneshot::Receiver<FetchCompletion>) {
-        let (reply, answer) = oneshot::channel();
+    ) -> (DelayedFetch, Answer<FetchCompletion>) {
+        let (reply, answer) = purgatory::reply();
         let op = DelayedFetch {
             max_wait,
             min_bytes,
             waits,
-            reply: Some(reply),
+            reply,
         };
         (op, answer)
     }
@@ -105,12 +104,13 @@ impl DelayedOperation for DelayedFetch {
 
     fn on_complete(&mut self, how: Completion) {
         let available = self.available();
-        if let Some(reply) = self.reply.take() {
-            let _ = reply.send(FetchCompletion {
+        self.reply.send(
+            how,
+            FetchCompletion {
                 how,
                 available,
                 completed_at: Instant::now(),
-            });
-        }
+            },
+        );
     }
 }

@@ -14,8 +14,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use purgatory::{Completion, DelayedOperation};
-use tokio::sync::oneshot;
+use purgatory::{Answer, Completion, DelayedOperation, Reply};
 
 use crate::partition::{Partition, PartitionKey};
 
@@ -51,20 +50,21 @@ pub struct ProduceCompletion {
 pub struct DelayedProduce {
     timeout: Duration,
     waits: Vec<ReplicaWait>,
-    reply: Option<oneshot::Sender<ProduceCompletion>>,
+    reply: Reply<ProduceCompletion>,
 }
 
 impl DelayedProduce {
-    /// A produce that waits up to `timeout` for `waits`; the receiver gets its answer.
+    /// A produce that waits up to `timeout` for `waits`; its answer comes to the
+    /// [`Answer`] (give it to `Purgatory::park`).
     pub fn new(
         timeout: Duration,
         waits: Vec<ReplicaWait>,
-    ) -> (DelayedProduce, oneshot::Receiver<ProduceCompletion>) {
-        let (reply, answer) = oneshot::channel();
+    ) -> (DelayedProduce, Answer<ProduceCompletion>) {
+        let (reply, answer) = purgatory::reply();
         let op = DelayedProduce {
             timeout,
             waits,
-            reply: Some(reply),
+            reply,
         };
         (op, answer)
     }
@@ -92,13 +92,14 @@ impl DelayedOperation for DelayedProduce {
 
     fn on_complete(&mut self, how: Completion) {
         let acknowledged = self.waits.iter().map(ReplicaWait::acknowledged).collect();
-        if let Some(reply) = self.reply.take() {
-            // The requester may have gone away; then nobody needs the answer.
-            let _ = reply.send(ProduceCompletion {
+        // The requester may have gone away; then nobody needs the answer.
+        self.reply.send(
+            how,
+            ProduceCompletion {
                 how,
                 acknowledged,
                 completed_at: Instant::now(),
-            });
-        }
+            },
+        );
     }
 }

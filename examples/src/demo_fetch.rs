@@ -146,14 +146,10 @@ fn run_one(scenario: &FetchScenario) -> io::Result<FetchReport> {
         })
     };
     let completion = loop {
-        match answer.try_recv() {
-            Ok(completion) => break completion,
-            Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-            Err(tokio::sync::oneshot::error::TryRecvError::Closed) => {
-                return Err(io::Error::other("the fetch was never answered"));
-            }
+        match answer.try_answer() {
+            Some(Ok(answered)) => break answered.answer,
+            None => std::thread::sleep(Duration::from_millis(1)),
+            Some(Err(_)) => return Err(io::Error::other("the fetch was never answered")),
         }
     };
     let appended_at = writer

@@ -116,8 +116,9 @@ pub fn run(
     let mut reports = Vec::with_capacity(waiting.len());
     for (request, (sent_at, appended, answer)) in waiting.into_iter().enumerate() {
         let completion = answer
-            .blocking_recv()
-            .map_err(|_| io::Error::other("a produce request was never answered"))?;
+            .blocking_answer()
+            .map_err(|_| io::Error::other("a produce request was never answered"))?
+            .answer;
         let outcome = match (completion.how, completion.acknowledged.as_slice()) {
             (Completion::Ready, _) | (_, [true]) => ProduceOutcome::Acknowledged,
             _ => ProduceOutcome::TimedOut,

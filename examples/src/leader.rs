@@ -13,31 +13,30 @@
 //!   then the produce purgatory is checked for that partition, and, if the high watermark
 //!   moved, the fetch purgatory too.
 //! - a produce or fetch that cannot be answered yet is handed to its purgatory with
-//!   `watch`; its answer arrives on a one-shot channel, from whichever thread completed it
-//!   (an event, the reaper on timeout, or this call). The caller holds a
-//!   [`PendingAnswer`]: dropping it unanswered (the client left) cancels the operation.
+//!   `Purgatory::park`; its answer arrives through the operation's `Reply`, from
+//!   whichever thread completed it (an event, the reaper on timeout, or this call). The
+//!   caller holds the [`Parked`] future: dropping it unanswered (the client left) cancels
+//!   the operation.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use purgatory::{Completion, DelayedOperation, Purgatory, PurgatoryStats, WatchOutcome};
-use tokio::sync::oneshot;
+use purgatory::{Answer, Completion, DelayedOperation, Parked, Purgatory, PurgatoryStats};
 
 use crate::delayed_fetch::{BytesWait, DelayedFetch, FetchCompletion};
 use crate::delayed_produce::{DelayedProduce, ProduceCompletion, ReplicaWait};
 use crate::followers::{FollowerConfig, FollowerListener, FollowerSet};
 use crate::partition::{Appended, Partition, PartitionKey};
-use crate::pending_answer::PendingAnswer;
 use crate::record_batch::ProducedBatch;
 
 type ProducePurgatory = Purgatory<PartitionKey, DelayedProduce>;
 type FetchPurgatory = Purgatory<PartitionKey, DelayedFetch>;
 
 /// The answer of an acks=all produce handed to the purgatory.
-pub type ProduceAnswer = PendingAnswer<PartitionKey, DelayedProduce, ProduceCompletion>;
+pub type ProduceAnswer = Parked<PartitionKey, DelayedProduce, ProduceCompletion>;
 /// The answer of a long-poll fetch handed to the purgatory.
-pub type FetchAnswer = PendingAnswer<PartitionKey, DelayedFetch, FetchCompletion>;
+pub type FetchAnswer = Parked<PartitionKey, DelayedFetch, FetchCompletion>;
 
 /// An operation that can answer at once, without the purgatory.
 trait AnswerNow: DelayedOperation + Sized {
@@ -68,18 +67,16 @@ impl AnswerNow for DelayedFetch {
 fn park<O: AnswerNow, T>(
     purgatory: &Purgatory<PartitionKey, O>,
     op: O,
-    answer: oneshot::Receiver<T>,
-) -> PendingAnswer<PartitionKey, O, T> {
+    answer: Answer<T>,
+) -> Parked<PartitionKey, O, T> {
     let keys = op.keys();
-    match purgatory.watch(op, keys) {
-        Ok(WatchOutcome::Pending(handle)) => {
-            PendingAnswer::parked(answer, purgatory.cancel_on_drop(handle))
-        }
-        Ok(WatchOutcome::Completed) => PendingAnswer::settled(answer),
+    match purgatory.park(op, keys, answer) {
+        Ok(parked) => parked,
         Err(refused) => {
             // Shut down (or nothing to wait on): answer with the state as it is.
+            let (refused, answer) = refused.into_parts();
             refused.into_operation().answer_now(Completion::Expired);
-            PendingAnswer::settled(answer)
+            Parked::settled(answer)
         }
     }
 }
@@ -210,9 +207,22 @@ impl Leader {
     /// Stops the followers, then shuts both purgatories down (every waiting request is
     /// answered as expired). Idempotent.
     pub fn shutdown(&self) {
-        self.followers.lock().shutdown();
+        self.stop_followers();
         self.events.produce.shutdown();
         self.events.fetch.shutdown();
+    }
+
+    /// Stops the follower threads (joins them: it blocks). Idempotent.
+    pub fn stop_followers(&self) {
+        self.followers.lock().shutdown();
+    }
+
+    /// Shuts both purgatories down without blocking the task's thread (their
+    /// `shutdown_async`): every waiting request is answered as expired when this returns.
+    /// Idempotent.
+    pub async fn shutdown_purgatories(&self) {
+        self.events.produce.shutdown_async().await;
+        self.events.fetch.shutdown_async().await;
     }
 }
 
@@ -256,7 +266,7 @@ mod tests {
                 required_offset: appended.end_offset,
             }],
         );
-        let done = answer.blocking_recv().unwrap();
+        let done = answer.blocking_answer().unwrap().answer;
         assert_eq!(done.how, Completion::Ready);
         assert_eq!(done.acknowledged, vec![true]);
         assert!(started.elapsed() < Duration::from_secs(30));
@@ -276,7 +286,7 @@ mod tests {
                 required_offset: appended.end_offset,
             }],
         );
-        let done = answer.blocking_recv().unwrap();
+        let done = answer.blocking_answer().unwrap().answer;
         assert_eq!(done.how, Completion::Expired);
         assert_eq!(done.acknowledged, vec![false]);
     }
@@ -293,9 +303,9 @@ mod tests {
             max_bytes: u64::MAX,
         };
         let mut first = leader.wait_for_bytes(Duration::from_secs(60), 1, vec![wait.clone()]);
-        assert!(first.try_recv().is_err());
+        assert!(first.try_answer().is_none());
         leader.append(key, one_batch(1)).unwrap();
-        let done = first.blocking_recv().unwrap();
+        let done = first.blocking_answer().unwrap().answer;
         assert_eq!(done.how, Completion::Ready);
         assert_eq!(done.available, partition.committed_position());
 
@@ -305,7 +315,7 @@ mod tests {
         };
         let second = leader.wait_for_bytes(Duration::from_secs(60), 1, vec![beyond]);
         leader.shutdown();
-        assert_eq!(second.blocking_recv().unwrap().how, Completion::Expired);
+        assert_eq!(second.blocking_answer().unwrap().how, Completion::Expired);
         assert_eq!(leader.stats().fetch.expired, 1);
     }
 }

@@ -10,9 +10,9 @@
 //! The building blocks they share: [`record_batch`] (produced batches, checked and stamped),
 //! [`partition_log`], [`replication`], [`producer_sequences`] and [`partition`] (one
 //! partition's state), [`followers`] (simulated follower threads), [`delayed_produce`] and
-//! [`delayed_fetch`] (the delayed operations), [`leader`] (all of it wired to the
-//! purgatories) and [`pending_answer`] (a parked operation's answer, which cancels the
-//! operation when dropped unanswered).
+//! [`delayed_fetch`] (the delayed operations) and [`leader`] (all of it wired to the
+//! purgatories, whose parked operations are awaited through the purgatory's own
+//! `Parked` future, cargo feature `tokio`).
 
 pub mod broker;
 pub mod cli;
@@ -26,7 +26,6 @@ pub mod leader;
 pub mod load;
 pub mod partition;
 pub mod partition_log;
-pub mod pending_answer;
 pub mod producer_sequences;
 pub mod record_batch;
 pub mod replication;

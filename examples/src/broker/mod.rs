@@ -188,7 +188,8 @@ impl Broker {
         // Joining the follower threads blocks: keep it off the async workers. The
         // connections are still open here, so waiting requests expire rather than being
         // cancelled by their connection's end.
-        let _ = tokio::task::spawn_blocking(move || state.leader.shutdown()).await;
+        let _ = tokio::task::spawn_blocking(move || state.leader.stop_followers()).await;
+        self.state.leader.shutdown_purgatories().await;
         let _ = self.stop.send(true);
         self.state.stats()
     }

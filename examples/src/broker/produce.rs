@@ -80,7 +80,7 @@ pub async fn handle(
             let (indexes, waits): (Vec<usize>, Vec<ReplicaWait>) = waits.into_iter().unzip();
             let answer = state.leader.wait_for_replicas(timeout, waits).await;
             let acknowledged = match answer {
-                Ok(done) => done.acknowledged,
+                Ok(done) => done.answer.acknowledged,
                 Err(_) => vec![false; indexes.len()],
             };
             for (index, acked) in indexes.into_iter().zip(acknowledged) {
