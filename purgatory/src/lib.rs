@@ -70,6 +70,8 @@ mod operation;
 mod panics;
 mod purgatory;
 mod purge;
+#[cfg(feature = "metrics")]
+mod series;
 mod slot;
 mod state;
 mod stats;

@@ -101,7 +101,7 @@ where
         }
     }
 
-    fn state(&self) -> &State<K, O> {
+    pub(crate) fn state(&self) -> &State<K, O> {
         self.driver.target()
     }
 
@@ -344,6 +344,8 @@ where
         }
         state.watchers.mark_stale(taken.keys);
         state.counters.add(Count::Cancelled, 1);
+        #[cfg(feature = "metrics")]
+        state.record_waits([taken.since], Count::Cancelled);
         taken.op
     }
 

@@ -139,6 +139,8 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
             Ok(handle) => {
                 let mut locked = m.locked.take().expect("held until armed");
                 locked.arm(handle);
+                #[cfg(feature = "metrics")]
+                locked.set_since(self.wait_clock());
                 Ok(locked.unlock())
             }
             Err(_) => {
