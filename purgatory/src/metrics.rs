@@ -35,7 +35,7 @@
 //! An operation completed by `try_complete` while being watched never waited and is not
 //! sampled (it is counted in `purgatory_completed_total`): Kafka's purgatory never holds
 //! it either, and zeros for every request answered at once would hide the waits of those
-//! that were delayed. This costs, with the feature only, 8 bytes per operation slot, one
+//! that were delayed. This costs, with the feature only, a `u64` per operation slot, one
 //! clock read when an operation is armed and one per completion call (a batch shares it).
 //! The samples go through handles kept per purgatory, registered when it is built (with
 //! the recorder current on the building thread) and again at every publish: samples taken
