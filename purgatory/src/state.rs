@@ -41,7 +41,6 @@ pub(crate) struct State<K, O: DelayedOperation> {
     pub(crate) purge: PurgePolicy,
     /// Timer cancels of completed operations, applied in batches (see `cancels.rs`).
     pub(crate) cancels: DeferredCancels,
-    /// Its series in the metrics recorder (`series.rs`).
     #[cfg(feature = "metrics")]
     pub(crate) metrics: crate::series::Series,
 }
