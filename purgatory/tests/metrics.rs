@@ -366,19 +366,19 @@ fn sample_every_outcome(purgatory: &Purgatory<u32, Flagged>, clock: &ManualClock
     // At 0 s: one ready by an event, one forced, one cancelled, one cancelled by key, one
     // expiring at 10 s; at 2 s, one left for shutdown.
     purgatory
-        .watch(Flagged::new(&ready, 100 * second), [1])
+        .try_complete_else_watch(Flagged::new(&ready, 100 * second), [1])
         .unwrap();
     let forced = pending(purgatory.watch(Flagged::new(&never, 100 * second), [2]));
     let cancelled = pending(purgatory.watch(Flagged::new(&never, 100 * second), [3]));
     purgatory
-        .watch(Flagged::new(&never, 100 * second), [4])
+        .try_complete_else_watch(Flagged::new(&never, 100 * second), [4])
         .unwrap();
     purgatory
-        .watch(Flagged::new(&never, 10 * second), [5])
+        .try_complete_else_watch(Flagged::new(&never, 10 * second), [5])
         .unwrap();
     clock.advance(2 * second);
     purgatory
-        .watch(Flagged::new(&never, 100 * second), [6])
+        .try_complete_else_watch(Flagged::new(&never, 100 * second), [6])
         .unwrap();
     clock.advance(second); // 3 s
     ready.store(true, Ordering::Release);
@@ -402,7 +402,7 @@ fn shutdown_expiries_are_counted_apart_and_published_last() {
     let never = Arc::new(AtomicBool::new(false));
     for (key, timeout) in [(1, 1), (2, 60), (3, 60)] {
         purgatory
-            .watch(
+            .try_complete_else_watch(
                 Flagged::new(&never, Duration::from_secs(timeout)),
                 [key, 10],
             )
@@ -444,7 +444,7 @@ fn purgatories_of_one_name_alive_together_publish_distinct_series() {
     let watch = |purgatory: &Purgatory<u32, Flagged>, n: u32| {
         for key in 0..n {
             purgatory
-                .watch(Flagged::new(&never, Duration::from_secs(60)), [key])
+                .try_complete_else_watch(Flagged::new(&never, Duration::from_secs(60)), [key])
                 .unwrap();
         }
     };
