@@ -519,3 +519,24 @@ fn wait_samples_reach_a_recorder_installed_later_from_the_next_publish() {
     let samples = waits(&snapshotter, "later");
     assert_eq!(samples.get("forced"), Some(&vec![2.0, 4.0]), "{samples:?}");
 }
+
+/// A batch big enough for the chunk path (32 and more) arms its operations at one clock
+/// read: each waits from there.
+#[test]
+fn a_batch_watch_samples_each_operations_wait() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let (purgatory, clock) = manual(&recorder, "batch");
+    let never = Arc::new(AtomicBool::new(false));
+    metrics::with_local_recorder(&recorder, || {
+        let handles: Vec<_> = purgatory
+            .watch_batch((0..40).map(|i| (Flagged::new(&never, Duration::from_secs(60)), [i])))
+            .into_iter()
+            .map(pending)
+            .collect();
+        clock.advance(Duration::from_millis(4_500));
+        assert_eq!(purgatory.force_complete_batch(&handles), 40);
+    });
+    let samples = waits(&snapshotter, "batch");
+    assert_eq!(samples.get("forced"), Some(&vec![4.5; 40]), "{samples:?}");
+}
