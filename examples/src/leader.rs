@@ -316,6 +316,7 @@ mod tests {
         let second = leader.wait_for_bytes(Duration::from_secs(60), 1, vec![beyond]);
         leader.shutdown();
         assert_eq!(second.blocking_answer().unwrap().how, Completion::Expired);
-        assert_eq!(leader.stats().fetch.expired, 1);
+        let fetch = leader.stats().fetch;
+        assert_eq!((fetch.expired, fetch.expired_at_shutdown), (0, 1));
     }
 }

@@ -131,7 +131,7 @@ async fn the_final_counters_are_printed_after_shutdown_expired_what_waited() {
         .await
         .unwrap();
     assert!(
-        printed.contains("fetch purgatory 0 completed / 3 expired"),
+        printed.contains("fetch purgatory 0 completed / 0 expired / 3 expired at shutdown"),
         "{printed}"
     );
     drop(clients);

@@ -10,6 +10,10 @@
 //!   the purgatory. Panics are counted and reported through `tracing`.
 //! - A taken operation's armed timer is queued for cancelling (`cancels.rs`) and its
 //!   watcher entries are marked stale before its callbacks run.
+//! - Each completion is counted once, in the total of its outcome. An expiry by shutdown
+//!   (what it drains from the timer, an orphan once the timer is closed, an expiry a
+//!   slot's holder answers once it is closed) is counted apart from timeouts, though the
+//!   operation sees `Completion::Expired` either way.
 
 use smallvec::SmallVec;
 use timer_core::TimerHandle;
@@ -42,6 +46,17 @@ impl<K, O: DelayedOperation> State<K, O> {
         taken: &mut SmallVec<[Taken<O>; N]>,
         how: Completion,
     ) -> usize {
+        self.complete_as(taken, how, self.count_of(how))
+    }
+
+    /// [`complete`](Self::complete), counted as `count` (an expiry by shutdown is
+    /// answered as any expiry, but counted apart).
+    fn complete_as<const N: usize>(
+        &self,
+        taken: &mut SmallVec<[Taken<O>; N]>,
+        how: Completion,
+        count: Count,
+    ) -> usize {
         let n = taken.len();
         if n == 0 {
             return 0;
@@ -55,7 +70,9 @@ impl<K, O: DelayedOperation> State<K, O> {
             keys = keys.saturating_add(t.keys);
         }
         self.cancels.push_many(&timers, &self.timer);
-        self.record(n, keys, how);
+        self.record(n, keys, how, count);
+        #[cfg(feature = "metrics")]
+        self.record_waits(taken.iter().map(|t| t.since), count);
         let _runtime = self.runtime.enter();
         let panics: u64 = taken.drain(..).map(|t| run_callbacks(t.op, how)).sum();
         self.count_panics(panics);
@@ -68,23 +85,35 @@ impl<K, O: DelayedOperation> State<K, O> {
         if let Some(timer) = taken.timer.take() {
             self.cancels.push_many(&[timer], &self.timer);
         }
-        self.record(1, taken.keys, how);
+        let count = self.count_of(how);
+        self.record(1, taken.keys, how, count);
+        #[cfg(feature = "metrics")]
+        self.record_waits([taken.since], count);
         let _runtime = self.runtime.enter();
         self.count_panics(run_callbacks(taken.op, how));
     }
 
     /// Marks the entries of `n` completed operations (`keys` in all) stale and counts
-    /// the operations.
-    fn record(&self, n: usize, keys: u32, how: Completion) {
+    /// the operations as `count`.
+    fn record(&self, n: usize, keys: u32, how: Completion, count: Count) {
         self.watchers.mark_stale(keys);
-        let count = match how {
-            Completion::Ready => Count::Completed,
-            Completion::Forced => Count::Forced,
-            Completion::Expired => Count::Expired,
-        };
         self.counters.add(count, n as u64);
         if how != Completion::Expired {
             tracing::debug!(target: "purgatory", purgatory = %self.name, ?how, completed = n, "complete");
+        }
+    }
+
+    /// The total a completion `how` counts in. An expiry that a holder of the
+    /// operation's slot completes after the purgatory closed counts as shutdown's: the
+    /// request may be shutdown's, and a timeout that came while the slot was held is
+    /// answered after shutdown began either way.
+    #[inline]
+    fn count_of(&self, how: Completion) -> Count {
+        match how {
+            Completion::Ready => Count::Completed,
+            Completion::Forced => Count::Forced,
+            Completion::Expired if self.timer.is_shutdown() => Count::ShutdownExpired,
+            Completion::Expired => Count::Expired,
         }
     }
 
@@ -100,36 +129,55 @@ impl<K, O: DelayedOperation> State<K, O> {
     /// for: the holder's unlock hands it to the holder to expire, unless the holder
     /// completed it (see `slot.rs`).
     pub(crate) fn expire_all(&self, expired: impl IntoIterator<Item = Expiry>) -> usize {
+        self.expire_as(expired, Count::Expired)
+    }
+
+    /// Shutdown's expiry of what was still pending (`pending`, drained from the timer)
+    /// and of the orphans: [`expire_all`](Self::expire_all), counted as expired by
+    /// shutdown (`PurgatoryStats::expired_at_shutdown`), not as timeouts. Returns how
+    /// many it expired.
+    pub(crate) fn expire_at_shutdown(&self, pending: Vec<Expiry>) -> usize {
+        self.expire_as(pending, Count::ShutdownExpired) + self.expire_orphans()
+    }
+
+    fn expire_as(&self, expired: impl IntoIterator<Item = Expiry>, count: Count) -> usize {
         let mut taken: SmallVec<[Taken<O>; 16]> = SmallVec::new();
-        let mut count = 0;
+        let mut done = 0;
         for expiry in expired {
             if let Some(mut t) = self.table.take_for_expiry(expiry.0) {
                 t.timer = None;
                 taken.push(t);
                 if taken.len() == taken.inline_size() {
-                    count += self.complete(&mut taken, Completion::Expired);
+                    done += self.complete_as(&mut taken, Completion::Expired, count);
                 }
             }
         }
-        count += self.complete(&mut taken, Completion::Expired);
-        if count > 0 {
-            tracing::debug!(target: "purgatory", purgatory = %self.name, count, "expire");
+        done += self.complete_as(&mut taken, Completion::Expired, count);
+        if done > 0 {
+            tracing::debug!(target: "purgatory", purgatory = %self.name, count = done, "expire");
         }
-        count
+        done
     }
 }
 
 impl<K, O: DelayedOperation> State<K, O> {
     /// Expires the operations whose expiry only an unwinding holder saw (see
-    /// `op_table.rs`); returns how many.
+    /// `op_table.rs`); returns how many. Once the timer is shut down they count as
+    /// expired by shutdown.
     pub(crate) fn expire_orphans(&self) -> usize {
         let orphans = self.table.take_orphans();
         if orphans.is_empty() {
             return 0;
         }
-        self.complete(
+        let count = if self.timer.is_shutdown() {
+            Count::ShutdownExpired
+        } else {
+            Count::Expired
+        };
+        self.complete_as(
             &mut SmallVec::<[Taken<O>; 1]>::from_vec(orphans),
             Completion::Expired,
+            count,
         )
     }
 }

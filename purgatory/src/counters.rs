@@ -29,6 +29,7 @@ struct Stripe {
     completed: AtomicU64,
     forced: AtomicU64,
     expired: AtomicU64,
+    shutdown_expired: AtomicU64,
     cancelled: AtomicU64,
     purged: AtomicU64,
     panicked: AtomicU64,
@@ -39,7 +40,10 @@ struct Stripe {
 pub(crate) enum Count {
     Completed,
     Forced,
+    /// Expired by its timeout.
     Expired,
+    /// Expired by shutdown (or the last handle's drop), its timeout not reached.
+    ShutdownExpired,
     Cancelled,
     Purged,
     Panicked,
@@ -56,6 +60,7 @@ pub(crate) struct Totals {
     pub(crate) completed: u64,
     pub(crate) forced: u64,
     pub(crate) expired: u64,
+    pub(crate) shutdown_expired: u64,
     pub(crate) cancelled: u64,
     pub(crate) purged: u64,
     pub(crate) panicked: u64,
@@ -74,6 +79,7 @@ impl Counters {
             Count::Completed => &stripe.completed,
             Count::Forced => &stripe.forced,
             Count::Expired => &stripe.expired,
+            Count::ShutdownExpired => &stripe.shutdown_expired,
             Count::Cancelled => &stripe.cancelled,
             Count::Purged => &stripe.purged,
             Count::Panicked => &stripe.panicked,
@@ -87,6 +93,7 @@ impl Counters {
             t.completed += s.completed.load(Relaxed);
             t.forced += s.forced.load(Relaxed);
             t.expired += s.expired.load(Relaxed);
+            t.shutdown_expired += s.shutdown_expired.load(Relaxed);
             t.cancelled += s.cancelled.load(Relaxed);
             t.purged += s.purged.load(Relaxed);
             t.panicked += s.panicked.load(Relaxed);

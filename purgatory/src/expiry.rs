@@ -16,7 +16,9 @@
 //! - With the cargo feature `metrics`, a round ends by publishing the figures if the last
 //!   publish is a second old (`metrics.rs`), which may shorten the next sleep.
 //! - Pending operations still there at shutdown (or when the last handle is dropped) are
-//!   expired, so every waiting request is answered.
+//!   expired, so every waiting request is answered; they are counted apart from timeouts
+//!   (`expired_at_shutdown`). With the feature `metrics`, the figures are then published
+//!   one last time.
 
 use std::hash::Hash;
 use std::time::Duration;
@@ -80,9 +82,11 @@ impl<K, O: DelayedOperation> State<K, O> {
     where
         K: Hash + Eq + Clone,
     {
-        let expired = self.expire_all(pending) + self.expire_orphans();
+        let expired = self.expire_at_shutdown(pending);
         self.watchers.clear();
         tracing::debug!(target: "purgatory", purgatory = %self.name, expired, "shutdown");
+        #[cfg(feature = "metrics")]
+        self.publish_final();
         expired
     }
 }

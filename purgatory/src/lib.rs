@@ -77,6 +77,8 @@ mod parked;
 mod purgatory;
 mod purge;
 mod runtime;
+#[cfg(feature = "metrics")]
+mod series;
 mod slot;
 mod state;
 mod stats;

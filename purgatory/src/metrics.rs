@@ -1,28 +1,54 @@
 //! The purgatory's figures through the [`metrics`](::metrics) facade (cargo feature
 //! `metrics`).
 //!
-//! Kafka reports each purgatory's size and its number of delayed operations as gauges;
-//! this module publishes the same figures, and the totals of what happened to
-//! operations, to whatever recorder the program installed (a Prometheus exporter, for
-//! example), labelled with the purgatory's name. The metrics are listed on
+//! Kafka reports two gauges per purgatory (`kafka.server:type=DelayedOperationPurgatory`):
+//! `PurgatorySize`, its watcher entries, is `purgatory_watched` here, and
+//! `NumDelayedOperations`, its operations waiting for their timeout, is
+//! `purgatory_pending`. This module publishes them, the totals of what happened to
+//! operations, and how long operations waited, to whatever recorder the program installed
+//! (a Prometheus exporter, for example). The metrics are listed on
 //! [`Purgatory::publish_metrics`](crate::Purgatory::publish_metrics).
 //!
 //! # When
-//! Nothing is counted twice for metrics: the operations' paths only bump the counters
-//! that [`Purgatory::stats`](crate::Purgatory::stats) reads anyway. The figures are
-//! read and published at the end of a reaper round (or an `advance_clock` call) at most
-//! once per [`INTERVAL`], counters as absolute values. A round that skips a publish
-//! because the last one was too recent shortens the reaper's next sleep to when the
-//! next one is due, so the figures published are never more than about an interval old
-//! once the purgatory goes quiet, and an idle purgatory then sleeps without waking.
-//! [`Purgatory::publish_metrics`](crate::Purgatory::publish_metrics) publishes at once,
-//! for purgatories driven without a reaper or a program that wants fresh figures.
+//! Gauges and counters are not counted twice for metrics: the operations' paths only
+//! bump the counters that [`Purgatory::stats`](crate::Purgatory::stats) reads anyway.
+//! The figures are read and published at the end of a reaper round (or an
+//! `advance_clock` call) at most once per [`INTERVAL`], counters as absolute values. A
+//! round that skips a publish because the last one was too recent shortens the reaper's
+//! next sleep to when the next one is due, so the figures published are never more than
+//! about an interval old once the purgatory goes quiet, and an idle purgatory then sleeps
+//! without waking. [`Purgatory::publish_metrics`](crate::Purgatory::publish_metrics)
+//! publishes at once, for purgatories driven without a reaper or a program that wants
+//! fresh figures. Shutdown publishes the final figures (nothing pending or watched) once
+//! more, and nothing is published after it.
 //!
-//! Metrics are registered on each publish, so a recorder installed after the purgatory
-//! was built receives them from the next publish on; but a purgatory that has been idle
-//! since its reaper's first round (which publishes) publishes nothing until it is used.
-//! Install the recorder first, or call `publish_metrics`. A recorder that panics on the reaper thread is caught
-//! and reported through `tracing`; the reaper goes on.
+//! Gauges and counters are registered on each publish, so a recorder installed after the
+//! purgatory was built receives them from the next publish on; but a purgatory that has
+//! been idle since its reaper's first round (which publishes) publishes nothing until it
+//! is used. Install the recorder first, or call `publish_metrics`. A recorder that panics
+//! is caught and reported through `tracing`; the reaper goes on.
+//!
+//! # Wait times
+//! The histogram `purgatory_wait_seconds` gets one sample per operation that waited: from
+//! when its timeout was armed to when it was completed, expired or cancelled, read on the
+//! purgatory's timer clock (so a `ManualClock` gives exact figures), labelled `outcome`.
+//! An operation completed by `try_complete` while being watched never waited and is not
+//! sampled (it is counted in `purgatory_completed_total`): Kafka's purgatory never holds
+//! it either, and zeros for every request answered at once would hide the waits of those
+//! that were delayed. This costs, with the feature only, a `u64` per operation slot, one
+//! clock read when an operation is armed and one per completion call (a batch shares it).
+//! The samples go through handles kept per purgatory, registered when it is built (with
+//! the recorder current on the building thread) and again at every publish: samples taken
+//! before a recorder is installed, or before the first publish after that, are lost.
+//!
+//! # Labels
+//! Every metric has the label `purgatory`: the purgatory's name, unless another live
+//! purgatory of that name was built before it: then `name#2`, `name#3`, ... (the lowest
+//! number free), so two purgatories never write each other's series (`series.rs`). The
+//! facade cannot remove a series: after a purgatory's final publish at shutdown its
+//! series keep their final values (gauges 0) until a later purgatory of the same name
+//! takes the label, whose counters then start again from 0 (a counter reset, as after a
+//! restart).
 
 use std::hash::Hash;
 use std::time::{Duration, Instant};
@@ -30,16 +56,16 @@ use std::time::{Duration, Instant};
 use ::metrics::Label;
 use timer_core::NextRound;
 
+use crate::counters::Count;
+use crate::op_table::NOT_ARMED;
 use crate::operation::DelayedOperation;
 use crate::purgatory::Purgatory;
+use crate::series::{self, Publisher, PURGATORY};
 use crate::state::State;
 use crate::stats::PurgatoryStats;
 
 /// Shortest time between two publishes from reaper rounds.
 pub(crate) const INTERVAL: Duration = Duration::from_secs(1);
-
-/// The label naming the purgatory.
-const LABEL: &str = "purgatory";
 
 type Figure = fn(&PurgatoryStats) -> u64;
 
@@ -47,7 +73,7 @@ type Figure = fn(&PurgatoryStats) -> u64;
 const GAUGES: [(&str, &str, Figure); 3] = [
     (
         "purgatory_pending",
-        "Operations waiting for their timeout.",
+        "Operations waiting for their timeout (Kafka's NumDelayedOperations).",
         |s| s.pending as u64,
     ),
     (
@@ -61,7 +87,7 @@ const GAUGES: [(&str, &str, Figure); 3] = [
 ];
 
 /// Counters: name, help text, figure.
-const COUNTERS: [(&str, &str, Figure); 6] = [
+const COUNTERS: [(&str, &str, Figure); 7] = [
     (
         "purgatory_completed_total",
         "Operations completed because try_complete returned true.",
@@ -74,8 +100,13 @@ const COUNTERS: [(&str, &str, Figure); 6] = [
     ),
     (
         "purgatory_expired_total",
-        "Operations completed by their timeout or by shutdown.",
+        "Operations completed by their timeout.",
         |s| s.expired,
+    ),
+    (
+        "purgatory_shutdown_expired_total",
+        "Operations expired by shutdown before their timeout.",
+        |s| s.expired_at_shutdown,
     ),
     (
         "purgatory_cancelled_total",
@@ -94,9 +125,9 @@ const COUNTERS: [(&str, &str, Figure); 6] = [
     ),
 ];
 
-/// Publishes `stats` as the figures of the purgatory `name`.
-fn publish(name: &str, stats: &PurgatoryStats) {
-    let labels = [Label::new(LABEL, name.to_owned())];
+/// Publishes `stats` as the figures of the series `label`.
+fn publish(label: &str, stats: &PurgatoryStats) {
+    let labels = [Label::new(PURGATORY, label.to_owned())];
     for (metric, help, figure) in GAUGES {
         ::metrics::describe_gauge!(metric, help);
         ::metrics::gauge!(metric, labels.iter()).set(figure(stats) as f64);
@@ -112,22 +143,84 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
     /// [`INTERVAL`] old, and returns how long the reaper may sleep (see the module doc).
     pub(crate) fn publish_if_due(&self, wait: NextRound) -> NextRound {
         let now = Instant::now();
-        {
-            // Another thread's round is deciding now: the publish, if due, is its own.
-            let Some(mut next) = self.metrics.next.try_lock() else {
-                return wait;
-            };
-            match *next {
-                Some(due) if now < due => return wait.min(due - now),
-                _ => *next = Some(now + INTERVAL),
-            }
+        // Another thread is publishing now (a round, `publish_metrics`, shutdown): the
+        // publish, if due, is its own.
+        let Some(mut publisher) = self.metrics.publisher.try_lock() else {
+            return wait;
+        };
+        if publisher.label.is_none() {
+            return wait; // published for the last time
         }
+        match publisher.next {
+            Some(due) if now < due => return wait.min(due - now),
+            _ => publisher.next = Some(now + INTERVAL),
+        }
+        self.publish_now(&mut publisher);
+        wait
+    }
+
+    /// Publishes the figures and registers the histograms again, with the current
+    /// recorder, if the series still has its label.
+    fn publish_now(&self, publisher: &mut Publisher) {
+        let Some(label) = &publisher.label else {
+            return;
+        };
         let stats = self.stats();
         crate::panics::caught(
             "the metrics recorder panicked; figures not published",
-            || publish(&self.name, &stats),
+            || {
+                publish(&label.value, &stats);
+                self.metrics.reregister(&label.value);
+            },
         );
-        wait
+    }
+
+    /// Shutdown's last step: publishes the final figures, then frees the series' label;
+    /// nothing is published or recorded under it by this purgatory any more.
+    pub(crate) fn publish_final(&self) {
+        let mut publisher = self.metrics.publisher.lock();
+        if let Some(label) = &publisher.label {
+            let stats = self.stats();
+            crate::panics::caught(
+                "the metrics recorder panicked; final figures not published",
+                || publish(&label.value, &stats),
+            );
+        }
+        self.metrics.finish(&mut publisher);
+    }
+}
+
+impl<K, O: DelayedOperation> State<K, O> {
+    /// Now on the timer's clock, in nanoseconds, for wait times.
+    #[inline]
+    pub(crate) fn wait_clock(&self) -> u64 {
+        u64::try_from(self.timer.now().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Records the wait times of operations armed at `since` (nanoseconds on the timer's
+    /// clock; [`NOT_ARMED`] ones never waited and are skipped) that ended now, counted as
+    /// `count`: one clock read for them all.
+    #[inline]
+    pub(crate) fn record_waits(&self, since: impl IntoIterator<Item = u64>, count: Count) {
+        let Some(outcome) = series::outcome(count) else {
+            return;
+        };
+        let mut since = since.into_iter().filter(|&s| s != NOT_ARMED).peekable();
+        if since.peek().is_none() {
+            return;
+        }
+        let now = self.wait_clock();
+        crate::panics::caught(
+            "the metrics recorder panicked; wait times not recorded",
+            || {
+                self.metrics.with_waits(|waits| {
+                    for start in since {
+                        let waited = Duration::from_nanos(now.saturating_sub(start));
+                        waits[outcome].record(waited.as_secs_f64());
+                    }
+                })
+            },
+        );
     }
 }
 
@@ -137,25 +230,42 @@ where
     O: DelayedOperation,
 {
     /// Publishes this purgatory's figures ([`stats`](Self::stats)) through the
-    /// [`metrics`](::metrics) facade now. The reaper does this by itself about once a
-    /// second; call it for a purgatory driven without a reaper, or for fresh figures.
-    /// Only with the cargo feature `metrics`.
+    /// [`metrics`](::metrics) facade now, and registers its wait-time histograms again
+    /// with the current recorder. The reaper does this by itself about once a second;
+    /// call it for a purgatory driven without a reaper, or for fresh figures. Shutdown
+    /// publishes once more; after that, this does nothing. Only with the cargo feature
+    /// `metrics`.
     ///
-    /// Every metric has the label `purgatory` set to the purgatory's [name](Self::name);
-    /// counters are published as absolute values:
+    /// Every metric has the label `purgatory`: the purgatory's [name](Self::name), or
+    /// `name#2`, `name#3`, ... for a purgatory built while others of that name were
+    /// alive (see below). Counters are published as absolute values:
     ///
-    /// | metric | kind | figure of [`PurgatoryStats`] |
-    /// |---|---|---|
-    /// | `purgatory_pending` | gauge | `pending`: operations waiting for their timeout |
-    /// | `purgatory_watched` | gauge | `watched`: watcher entries (Kafka's `PurgatorySize`) |
-    /// | `purgatory_keys` | gauge | `keys`: keys with a watcher list |
-    /// | `purgatory_completed_total` | counter | `completed`: by `try_complete` |
-    /// | `purgatory_forced_total` | counter | `forced`: by `force_complete` |
-    /// | `purgatory_expired_total` | counter | `expired`: by their timeout or shutdown |
-    /// | `purgatory_cancelled_total` | counter | `cancelled`: handed back by a cancel |
-    /// | `purgatory_purged_total` | counter | `purged`: completed entries dropped by purges |
-    /// | `purgatory_panicked_total` | counter | `panicked`: user code that panicked, caught |
+    /// | metric | kind | figure of [`PurgatoryStats`] | Kafka |
+    /// |---|---|---|---|
+    /// | `purgatory_pending` | gauge | `pending`: operations waiting for their timeout | `NumDelayedOperations` |
+    /// | `purgatory_watched` | gauge | `watched`: watcher entries | `PurgatorySize` |
+    /// | `purgatory_keys` | gauge | `keys`: keys with a watcher list | |
+    /// | `purgatory_completed_total` | counter | `completed`: by `try_complete` | |
+    /// | `purgatory_forced_total` | counter | `forced`: by `force_complete` | |
+    /// | `purgatory_expired_total` | counter | `expired`: by their timeout | |
+    /// | `purgatory_shutdown_expired_total` | counter | `expired_at_shutdown`: by shutdown, before their timeout | |
+    /// | `purgatory_cancelled_total` | counter | `cancelled`: handed back by a cancel | |
+    /// | `purgatory_purged_total` | counter | `purged`: completed entries dropped by purges | |
+    /// | `purgatory_panicked_total` | counter | `panicked`: user code that panicked, caught | |
+    /// | `purgatory_wait_seconds` | histogram, label `outcome` | how long each operation waited | |
+    ///
+    /// `purgatory_wait_seconds` has one sample per operation that was armed (not one
+    /// that `try_complete` completed while it was being watched), from its arming to its
+    /// end on the timer's clock, with `outcome` one of `ready`, `forced`, `expired`,
+    /// `cancelled`, `shutdown`. Its samples are recorded as operations end, into handles
+    /// registered when the purgatory was built and again at each publish: a recorder
+    /// installed later receives them from the next publish on.
+    ///
+    /// Two live purgatories never share a label. At shutdown the final figures are
+    /// published and the label freed: its series keep their last values (the facade
+    /// cannot remove them) until a later purgatory of that name takes it over.
     pub fn publish_metrics(&self) {
-        publish(self.name(), &self.stats());
+        let state = self.state();
+        state.publish_now(&mut state.metrics.publisher.lock());
     }
 }

@@ -128,7 +128,15 @@ struct OpState<O> {
     /// How many watcher entries name the operation: 0 until it is listed, then its key
     /// count (so a taker knows how many stale entries it leaves).
     keys: u32,
+    /// With the feature `metrics`: when its timeout was armed (ns on the timer's clock),
+    /// or [`NOT_ARMED`], for its wait-time histogram.
+    #[cfg(feature = "metrics")]
+    since: u64,
 }
+
+/// [`Taken::since`] of an operation never armed (completed while being watched).
+#[cfg(feature = "metrics")]
+pub(crate) const NOT_ARMED: u64 = u64::MAX;
 
 /// An operation taken out of its slot, with the timer it still has armed and its key
 /// count. Whoever has it owes the operation its completion (or its return to the caller,
@@ -138,6 +146,9 @@ pub(crate) struct Taken<O> {
     pub(crate) op: O,
     pub(crate) timer: Option<TimerHandle>,
     pub(crate) keys: u32,
+    /// When its timeout was armed (ns on the timer's clock), or [`NOT_ARMED`].
+    #[cfg(feature = "metrics")]
+    pub(crate) since: u64,
 }
 
 /// One slot of the table, and a word written only to pull its line into a cache.
@@ -155,6 +166,8 @@ impl<O> TableSlot<O> {
                 op: None,
                 timer: None,
                 keys: 0,
+                #[cfg(feature = "metrics")]
+                since: NOT_ARMED,
             }),
             touch: StdAtomicU32::new(0),
         }
@@ -408,6 +421,10 @@ impl<O: DelayedOperation> OpTable<O> {
                 state.op = Some(op);
                 state.timer = None;
                 state.keys = 0;
+                #[cfg(feature = "metrics")]
+                {
+                    state.since = NOT_ARMED;
+                }
             });
         }
         Locked {
@@ -547,6 +564,12 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
         self.state(|state| state.timer = Some(timer));
     }
 
+    /// Records when the operation started waiting (ns on the timer's clock).
+    #[cfg(feature = "metrics")]
+    pub(crate) fn set_since(&mut self, since: u64) {
+        self.state(|state| state.since = since);
+    }
+
     /// Takes the operation out and frees its slot.
     pub(crate) fn take(self) -> Taken<O> {
         let table = self.table;
@@ -566,6 +589,8 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
             op: state.op.take().expect("a held slot holds its operation"),
             timer: state.timer.take(),
             keys: state.keys,
+            #[cfg(feature = "metrics")]
+            since: state.since,
         });
         // No occupant has generation `RETIRED` (a slot that reaches it is never handed out
         // again), so this never wraps.

@@ -367,6 +367,8 @@ where
         }
         state.watchers.mark_stale(taken.keys);
         state.counters.add(Count::Cancelled, 1);
+        #[cfg(feature = "metrics")]
+        state.record_waits([taken.since], Count::Cancelled);
         taken.op
     }
 

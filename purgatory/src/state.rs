@@ -1,7 +1,8 @@
 //! What one purgatory shares between its handles, its reaper and its pool: the op table,
 //! the watcher lists, the timer core, the counters, and the small records its policies
-//! keep (where the next purge step starts, when metrics publish next). The protocols that
-//! use it each have their file above this one: watching (`watch.rs`), completing
+//! keep (where the next purge step starts; with the feature `metrics`, its series in the
+//! recorder, `series.rs`). The protocols that use it each have their file above this
+//! one: watching (`watch.rs`), completing
 //! (`completion.rs`), expiring and the reaper's rounds (`expiry.rs`), purging
 //! (`purge.rs`), publishing (`metrics.rs`). This file imports none of them.
 //!
@@ -44,7 +45,7 @@ pub(crate) struct State<K, O: DelayedOperation> {
     /// The runtime whose context user code runs in (`runtime.rs`).
     pub(crate) runtime: RuntimeContext,
     #[cfg(feature = "metrics")]
-    pub(crate) metrics: Schedule,
+    pub(crate) metrics: crate::series::Series,
 }
 
 impl<K, O: DelayedOperation> State<K, O> {
@@ -55,6 +56,8 @@ impl<K, O: DelayedOperation> State<K, O> {
         purge: PurgePolicy,
         runtime: RuntimeContext,
     ) -> Self {
+        #[cfg(feature = "metrics")]
+        let metrics = crate::series::Series::new(&name);
         State {
             id: NEXT_PURGATORY_ID.fetch_add(1, Ordering::Relaxed),
             name,
@@ -66,7 +69,7 @@ impl<K, O: DelayedOperation> State<K, O> {
             cancels: DeferredCancels::default(),
             runtime,
             #[cfg(feature = "metrics")]
-            metrics: Default::default(),
+            metrics,
         }
     }
 }
@@ -97,11 +100,4 @@ impl PurgePolicy {
             position: Mutex::new((0, PurgeCursor::default())),
         }
     }
-}
-
-#[cfg(feature = "metrics")]
-/// When the reaper's rounds publish next (`None`: at the next round); see `metrics.rs`.
-#[derive(Debug, Default)]
-pub(crate) struct Schedule {
-    pub(crate) next: parking_lot::Mutex<Option<std::time::Instant>>,
 }

@@ -21,8 +21,12 @@ pub struct PurgatoryStats {
     pub completed: u64,
     /// Operations completed by `force_complete`.
     pub forced: u64,
-    /// Operations completed by their timeout (or by shutdown).
+    /// Operations completed by their timeout.
     pub expired: u64,
+    /// Operations expired by shutdown (or the drop of the last handle) before their
+    /// timeout: answered with [`Completion::Expired`](crate::Completion::Expired) like a
+    /// timeout, but counted here, not in `expired`.
+    pub expired_at_shutdown: u64,
     /// Operations handed back by `cancel` or `cancel_for_key`.
     pub cancelled: u64,
     /// Completed entries dropped from lists by purges (not by checks of their key).
@@ -46,6 +50,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
             completed: totals.completed,
             forced: totals.forced,
             expired: totals.expired,
+            expired_at_shutdown: totals.shutdown_expired,
             cancelled: totals.cancelled,
             purged: totals.purged,
             panicked: totals.panicked,

@@ -54,6 +54,11 @@ pub(crate) type Keys<K> = SmallVec<[K; 4]>;
 /// What watching one operation gave.
 pub(crate) type WatchResult<O> = Result<WatchOutcome<O>, WatchError<O>>;
 
+/// When a watch armed its operations (ns on the timer's clock), for their wait times:
+/// read once per single watch or chunk, with the feature `metrics` only (empty without).
+#[derive(Clone, Copy)]
+struct ArmedAt(#[cfg(feature = "metrics")] u64);
+
 /// What steps 1 to 5 made of one operation, for step 6.
 pub(crate) enum Watched<O> {
     /// Ready at the first or second try: taken, its callbacks still to run.
@@ -126,19 +131,36 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
         (WatchError::KeyPanicked(taken.op), vacated)
     }
 
-    /// The end of step 5 for one member, given what arming its timeout gave: armed and
-    /// unlocked (`Ok`, with the operation if its timeout fired while it was held), or
-    /// taken back because the timer shut down meanwhile.
+    /// [`ArmedAt`] now.
+    #[cfg(feature = "metrics")]
+    #[inline(always)]
+    fn armed_at(&self) -> ArmedAt {
+        ArmedAt(self.wait_clock())
+    }
+
+    /// [`ArmedAt`] now: nothing without the feature `metrics`.
+    #[cfg(not(feature = "metrics"))]
+    #[inline(always)]
+    fn armed_at(&self) -> ArmedAt {
+        ArmedAt()
+    }
+
+    /// The end of step 5 for one member, given what arming its timeout gave: armed at
+    /// `at` and unlocked (`Ok`, with the operation if its timeout fired while it was
+    /// held), or taken back because the timer shut down meanwhile.
     #[inline(always)]
     fn armed(
         &self,
         m: &mut Member<'_, K, O>,
         arming: Result<TimerHandle, AddError<Expiry>>,
+        #[cfg_attr(not(feature = "metrics"), allow(unused_variables))] at: ArmedAt,
     ) -> Result<Option<Taken<O>>, (WatchError<O>, Vacated)> {
         match arming {
             Ok(handle) => {
                 let mut locked = m.locked.take().expect("held until armed");
                 locked.arm(handle);
+                #[cfg(feature = "metrics")]
+                locked.set_since(at.0);
                 Ok(locked.unlock())
             }
             Err(_) => {
@@ -185,7 +207,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
             return Watched::Completed(taken);
         }
         let arming = self.timer.add(m.timeout, Expiry(m.op));
-        match self.armed(&mut m, arming) {
+        match self.armed(&mut m, arming, self.armed_at()) {
             Ok(expired) => Watched::Pending(m.op, expired),
             Err((refused, vacated)) => {
                 vacate(vacated);
@@ -318,6 +340,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
             .collect();
         let mut armings = Vec::with_capacity(tasks.len());
         self.timer.add_batch(&mut tasks, &mut armings);
+        let at = self.armed_at();
         let mut armings = armings.into_iter();
         for (j, m) in members.iter_mut().enumerate() {
             if m.locked.is_none() {
@@ -325,7 +348,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
             }
             let position = chunk.positions[j];
             let arming = armings.next().expect("one result per task");
-            match self.armed(m, arming) {
+            match self.armed(m, arming, at) {
                 Ok(expired) => chunk.pending(position, m.op, expired, self.id),
                 Err((refused, vacated)) => chunk.refused(position, refused, vacated),
             }

@@ -117,6 +117,10 @@ fn publish_metrics_reports_every_figure_labelled_with_the_purgatory() {
         ("purgatory_completed_total", stats.completed),
         ("purgatory_forced_total", stats.forced),
         ("purgatory_expired_total", stats.expired),
+        (
+            "purgatory_shutdown_expired_total",
+            stats.expired_at_shutdown,
+        ),
         ("purgatory_cancelled_total", stats.cancelled),
         ("purgatory_purged_total", stats.purged),
         ("purgatory_panicked_total", stats.panicked),
@@ -268,4 +272,271 @@ fn a_busy_reaper_publishes_at_most_about_once_a_second() {
         "{count} publishes in {elapsed:.1} s"
     );
     assert!(count >= 2, "{count} publishes in {elapsed:.1} s");
+}
+
+/// The wait-time samples of the series `label` in one snapshot, by outcome, sorted (in
+/// seconds). A snapshot drains what it reads.
+fn waits(snapshotter: &Snapshotter, label: &str) -> HashMap<String, Vec<f64>> {
+    let mut found: HashMap<String, Vec<f64>> = HashMap::new();
+    for (key, unit, _, value) in snapshotter.snapshot().into_vec() {
+        if key.key().name() != "purgatory_wait_seconds" {
+            continue;
+        }
+        let labels: HashMap<_, _> = key
+            .key()
+            .labels()
+            .map(|l| (l.key().to_string(), l.value().to_string()))
+            .collect();
+        if labels.get("purgatory").map(String::as_str) != Some(label) {
+            continue;
+        }
+        assert_eq!(unit, Some(Unit::Seconds));
+        let DebugValue::Histogram(samples) = value else {
+            panic!("a histogram: {value:?}");
+        };
+        let mut samples: Vec<f64> = samples.into_iter().map(|s| s.into_inner()).collect();
+        samples.sort_by(f64::total_cmp);
+        if !samples.is_empty() {
+            found.insert(labels["outcome"].clone(), samples);
+        }
+    }
+    found
+}
+
+/// A purgatory on a manual clock without a reaper, built with `recorder` current.
+fn manual(recorder: &DebuggingRecorder, name: &str) -> (Purgatory<u32, Flagged>, ManualClock) {
+    let clock = ManualClock::new();
+    let purgatory = metrics::with_local_recorder(recorder, || {
+        PurgatoryBuilder::new()
+            .name(name)
+            .timer(TimerBuilder::new().clock(clock.clone()).reaper(false))
+            .build()
+            .unwrap()
+    });
+    (purgatory, clock)
+}
+
+fn pending<O: DelayedOperation>(
+    outcome: Result<WatchOutcome<O>, purgatory::WatchError<O>>,
+) -> purgatory::OperationHandle<O> {
+    match outcome {
+        Ok(WatchOutcome::Pending(handle)) => handle,
+        _ => panic!("the operation must wait"),
+    }
+}
+
+#[test]
+fn wait_times_are_sampled_by_outcome_on_the_timer_clock() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let (purgatory, clock) = manual(&recorder, "waits");
+    // Every call with the recorder current: a publish (the first `advance_clock` round
+    // publishes) registers the histograms again with the recorder current then.
+    metrics::with_local_recorder(&recorder, || sample_every_outcome(&purgatory, &clock));
+    let expected: HashMap<String, Vec<f64>> = [
+        ("ready", vec![3.0]),
+        ("forced", vec![5.0]),
+        ("cancelled", vec![7.0, 7.0]),
+        ("expired", vec![10.0]),
+        ("shutdown", vec![10.0]),
+    ]
+    .into_iter()
+    .map(|(outcome, samples)| (outcome.to_string(), samples))
+    .collect();
+    assert_eq!(waits(&snapshotter, "waits"), expected);
+    let stats = purgatory.stats();
+    assert_eq!(
+        (stats.completed, stats.expired, stats.expired_at_shutdown),
+        (2, 1, 1)
+    );
+}
+
+/// The operations of the test above: one completed at once (not sampled), then, from 0 s,
+/// ready at 3 s, forced at 5 s, two cancelled at 7 s, one expired at 10 s, and one
+/// watched at 2 s and expired by shutdown at 12 s.
+fn sample_every_outcome(purgatory: &Purgatory<u32, Flagged>, clock: &ManualClock) {
+    let second = Duration::from_secs(1);
+    let ready = Arc::new(AtomicBool::new(false));
+    let never = Arc::new(AtomicBool::new(false));
+    let at_once = Arc::new(AtomicBool::new(true));
+    // Completed while being watched: never waited, not sampled.
+    assert!(purgatory
+        .try_complete_else_watch(Flagged::new(&at_once, 10 * second), [9])
+        .unwrap());
+    // At 0 s: one ready by an event, one forced, one cancelled, one cancelled by key, one
+    // expiring at 10 s; at 2 s, one left for shutdown.
+    purgatory
+        .try_complete_else_watch(Flagged::new(&ready, 100 * second), [1])
+        .unwrap();
+    let forced = pending(purgatory.watch(Flagged::new(&never, 100 * second), [2]));
+    let cancelled = pending(purgatory.watch(Flagged::new(&never, 100 * second), [3]));
+    purgatory
+        .try_complete_else_watch(Flagged::new(&never, 100 * second), [4])
+        .unwrap();
+    purgatory
+        .try_complete_else_watch(Flagged::new(&never, 10 * second), [5])
+        .unwrap();
+    clock.advance(2 * second);
+    purgatory
+        .try_complete_else_watch(Flagged::new(&never, 100 * second), [6])
+        .unwrap();
+    clock.advance(second); // 3 s
+    ready.store(true, Ordering::Release);
+    assert_eq!(purgatory.check_and_complete(&1), 1);
+    clock.advance(2 * second); // 5 s
+    assert!(purgatory.force_complete(&forced));
+    clock.advance(2 * second); // 7 s
+    assert!(purgatory.cancel(&cancelled).is_some());
+    assert_eq!(purgatory.cancel_for_key(&4).len(), 1);
+    clock.advance(3 * second); // 10 s
+    assert_eq!(purgatory.advance_clock(Duration::ZERO), 1);
+    clock.advance(2 * second); // 12 s
+    purgatory.shutdown();
+}
+
+#[test]
+fn shutdown_expiries_are_counted_apart_and_published_last() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let (purgatory, clock) = manual(&recorder, "closing");
+    let never = Arc::new(AtomicBool::new(false));
+    for (key, timeout) in [(1, 1), (2, 60), (3, 60)] {
+        purgatory
+            .try_complete_else_watch(
+                Flagged::new(&never, Duration::from_secs(timeout)),
+                [key, 10],
+            )
+            .unwrap();
+    }
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(purgatory.advance_clock(Duration::ZERO), 1);
+    metrics::with_local_recorder(&recorder, || purgatory.shutdown());
+    let stats = purgatory.stats();
+    assert_eq!((stats.expired, stats.expired_at_shutdown), (1, 2));
+    // Shutdown published the final figures by itself.
+    let last = figures(&snapshotter, "closing");
+    let figure = |name: &str| last.get(name).copied();
+    assert_eq!(figure("purgatory_expired_total"), Some(1));
+    assert_eq!(figure("purgatory_shutdown_expired_total"), Some(2));
+    assert_eq!(
+        (
+            figure("purgatory_pending"),
+            figure("purgatory_watched"),
+            figure("purgatory_keys")
+        ),
+        (Some(0), Some(0), Some(0))
+    );
+    // Nothing is published after it.
+    metrics::with_local_recorder(&recorder, || purgatory.publish_metrics());
+    let after = figures(&snapshotter, "closing");
+    assert!(
+        after.values().all(|&v| v == 0),
+        "published again: {after:?}"
+    );
+}
+
+#[test]
+fn purgatories_of_one_name_alive_together_publish_distinct_series() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let name = "twin";
+    let never = Arc::new(AtomicBool::new(false));
+    let watch = |purgatory: &Purgatory<u32, Flagged>, n: u32| {
+        for key in 0..n {
+            purgatory
+                .try_complete_else_watch(Flagged::new(&never, Duration::from_secs(60)), [key])
+                .unwrap();
+        }
+    };
+    let (first, _) = manual(&recorder, name);
+    let (second, _) = manual(&recorder, name);
+    assert_eq!((first.name(), second.name()), (name, name));
+    watch(&first, 1);
+    watch(&second, 2);
+    metrics::with_local_recorder(&recorder, || {
+        first.publish_metrics();
+        second.publish_metrics();
+    });
+    let snapshot_pending = |label: &str| {
+        figures(&snapshotter, label)
+            .get("purgatory_pending")
+            .copied()
+    };
+    // One snapshot drains everything: read both series from it.
+    let all: Vec<_> = snapshotter.snapshot().into_vec();
+    let pending_of = |label: &str| {
+        all.iter()
+            .find(|(key, _, _, _)| {
+                key.key().name() == "purgatory_pending"
+                    && key.key().labels().any(|l| l.value() == label)
+            })
+            .map(|(_, _, _, value)| match value {
+                DebugValue::Gauge(v) => v.into_inner() as u64,
+                other => panic!("a gauge: {other:?}"),
+            })
+    };
+    assert_eq!(pending_of(name), Some(1), "the first keeps the bare name");
+    assert_eq!(pending_of("twin#2"), Some(2), "the second is told apart");
+    // The first shuts down (its final figures under its label); a third of the name
+    // takes the freed label, and the second keeps its own.
+    metrics::with_local_recorder(&recorder, || first.shutdown());
+    assert_eq!(snapshot_pending(name), Some(0), "final figures");
+    let (third, _) = manual(&recorder, name);
+    watch(&third, 3);
+    metrics::with_local_recorder(&recorder, || {
+        third.publish_metrics();
+        first.publish_metrics(); // shut down: publishes nothing
+    });
+    assert_eq!(snapshot_pending(name), Some(3), "the freed label is reused");
+    metrics::with_local_recorder(&recorder, || second.publish_metrics());
+    assert_eq!(snapshot_pending("twin#2"), Some(2));
+}
+
+/// Built with no recorder current: its wait samples reach a recorder from the first
+/// publish made with that recorder current, not before.
+#[test]
+fn wait_samples_reach_a_recorder_installed_later_from_the_next_publish() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let clock = ManualClock::new();
+    let purgatory: Purgatory<u32, Flagged> = PurgatoryBuilder::new()
+        .name("later")
+        .timer(TimerBuilder::new().clock(clock.clone()).reaper(false))
+        .build()
+        .unwrap();
+    let never = Arc::new(AtomicBool::new(false));
+    let forced_after = |waited: u64| {
+        let handle = pending(purgatory.watch(Flagged::new(&never, Duration::from_secs(60)), [1]));
+        clock.advance(Duration::from_secs(waited));
+        assert!(purgatory.force_complete(&handle));
+    };
+    metrics::with_local_recorder(&recorder, || {
+        forced_after(1); // before any publish with this recorder: lost
+        purgatory.publish_metrics();
+        forced_after(2);
+    });
+    forced_after(4); // the handles keep the recorder of the last publish
+    let samples = waits(&snapshotter, "later");
+    assert_eq!(samples.get("forced"), Some(&vec![2.0, 4.0]), "{samples:?}");
+}
+
+/// A batch big enough for the chunk path (32 and more) arms its operations at one clock
+/// read: each waits from there.
+#[test]
+fn a_batch_watch_samples_each_operations_wait() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let (purgatory, clock) = manual(&recorder, "batch");
+    let never = Arc::new(AtomicBool::new(false));
+    metrics::with_local_recorder(&recorder, || {
+        let handles: Vec<_> = purgatory
+            .watch_batch((0..40).map(|i| (Flagged::new(&never, Duration::from_secs(60)), [i])))
+            .into_iter()
+            .map(pending)
+            .collect();
+        clock.advance(Duration::from_millis(4_500));
+        assert_eq!(purgatory.force_complete_batch(&handles), 40);
+    });
+    let samples = waits(&snapshotter, "batch");
+    assert_eq!(samples.get("forced"), Some(&vec![4.5; 40]), "{samples:?}");
 }

@@ -616,7 +616,7 @@ fn a_purgatory_on_tokio_time_shuts_down_with_its_runtime() {
         let parked = p.park(op, [1], answer).unwrap();
         drop(runtime);
         assert!(p.is_shutdown(), "{flavour}");
-        assert_eq!(p.stats().expired, 1, "{flavour}");
+        assert_eq!(p.stats().expired_at_shutdown, 1, "{flavour}");
         assert_eq!(parked.blocking_answer().unwrap().how, Completion::Expired);
         let (op, answer) = fetch(&ready, Duration::from_secs(1));
         assert!(p.park(op, [1], answer).is_err(), "{flavour}: refused");

@@ -78,8 +78,8 @@ fn main() -> ExitCode {
         let stats = broker.shutdown().await;
         let counters = |p: &purgatory::PurgatoryStats| {
             format!(
-                "{} completed / {} expired / {} cancelled (client left)",
-                p.completed, p.expired, p.cancelled
+                "{} completed / {} expired / {} expired at shutdown / {} cancelled (client left)",
+                p.completed, p.expired, p.expired_at_shutdown, p.cancelled
             )
         };
         println!(
