@@ -4,7 +4,6 @@
 //! are. Raw frames through the wire client over 127.0.0.1; every wait is bounded and every
 //! loop counted.
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -12,59 +11,24 @@ use kafka_protocol::messages::fetch_request::FetchPartition;
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::{FetchRequest, MetadataRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
-use purgatory_examples::broker::{Broker, BrokerConfig};
+use purgatory_examples::broker::BrokerConfig;
 use purgatory_examples::followers::FollowerConfig;
 use purgatory_examples::huge_allocations::HugeAllocationsMappedLazily;
 use purgatory_examples::record_batch::encode_batch;
 use purgatory_examples::wire_client::{requests, WireClient};
 use tokio::time::timeout;
 
+mod support;
+use support::{config, connect, eventually, start, LIMIT};
+
 #[global_allocator]
 static ALLOCATOR: HugeAllocationsMappedLazily = HugeAllocationsMappedLazily;
-
-/// The longest any single wait of these tests may take.
-const LIMIT: Duration = Duration::from_secs(10);
 
 /// The longest a waiting request may outlive its client (the "within a second").
 const CLOSED_WITHIN: Duration = Duration::from_secs(1);
 
-/// A broker on a free loopback port, without followers unless `config` says otherwise.
-fn config() -> BrokerConfig {
-    BrokerConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        partitions: 2,
-        followers: FollowerConfig {
-            count: 0,
-            lag: Duration::ZERO,
-            stalled: false,
-        },
-        ..BrokerConfig::default()
-    }
-}
-
-async fn start(config: BrokerConfig) -> Broker {
-    Broker::start(config).await.unwrap()
-}
-
-async fn connect(addr: SocketAddr) -> WireClient {
-    timeout(LIMIT, WireClient::connect(addr))
-        .await
-        .unwrap()
-        .unwrap()
-}
-
 fn batch(value: &[u8]) -> Bytes {
     encode_batch(&[Bytes::copy_from_slice(value)], 1_000)
-}
-
-/// Polls `check` every 5 ms until it holds; panics after [`LIMIT`]. Returns how long it took.
-async fn eventually(what: &str, check: impl Fn() -> bool) -> Duration {
-    let started = Instant::now();
-    while !check() {
-        assert!(started.elapsed() < LIMIT, "{what}: not within {LIMIT:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    started.elapsed()
 }
 
 /// Whether the broker closes `client`'s connection within `within` (an answer or silence
@@ -105,7 +69,7 @@ fn metadata_naming(topic: &'static str, times: usize) -> MetadataRequest {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_polls_whose_clients_left_are_cancelled_and_their_sockets_closed() {
     const CLIENTS: usize = 50;
-    let broker = start(config()).await;
+    let broker = start(config(2)).await;
     let mut clients = Vec::with_capacity(CLIENTS);
     for i in 0..CLIENTS {
         let mut client = connect(broker.local_addr()).await;
@@ -146,7 +110,7 @@ async fn acks_all_produces_whose_clients_left_are_cancelled_but_stay_appended() 
             lag: Duration::ZERO,
             stalled: true,
         },
-        ..config()
+        ..config(2)
     })
     .await;
     let mut clients = Vec::with_capacity(CLIENTS);
@@ -187,7 +151,7 @@ async fn acks_all_produces_whose_clients_left_are_cancelled_but_stay_appended() 
 async fn idle_connections_are_closed_but_waiting_requests_are_not_idle() {
     let broker = start(BrokerConfig {
         connections_max_idle: Duration::from_millis(300),
-        ..config()
+        ..config(2)
     })
     .await;
     let mut idle = connect(broker.local_addr()).await;
@@ -217,7 +181,7 @@ async fn connections_stalled_inside_a_request_are_closed() {
     const CLIENTS: usize = 50;
     let broker = start(BrokerConfig {
         frame_read_timeout: Duration::from_millis(300),
-        ..config()
+        ..config(2)
     })
     .await;
     let mut clients = Vec::with_capacity(CLIENTS);
@@ -247,7 +211,7 @@ async fn connections_beyond_the_cap_are_closed_at_once() {
     const CAP: usize = 5;
     let broker = start(BrokerConfig {
         max_connections: CAP,
-        ..config()
+        ..config(2)
     })
     .await;
     let mut admitted = Vec::with_capacity(CAP);
@@ -275,7 +239,7 @@ async fn connections_beyond_the_cap_are_closed_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partition_named_thousands_of_times_is_answered_once() {
-    let broker = start(config()).await;
+    let broker = start(config(2)).await;
     let mut client = connect(broker.local_addr()).await;
     for value in [&b"one"[..], b"two", b"three"] {
         let produce = requests::produce("demo", 0, 1, 1000, batch(value));
@@ -354,7 +318,7 @@ async fn fetch_answers_stay_within_the_broker_cap() {
     const CAP: usize = 64 * 1024;
     let broker = start(BrokerConfig {
         fetch_max_bytes: CAP,
-        ..config()
+        ..config(2)
     })
     .await;
     let mut client = connect(broker.local_addr()).await;
@@ -387,7 +351,7 @@ async fn requests_naming_too_many_partitions_close_the_connection() {
     const CAP: usize = 100;
     let broker = start(BrokerConfig {
         max_partitions_per_request: CAP,
-        ..config()
+        ..config(2)
     })
     .await;
     let addr = broker.local_addr();

@@ -15,18 +15,17 @@ use bytes::Bytes;
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::{MetadataRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
-use purgatory_examples::broker::{Broker, BrokerConfig};
-use purgatory_examples::followers::FollowerConfig;
+use purgatory_examples::broker::BrokerConfig;
 use purgatory_examples::huge_allocations::HugeAllocationsMappedLazily;
 use purgatory_examples::record_batch::encode_batch;
 use purgatory_examples::wire_client::{requests, WireClient};
 use tokio::time::timeout;
 
+mod support;
+use support::{config, connect, eventually, start, LIMIT};
+
 #[global_allocator]
 static ALLOCATOR: HugeAllocationsMappedLazily = HugeAllocationsMappedLazily;
-
-/// The longest any single wait of these tests may take.
-const LIMIT: Duration = Duration::from_secs(10);
 
 /// A client arriving during an attack is answered within this (the target).
 const FRESH_WITHIN: Duration = Duration::from_millis(200);
@@ -43,39 +42,6 @@ const WRITE_MARGIN: Duration = Duration::from_secs(3);
 /// Kafka error codes the tests expect.
 const OFFSET_OUT_OF_RANGE: i16 = 1;
 const INVALID_REQUEST: i16 = 42;
-
-fn config() -> BrokerConfig {
-    BrokerConfig {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        followers: FollowerConfig {
-            count: 0,
-            lag: Duration::ZERO,
-            stalled: false,
-        },
-        ..BrokerConfig::default()
-    }
-}
-
-async fn start(config: BrokerConfig) -> Broker {
-    Broker::start(config).await.unwrap()
-}
-
-async fn connect(addr: SocketAddr) -> WireClient {
-    timeout(LIMIT, WireClient::connect(addr))
-        .await
-        .unwrap()
-        .unwrap()
-}
-
-/// Polls `check` every 5 ms until it holds; panics after [`LIMIT`]. Returns how long it took.
-async fn eventually(what: &str, check: impl Fn() -> bool) -> Duration {
-    let started = Instant::now();
-    while !check() {
-        assert!(started.elapsed() < LIMIT, "{what}: not within {LIMIT:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    started.elapsed()
-}
 
 /// A client that connects now and asks for Metadata: asserts it is answered within
 /// [`FRESH_WITHIN`] and returns how long it took.
@@ -122,7 +88,7 @@ async fn n1_long_polls_that_pipelined_past_a_mebibyte_then_left_free_their_slots
     const CAP: usize = 16;
     let broker = start(BrokerConfig {
         max_connections: CAP,
-        ..config()
+        ..config(1)
     })
     .await;
     let addr = broker.local_addr();
@@ -154,7 +120,7 @@ async fn n1_a_client_pipelining_beyond_the_request_budget_behind_a_long_poll_is_
     const BUDGET: usize = 2 << 20;
     let broker = start(BrokerConfig {
         queued_max_request_bytes: BUDGET,
-        ..config()
+        ..config(1)
     })
     .await;
     let addr = broker.local_addr();
@@ -186,7 +152,7 @@ async fn a_long_poll_is_answered_at_the_broker_cap_on_its_wait() {
     let cap = Duration::from_millis(300);
     let broker = start(BrokerConfig {
         fetch_max_wait: cap,
-        ..config()
+        ..config(1)
     })
     .await;
     let mut client = connect(broker.local_addr()).await;
@@ -212,7 +178,7 @@ async fn n2_slow_readers_of_a_big_batch_are_closed_at_the_write_timeout() {
     const READERS: usize = 10;
     let broker = start(BrokerConfig {
         write_timeout: WRITE_TIMEOUT,
-        ..config()
+        ..config(1)
     })
     .await;
     let addr = broker.local_addr();
@@ -286,7 +252,7 @@ async fn n2_metadata_echoes_never_read_hold_no_more_than_the_request_budget() {
     const CLIENTS: usize = 4;
     let broker = start(BrokerConfig {
         queued_max_request_bytes: 20 << 20,
-        ..config()
+        ..config(1)
     })
     .await;
     let addr = broker.local_addr();
@@ -320,7 +286,7 @@ async fn n2_a_big_metadata_echo_never_read_is_closed_at_the_write_timeout() {
     const NAMES: usize = 300;
     let broker = start(BrokerConfig {
         write_timeout: WRITE_TIMEOUT,
-        ..config()
+        ..config(1)
     })
     .await;
     let addr = broker.local_addr();
@@ -357,7 +323,7 @@ fn n3_list_offsets_naming_a_partition_10000_times_over_a_long_log_stalls_nobody(
             .unwrap()
     };
     let (brokers, clients) = (runtime(2), runtime(1));
-    let broker = brokers.block_on(start(config()));
+    let broker = brokers.block_on(start(config(1)));
     clients.block_on(list_offsets_naming_a_partition_10000_times(
         broker.local_addr(),
     ));
@@ -444,7 +410,7 @@ async fn partial_frames_beyond_the_request_budget_are_closed() {
     const CLIENTS: usize = 12;
     let broker = start(BrokerConfig {
         queued_max_request_bytes: BUDGET,
-        ..config()
+        ..config(1)
     })
     .await;
     let addr = broker.local_addr();
@@ -485,7 +451,7 @@ async fn the_log_keeps_its_retention_bytes_and_moves_its_start() {
     const RETENTION: u64 = 2 << 20;
     let broker = start(BrokerConfig {
         retention_bytes: RETENTION,
-        ..config()
+        ..config(1)
     })
     .await;
     let mut client = connect(broker.local_addr()).await;
@@ -537,7 +503,7 @@ async fn a_client_trickling_a_request_is_closed_at_the_frame_read_timeout() {
     let frame_read_timeout = Duration::from_millis(500);
     let broker = start(BrokerConfig {
         frame_read_timeout,
-        ..config()
+        ..config(1)
     })
     .await;
     let addr = broker.local_addr();
@@ -573,7 +539,7 @@ async fn requests_pipelined_behind_a_long_poll_are_all_answered_in_order() {
     const BEHIND: usize = 1_000;
     let broker = start(BrokerConfig {
         fetch_max_wait: Duration::from_millis(300),
-        ..config()
+        ..config(1)
     })
     .await;
     let mut client = connect(broker.local_addr()).await;
@@ -603,7 +569,7 @@ async fn requests_pipelined_behind_a_long_poll_are_all_answered_in_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_leaving_in_the_middle_of_a_big_answer_frees_its_connection_at_once() {
-    let broker = start(config()).await;
+    let broker = start(config(1)).await;
     let addr = broker.local_addr();
     let mut producer = connect(addr).await;
     let batch = encode_batch(&[Bytes::from(vec![b'x'; 8 << 20])], 1_000);

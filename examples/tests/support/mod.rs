@@ -1,0 +1,52 @@
+//! What the broker test suites share: a broker on a free loopback port, a client of it,
+//! and a bounded wait for a condition. (Each suite compiles this module on its own and
+//! uses part of it, hence the `dead_code` allowance.)
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use purgatory_examples::broker::{Broker, BrokerConfig};
+use purgatory_examples::followers::FollowerConfig;
+use purgatory_examples::wire_client::WireClient;
+use tokio::time::timeout;
+
+/// The longest any single wait of these tests may take.
+pub const LIMIT: Duration = Duration::from_secs(10);
+
+/// A broker on a free loopback port with `partitions` partitions of the topic "demo", and
+/// no followers; the rest as the defaults.
+pub fn config(partitions: usize) -> BrokerConfig {
+    BrokerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        partitions,
+        followers: FollowerConfig {
+            count: 0,
+            lag: Duration::ZERO,
+            stalled: false,
+        },
+        ..BrokerConfig::default()
+    }
+}
+
+pub async fn start(config: BrokerConfig) -> Broker {
+    Broker::start(config).await.unwrap()
+}
+
+/// A client connected to `addr` (within [`LIMIT`]).
+pub async fn connect(addr: SocketAddr) -> WireClient {
+    timeout(LIMIT, WireClient::connect(addr))
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// Polls `check` every 5 ms until it holds; panics after [`LIMIT`]. Returns how long it took.
+pub async fn eventually(what: &str, check: impl Fn() -> bool) -> Duration {
+    let started = Instant::now();
+    while !check() {
+        assert!(started.elapsed() < LIMIT, "{what}: not within {LIMIT:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    started.elapsed()
+}
