@@ -18,41 +18,18 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 workspace="$(cd "$here/../.." && pwd)"
 target_dir="${CARGO_TARGET_DIR:-$workspace/target}"
 work="$(mktemp -d)"
-broker_pid=""
-
-stop_broker() {
-    if [[ -n "$broker_pid" ]]; then
-        kill -INT "$broker_pid" 2>/dev/null || true
-        for _ in $(seq 1 50); do kill -0 "$broker_pid" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$broker_pid" 2>/dev/null || true
-        wait "$broker_pid" 2>/dev/null || true
-        broker_pid=""
-    fi
-}
-trap 'stop_broker; rm -rf "$work"' EXIT
-trap 'exit 130' INT TERM
+# shellcheck source=broker_process.sh
+source "$here/broker_process.sh"
 
 (cd "$workspace" && timeout 1800 cargo build --release -p purgatory-examples --bin broker --bin broker_load)
 broker="${BROKER:-$target_dir/release/broker}"
 load="$target_dir/release/broker_load"
 
-start_broker() {
-    : >"$work/broker.out"
-    # shellcheck disable=SC2086
-    "$broker" --listen 127.0.0.1:0 --followers 0 ${EXTRA_FLAGS:-} >"$work/broker.out" 2>"$work/broker.err" &
-    broker_pid=$!
-    address=""
-    for _ in $(seq 1 300); do
-        address="$(sed -n 's/^broker listening on \([0-9.]*:[0-9]*\).*/\1/p' "$work/broker.out")"
-        [[ -n "$address" ]] && return 0
-        sleep 0.1
-    done
-    echo "the broker did not start"; cat "$work/broker.err"; exit 1
-}
 
 measure() {
     local scenario="$1" connections="$2"
-    start_broker
+    # shellcheck disable=SC2086
+    start_broker --followers 0 ${EXTRA_FLAGS:-}
     timeout 300 "$load" hostile --broker "$address" --broker-pid "$broker_pid" \
         --scenario "$scenario" --connections "$connections"
     stop_broker
