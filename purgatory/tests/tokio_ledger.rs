@@ -7,15 +7,20 @@
 //! At the end every operation is accounted for exactly once: answered (`on_complete`
 //! once, and an awaited answer agrees), taken back (a cancel by drop or `try_cancel`:
 //! no `on_complete`), or refused after shutdown (given back); each operation value is
-//! dropped exactly once; the purgatory's counters equal the ledger's.
+//! dropped exactly once; the purgatory's counters equal the ledger's. The operations are
+//! the probe (`probe/mod.rs`) answering through a `Reply`, so its ledger also flags a
+//! breach of the operation contract as it happens.
 //!
 //! The budget is 4 s by default, `TOKIO_LEDGER_SECS` for more.
 #![cfg(feature = "tokio")]
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::SeqCst};
+mod probe;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use probe::{Ledger, Probe, Readiness, Rng};
 use purgatory::{reply, Completion, DelayedOperation, Purgatory, Reply};
 
 /// Operation ids available to one run (a task stops parking when they run out).
@@ -23,73 +28,57 @@ const IDS: usize = 400_000;
 const KEYS: u64 = 32;
 const TASKS: usize = 8;
 
-struct Ledger {
-    completions: Vec<AtomicU32>,
-    drops: Vec<AtomicU32>,
-    ready: Vec<AtomicBool>,
-    /// How each operation ended, as its task saw it.
+/// The run's records: the probe's ledger (callbacks and drops, with the operation
+/// contract checked on the fly), readiness flags, and how each operation ended as its
+/// task saw it.
+struct Run {
+    ledger: Arc<Ledger>,
+    ready: Arc<Vec<AtomicBool>>,
+    readiness: Readiness,
     taken_back: AtomicU64,
     refused: AtomicU64,
     awaited: AtomicU64,
     next: AtomicUsize,
 }
 
+/// A probe that also answers through a [`Reply`], as a tokio user's operation does.
 struct Op {
-    id: usize,
-    timeout: Duration,
-    ledger: Arc<Ledger>,
+    probe: Probe,
     reply: Reply<usize>,
 }
 
 impl DelayedOperation for Op {
     fn timeout(&self) -> Duration {
-        self.timeout
+        self.probe.timeout()
     }
     fn try_complete(&mut self) -> bool {
-        self.ledger.ready[self.id].load(SeqCst)
+        self.probe.try_complete()
     }
     fn on_complete(&mut self, how: Completion) {
-        self.ledger.completions[self.id].fetch_add(1, SeqCst);
-        self.reply.send(how, self.id);
+        self.probe.on_complete(how);
+        self.reply.send(how, self.probe.id);
     }
-}
-
-impl Drop for Op {
-    fn drop(&mut self) {
-        self.ledger.drops[self.id].fetch_add(1, SeqCst);
-    }
-}
-
-/// A small deterministic generator per task (splitmix64).
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        (z ^ (z >> 31)) % n
+    fn on_expiration(&mut self) {
+        self.probe.on_expiration();
     }
 }
 
 /// One client: parks operations one after another, each handled by a task of its own
 /// (so many wait at once), until the time is up, the ids run out, or the purgatory has
 /// refused 100 of them.
-async fn client(p: Purgatory<u64, Op>, ledger: Arc<Ledger>, seed: u64, until: Instant) {
-    let mut rng = Rng(seed);
+async fn client(p: Purgatory<u64, Op>, run: Arc<Run>, seed: u64, until: Instant) {
+    let mut rng = Rng::new(seed);
     let mut handlers = Vec::new();
     let mut refusals = 0;
     while Instant::now() < until && refusals < 100 {
-        let id = ledger.next.fetch_add(1, SeqCst);
+        let id = run.next.fetch_add(1, SeqCst);
         if id >= IDS {
             break;
         }
         let (reply_to, answer) = reply();
+        let timeout = Duration::from_millis(rng.below(30));
         let op = Op {
-            id,
-            timeout: Duration::from_millis(rng.below(30)),
-            ledger: Arc::clone(&ledger),
+            probe: Probe::new(id, timeout, &run.ledger, &run.readiness),
             reply: reply_to,
         };
         let key = rng.below(KEYS);
@@ -97,12 +86,12 @@ async fn client(p: Purgatory<u64, Op>, ledger: Arc<Ledger>, seed: u64, until: In
             Ok(parked) => {
                 let action = rng.below(5);
                 let wait = Duration::from_micros(rng.below(20_000));
-                let (p, ledger) = (p.clone(), Arc::clone(&ledger));
-                handlers.push(tokio::spawn(handle(p, ledger, id, parked, action, wait)));
+                let (p, run) = (p.clone(), Arc::clone(&run));
+                handlers.push(tokio::spawn(handle(p, run, id, parked, action, wait)));
             }
             Err(refused) => {
                 refusals += 1;
-                ledger.refused.fetch_add(1, SeqCst);
+                run.refused.fetch_add(1, SeqCst);
                 drop(refused.into_error().into_operation());
             }
         }
@@ -118,7 +107,7 @@ async fn client(p: Purgatory<u64, Op>, ledger: Arc<Ledger>, seed: u64, until: In
 /// What one client does with one parked operation.
 async fn handle(
     p: Purgatory<u64, Op>,
-    ledger: Arc<Ledger>,
+    run: Arc<Run>,
     id: usize,
     mut parked: purgatory::Parked<u64, Op, usize>,
     action: u64,
@@ -129,8 +118,8 @@ async fn handle(
             // Awaited to its answer.
             let answered = parked.await.expect("an accepted operation is answered");
             assert_eq!(answered.answer, id);
-            assert_eq!(ledger.completions[id].load(SeqCst), 1);
-            ledger.awaited.fetch_add(1, SeqCst);
+            assert_eq!(run.ledger.completions(id), 1);
+            run.awaited.fetch_add(1, SeqCst);
         }
         1 => {
             // The client leaves after a moment.
@@ -139,12 +128,12 @@ async fn handle(
         }
         2 => match parked.try_cancel() {
             Some(op) => {
-                ledger.taken_back.fetch_add(1, SeqCst);
+                run.taken_back.fetch_add(1, SeqCst);
                 drop(op);
             }
             None => {
                 parked.await.expect("completed, so answered");
-                ledger.awaited.fetch_add(1, SeqCst);
+                run.awaited.fetch_add(1, SeqCst);
             }
         },
         3 => {
@@ -153,13 +142,13 @@ async fn handle(
                 p.force_complete(&handle);
             }
             parked.await.expect("forced or completed: answered");
-            ledger.awaited.fetch_add(1, SeqCst);
+            run.awaited.fetch_add(1, SeqCst);
         }
         _ => {
             // Gives up after a random wait.
             if let Ok(answered) = tokio::time::timeout(wait, &mut parked).await {
                 answered.expect("answered");
-                ledger.awaited.fetch_add(1, SeqCst);
+                run.awaited.fetch_add(1, SeqCst);
             }
         }
     }
@@ -171,10 +160,11 @@ fn every_parked_operation_ends_exactly_once_under_random_clients() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(4);
-    let ledger = Arc::new(Ledger {
-        completions: (0..IDS).map(|_| AtomicU32::new(0)).collect(),
-        drops: (0..IDS).map(|_| AtomicU32::new(0)).collect(),
-        ready: (0..IDS).map(|_| AtomicBool::new(false)).collect(),
+    let (ready, readiness) = probe::flags(IDS);
+    let run = Arc::new(Run {
+        ledger: Ledger::new(IDS),
+        ready,
+        readiness,
         taken_back: AtomicU64::new(0),
         refused: AtomicU64::new(0),
         awaited: AtomicU64::new(0),
@@ -192,14 +182,14 @@ fn every_parked_operation_ends_exactly_once_under_random_clients() {
     // Events: random operations made ready, their keys checked, from a plain thread.
     let stop = Arc::new(AtomicBool::new(false));
     let events = {
-        let (p, ledger, stop) = (p.clone(), Arc::clone(&ledger), Arc::clone(&stop));
+        let (p, run, stop) = (p.clone(), Arc::clone(&run), Arc::clone(&stop));
         std::thread::spawn(move || {
-            let mut rng = Rng(7);
+            let mut rng = Rng::new(7);
             while !stop.load(SeqCst) {
-                let issued = ledger.next.load(SeqCst).min(IDS);
+                let issued = run.next.load(SeqCst).min(IDS);
                 if issued > 0 {
                     let id = rng.below(issued as u64) as usize;
-                    ledger.ready[id].store(true, SeqCst);
+                    run.ready[id].store(true, SeqCst);
                 }
                 p.check_and_complete(&rng.below(KEYS));
             }
@@ -208,12 +198,12 @@ fn every_parked_operation_ends_exactly_once_under_random_clients() {
 
     runtime.block_on(async {
         let clients: Vec<_> = (0..TASKS)
-            .map(|t| tokio::spawn(client(p.clone(), Arc::clone(&ledger), t as u64, until)))
+            .map(|t| tokio::spawn(client(p.clone(), Arc::clone(&run), t as u64, until)))
             .collect();
         // Shut down while the clients still park: after four fifths of the time or of
         // the ids, whichever comes first.
         let shut_at = Instant::now() + until.saturating_duration_since(Instant::now()) * 4 / 5;
-        while Instant::now() < shut_at && ledger.next.load(SeqCst) < IDS * 4 / 5 {
+        while Instant::now() < shut_at && run.next.load(SeqCst) < IDS * 4 / 5 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         p.shutdown_async().await;
@@ -225,15 +215,20 @@ fn every_parked_operation_ends_exactly_once_under_random_clients() {
     events.join().unwrap();
     drop(runtime);
 
-    let issued = ledger.next.load(SeqCst).min(IDS);
+    let issued = run.next.load(SeqCst).min(IDS);
+    assert_eq!(
+        run.ledger.violations(),
+        0,
+        "the operation contract was broken"
+    );
     let (mut answered, mut unanswered) = (0u64, 0u64);
     for id in 0..issued {
-        let completions = ledger.completions[id].load(SeqCst);
+        let completions = run.ledger.completions(id);
         assert!(
             completions <= 1,
             "operation {id} answered {completions} times"
         );
-        assert_eq!(ledger.drops[id].load(SeqCst), 1, "operation {id}: drops");
+        assert_eq!(run.ledger.drops(id), 1, "operation {id}: drops");
         if completions == 1 {
             answered += 1;
         } else {
@@ -246,17 +241,17 @@ fn every_parked_operation_ends_exactly_once_under_random_clients() {
         answered,
         "{stats:?}"
     );
-    let refused = ledger.refused.load(SeqCst);
+    let refused = run.refused.load(SeqCst);
     assert_eq!(stats.cancelled + refused, unanswered, "{stats:?}");
-    assert!(ledger.taken_back.load(SeqCst) <= stats.cancelled);
+    assert!(run.taken_back.load(SeqCst) <= stats.cancelled);
     assert_eq!(stats.pending, 0);
     assert!(refused > 0, "the shutdown came while clients parked");
     eprintln!(
         "tokio ledger: {issued} operations in {:?}: {answered} answered ({} awaited), {} \
          cancelled ({} by try_cancel), {refused} refused; {stats:?}",
         started.elapsed(),
-        ledger.awaited.load(SeqCst),
+        run.awaited.load(SeqCst),
         stats.cancelled,
-        ledger.taken_back.load(SeqCst),
+        run.taken_back.load(SeqCst),
     );
 }
