@@ -169,15 +169,10 @@ impl<K, O: DelayedOperation> State<K, O> {
         if orphans.is_empty() {
             return 0;
         }
-        let count = if self.timer.is_shutdown() {
-            Count::ShutdownExpired
-        } else {
-            Count::Expired
-        };
-        self.complete_as(
+        // Counted by `count_of`: as shutdown's once the timer is closed.
+        self.complete(
             &mut SmallVec::<[Taken<O>; 1]>::from_vec(orphans),
             Completion::Expired,
-            count,
         )
     }
 }
