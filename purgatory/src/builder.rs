@@ -131,11 +131,10 @@ impl PurgatoryBuilder {
     /// [`TokioClock`](crate::TokioClock) (this overrides a clock set in
     /// [`timer`](Self::timer)), and instead of a reaper thread a task on the runtime
     /// drives expiry, sleeping on tokio's timer until the next operation is due, so a
-    /// paused runtime auto-advances straight to it. Needs a runtime
-    /// ([`BuildError::NoRuntime`] otherwise). Expired operations' callbacks then run on
-    /// that task (a runtime worker) unless the timer's executor is a pool; so do purges.
-    /// The runtime needs its time driver (`enable_time`; [`BuildError::NoRuntime`]
-    /// otherwise). When the runtime drops the task (it shuts down first), the purgatory
+    /// paused runtime auto-advances straight to it. Expired operations' callbacks then
+    /// run on that task (a runtime worker) unless the timer's executor is a pool; so do
+    /// purges. Needs a runtime with its time driver (`enable_time`);
+    /// [`BuildError::NoRuntime`] otherwise. When the runtime drops the task (it shuts down first), the purgatory
     /// shuts down too, expiring what is pending: no time passes for it any more.
     #[cfg(feature = "tokio")]
     pub fn follow_tokio_time(mut self) -> Self {
@@ -166,8 +165,7 @@ impl PurgatoryBuilder {
                 .timer
                 .clock(crate::TokioClock::new(handle.clone()))
                 .reaper(false),
-            (Some(_), true) => return Err(BuildError::NoRuntime),
-            (None, true) => return Err(BuildError::NoRuntime),
+            (_, true) => return Err(BuildError::NoRuntime),
         };
         #[cfg(not(feature = "tokio"))]
         let timer = self.timer;

@@ -7,8 +7,8 @@
 //! - The reaper thread (one per purgatory, unless its timer is built with
 //!   `reaper(false)`) drives the timer, completes expired operations (`on_complete` then
 //!   `on_expiration`, inline or on the configured pool) and purges completed entries.
-//! - With the feature `tokio`, each of them enters the purgatory's runtime for user code
-//!   (`runtime.rs`), and the last handle dropped in a runtime's context shuts down on its
+//! - With the feature `tokio`, whichever of them answers an operation enters the
+//!   purgatory's runtime for its callbacks (`runtime.rs`), and the last handle dropped in a runtime's context shuts down on its
 //!   blocking pool ([`release`]); with `follow_tokio_time` a task replaces the reaper
 //!   (`tokio_time.rs`).
 //!
@@ -436,9 +436,10 @@ where
     /// [`shutdown`](Self::shutdown) without blocking the task's thread: the shutdown runs
     /// on the runtime's blocking pool, and this resolves when it has returned (every
     /// operation that was pending has had its callbacks). Once polled, dropping the
-    /// future does not stop the shutdown (a future never polled does nothing). Polled outside a tokio runtime (and the purgatory built without
-    /// one), or while the runtime shuts down, it runs `shutdown` inline. A panic of
-    /// `shutdown` (a key's `Drop`) resumes here. Feature `tokio`.
+    /// future does not stop the shutdown (a future never polled does nothing). Polled
+    /// outside a tokio runtime (and the purgatory built without one), or while the
+    /// runtime shuts down, it runs `shutdown` inline. A panic of `shutdown` (a key's
+    /// `Drop`) resumes here. Feature `tokio`.
     #[cfg(feature = "tokio")]
     pub async fn shutdown_async(&self) {
         let runtime = tokio::runtime::Handle::try_current()
