@@ -117,7 +117,8 @@ impl PurgatoryBuilder {
         self
     }
 
-    /// The tokio runtime whose context every callback runs in (feature `tokio`; see
+    /// The tokio runtime whose context the callbacks that answer operations run in
+    /// (feature `tokio`; see
     /// [`with_tokio`](crate::with_tokio)). Without it, `build` takes the runtime it is
     /// called in, if any.
     #[cfg(feature = "tokio")]
