@@ -21,8 +21,8 @@ use timer_core::TimerHandle;
 use crate::counters::Count;
 use crate::op_table::{Locked, Taken};
 use crate::operation::{Completion, DelayedOperation};
-use crate::panics::caught;
 use crate::state::{Expiry, State};
+use crate::user_code::caught;
 
 impl<K, O: DelayedOperation> State<K, O> {
     /// `try_complete` on a locked operation, keeping the lock (a panic is counted and

@@ -71,7 +71,6 @@ mod metrics;
 mod op_list;
 mod op_table;
 mod operation;
-mod panics;
 #[cfg(feature = "tokio")]
 mod parked;
 mod purgatory;
@@ -85,6 +84,7 @@ mod stats;
 mod sync;
 #[cfg(feature = "tokio")]
 mod tokio_time;
+mod user_code;
 mod watch;
 mod watchers;
 #[cfg(feature = "tokio")]

@@ -166,7 +166,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
             return;
         };
         let stats = self.stats();
-        crate::panics::caught(
+        crate::user_code::caught(
             "the metrics recorder panicked; figures not published",
             || {
                 publish(&label.value, &stats);
@@ -181,7 +181,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
         let mut publisher = self.metrics.publisher.lock();
         if let Some(label) = &publisher.label {
             let stats = self.stats();
-            crate::panics::caught(
+            crate::user_code::caught(
                 "the metrics recorder panicked; final figures not published",
                 || publish(&label.value, &stats),
             );
@@ -210,7 +210,7 @@ impl<K, O: DelayedOperation> State<K, O> {
             return;
         }
         let now = self.wait_clock();
-        crate::panics::caught(
+        crate::user_code::caught(
             "the metrics recorder panicked; wait times not recorded",
             || {
                 self.metrics.with_waits(|waits| {

@@ -74,10 +74,10 @@ use timer_core::TimerHandle;
 
 use crate::counters::{stripe_index, STRIPES};
 use crate::operation::DelayedOperation;
-use crate::panics::caught;
 pub(crate) use crate::slot::RETIRED;
 use crate::slot::{ExpiryAttempt, Slot, Unlocked};
 use crate::sync::Parker;
+use crate::user_code::caught;
 
 /// Slots in the first segment (each next segment doubles).
 #[cfg(not(loom))]

@@ -42,8 +42,8 @@ use crate::error::WatchError;
 use crate::handle::{OperationHandle, WatchOutcome};
 use crate::op_table::{Locked, OpRef, Taken, Vacated};
 use crate::operation::{Completion, DelayedOperation};
-use crate::panics::caught;
 use crate::state::{Expiry, State};
+use crate::user_code::caught;
 
 /// Most operations watched under one round of locks.
 pub(crate) const CHUNK: usize = 64;

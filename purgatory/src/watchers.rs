@@ -53,8 +53,8 @@ use smallvec::{smallvec, SmallVec};
 use crate::counters::{stripe_index, STRIPES};
 use crate::op_list::{Flags, OpList};
 use crate::op_table::OpRef;
-use crate::panics;
 use crate::sync::Mutex;
+use crate::user_code;
 
 /// One key's list, with the key's hash.
 struct List<K> {
@@ -572,13 +572,13 @@ fn drop_key<K>(key: K) {
     // A key with no drop glue (an integer, say) cannot panic here: no catch, which is a
     // call that does not inline (3 a watch on 3 keys: 120 instructions, callgrind).
     if std::mem::needs_drop::<K>() {
-        panics::caught("a key's Drop panicked; caught", move || drop(key));
+        user_code::caught("a key's Drop panicked; caught", move || drop(key));
     }
 }
 
 /// Runs `f` (a key's `Hash` or `Eq`), catching a panic.
 fn caught<R>(f: impl FnOnce() -> R) -> Option<R> {
-    panics::caught(
+    user_code::caught(
         "a key's Hash or Eq panicked; its operation is handed back",
         f,
     )

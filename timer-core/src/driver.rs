@@ -43,8 +43,8 @@ use std::time::Duration;
 
 use crate::core::TimerCore;
 use crate::executor::Executor;
-use crate::panics::{drop_panic_payload, panic_message};
 use crate::sync::{Condvar, Mutex};
+use crate::user_code::{drop_panic_payload, panic_message};
 
 /// What a driver drives: a core, and what to do with the tasks that expire from it.
 pub trait Expire: Send + Sync + 'static {

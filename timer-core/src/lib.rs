@@ -49,10 +49,10 @@ mod core;
 mod driver;
 mod error;
 mod executor;
-mod panics;
 mod sleeper;
 mod sync;
 mod timer;
+mod user_code;
 mod wheel;
 
 pub use builder::TimerBuilder;
@@ -61,8 +61,8 @@ pub use core::{TimerCore, TimerHandle, TimerStats};
 pub use driver::{Driver, DriverConfig, Expire, NextRound};
 pub use error::{AddError, BuildError};
 pub use executor::Executor;
-pub use panics::{drop_panic_payload, panic_message};
 pub use timer::Timer;
+pub use user_code::{drop_panic_payload, panic_message};
 pub use wheel::{SlotKey, Wheel};
 
 /// The package README's examples, compiled and run as doctests so they stay true.

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use crate::core::{TimerCore, TimerStats};
 use crate::driver::{Driver, Expire};
-use crate::panics::{drop_panic_payload, panic_message};
+use crate::user_code::{drop_panic_payload, panic_message};
 use crate::TimerTask;
 
 /// The expiry of a plain timer: run each task, catching and counting panics.
