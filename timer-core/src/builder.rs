@@ -1,9 +1,8 @@
 //! Configuration of a [`Timer`].
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{Clock, ClockChoice, SystemClock, TimerClock};
 use crate::core::TimerCore;
 use crate::driver::DriverConfig;
 use crate::error::BuildError;
@@ -24,7 +23,7 @@ pub struct TimerBuilder {
     tick: Duration,
     wheel_size: u32,
     shards: Option<usize>,
-    clock: Option<Arc<dyn Clock>>,
+    clock: Option<ClockChoice>,
     driver: DriverConfig,
 }
 
@@ -64,9 +63,11 @@ impl TimerBuilder {
         self
     }
 
-    /// The time source; [`ManualClock`](crate::ManualClock) for tests.
+    /// The time source; [`ManualClock`](crate::ManualClock) for tests. A clock other than
+    /// this crate's two is user code: a read that panics is caught and counted
+    /// (`TimerStats::clock_panics`) and the last good reading stands in.
     pub fn clock(mut self, clock: impl Clock) -> Self {
-        self.clock = Some(Arc::new(clock));
+        self.clock = Some(ClockChoice::of(clock));
         self
     }
 
@@ -123,7 +124,10 @@ impl TimerBuilder {
         if !(1..=1024).contains(&shards) {
             return Err(BuildError::InvalidShards(shards));
         }
-        let clock = self.clock.unwrap_or_else(|| Arc::new(SystemClock::new()));
+        let clock = TimerClock::new(
+            self.clock
+                .unwrap_or_else(|| ClockChoice::System(SystemClock::new())),
+        );
         let core = TimerCore::new(self.wheel_size, shards, self.tick, clock);
         Ok((core, self.driver))
     }

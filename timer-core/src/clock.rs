@@ -10,10 +10,18 @@
 //!   Nothing wakes a sleeping driver when a manual clock moves: drive a timer on a manual
 //!   clock with `advance_clock(Duration::ZERO)` after each move (and build it without a
 //!   reaper thread).
+//! - A timer reads its clock through a [`TimerClock`]: the two clocks of this crate
+//!   directly (neither can panic), any other clock as user code (`user_code.rs`): a read
+//!   that panics is caught and counted, and the last good reading stands in. Every
+//!   reading of such a clock is at least the last good one, so the timer's time never
+//!   goes back even if the clock does.
 
+use std::any::Any;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use crate::user_code::caught;
 
 /// A monotonic time source: the time elapsed since the clock's own origin.
 pub trait Clock: Send + Sync + 'static {
@@ -96,6 +104,105 @@ impl Clock for ManualClock {
 
     fn now_nanos(&self) -> u64 {
         self.nanos.load(Ordering::SeqCst)
+    }
+}
+
+/// The clock a timer builder was given, before a timer reads it.
+#[derive(Clone)]
+pub(crate) enum ClockChoice {
+    System(SystemClock),
+    Manual(ManualClock),
+    /// Any other clock: user code.
+    User(Arc<dyn Clock>),
+}
+
+impl ClockChoice {
+    /// `clock`, told apart from this crate's own clocks.
+    pub(crate) fn of<C: Clock>(clock: C) -> Self {
+        let any: &dyn Any = &clock;
+        if let Some(system) = any.downcast_ref::<SystemClock>() {
+            ClockChoice::System(*system)
+        } else if let Some(manual) = any.downcast_ref::<ManualClock>() {
+            ClockChoice::Manual(manual.clone())
+        } else {
+            ClockChoice::User(Arc::new(clock))
+        }
+    }
+}
+
+impl std::fmt::Debug for ClockChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClockChoice::System(clock) => clock.fmt(f),
+            ClockChoice::Manual(clock) => clock.fmt(f),
+            ClockChoice::User(_) => f.write_str("a user clock"),
+        }
+    }
+}
+
+/// How a timer reads its clock (see the module doc): this crate's clocks directly, a user
+/// clock through the door, with its last good reading and its panics.
+pub(crate) enum TimerClock {
+    System(SystemClock),
+    Manual(ManualClock),
+    User {
+        clock: Arc<dyn Clock>,
+        /// The latest good reading (ns), which stands in when a read panics.
+        last: AtomicU64,
+        /// Reads that panicked.
+        panics: AtomicU64,
+    },
+}
+
+impl TimerClock {
+    pub(crate) fn new(choice: ClockChoice) -> Self {
+        match choice {
+            ClockChoice::System(clock) => TimerClock::System(clock),
+            ClockChoice::Manual(clock) => TimerClock::Manual(clock),
+            ClockChoice::User(clock) => TimerClock::User {
+                clock,
+                last: AtomicU64::new(0),
+                panics: AtomicU64::new(0),
+            },
+        }
+    }
+
+    /// Now, in nanoseconds since the clock's origin.
+    #[inline]
+    pub(crate) fn now_nanos(&self) -> u64 {
+        match self {
+            TimerClock::System(clock) => clock.now_nanos(),
+            TimerClock::Manual(clock) => clock.now_nanos(),
+            TimerClock::User {
+                clock,
+                last,
+                panics,
+            } => read_user_clock(&**clock, last, panics),
+        }
+    }
+
+    /// Reads of a user clock that panicked (0 for this crate's clocks).
+    pub(crate) fn panics(&self) -> u64 {
+        match self {
+            TimerClock::User { panics, .. } => panics.load(Ordering::Relaxed),
+            _ => 0,
+        }
+    }
+}
+
+/// Reads a user clock through the door: a panic is caught and counted, and the last good
+/// reading stands in; a reading earlier than the last good one is raised to it.
+#[inline(never)]
+fn read_user_clock(clock: &dyn Clock, last: &AtomicU64, panics: &AtomicU64) -> u64 {
+    match caught(
+        "the clock panicked; the last good reading stands in",
+        || clock.now_nanos(),
+    ) {
+        Some(now) => last.fetch_max(now, Ordering::Relaxed).max(now),
+        None => {
+            panics.fetch_add(1, Ordering::Relaxed);
+            last.load(Ordering::Relaxed)
+        }
     }
 }
 

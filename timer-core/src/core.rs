@@ -29,10 +29,9 @@
 //!   drained it refuses adds itself, so no task can slip in after the drain.
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::clock::{saturating_nanos, Clock};
+use crate::clock::{saturating_nanos, TimerClock};
 use crate::driver::NextRound;
 use crate::error::AddError;
 use crate::sleeper::Sleeper;
@@ -75,6 +74,10 @@ pub struct TimerStats {
     /// Expired tasks that panicked while running (counted by [`Timer`](crate::Timer);
     /// always 0 from a bare [`TimerCore`]).
     pub panicked: u64,
+    /// Reads of the clock that panicked, caught: the last good reading stood in for each
+    /// (see `user_code.rs`). Always 0 for [`SystemClock`](crate::SystemClock) and
+    /// [`ManualClock`](crate::ManualClock).
+    pub clock_panics: u64,
 }
 
 struct ShardState<T> {
@@ -101,7 +104,7 @@ struct Shard<T> {
 pub struct TimerCore<T> {
     id: u32,
     shards: Box<[Shard<T>]>,
-    clock: Arc<dyn Clock>,
+    clock: TimerClock,
     tick_nanos: u64,
     closed: AtomicBool,
     sleeper: Sleeper,
@@ -132,12 +135,7 @@ fn publish_earlier<T>(shard: &Shard<T>, state: &ShardState<T>) -> Option<u64> {
 }
 
 impl<T> TimerCore<T> {
-    pub(crate) fn new(
-        wheel_size: u32,
-        shards: usize,
-        tick: Duration,
-        clock: Arc<dyn Clock>,
-    ) -> Self {
+    pub(crate) fn new(wheel_size: u32, shards: usize, tick: Duration, clock: TimerClock) -> Self {
         let tick_nanos = saturating_nanos(tick);
         let start = clock.now_nanos() / tick_nanos;
         let shards = (0..shards)
@@ -382,9 +380,10 @@ impl<T> TimerCore<T> {
         self.add_many(now, at, out);
     }
 
-    /// The current time of this timer's clock.
+    /// The current time of this timer's clock (for a clock that panics, the last good
+    /// reading; see `TimerStats::clock_panics`).
     pub fn now(&self) -> Duration {
-        self.clock.now()
+        Duration::from_nanos(self.now_nanos())
     }
 
     /// Cancels the task `handle` names and gives it back. Returns `None` if the task
@@ -522,7 +521,13 @@ impl<T> TimerCore<T> {
             stats.cancelled += state.cancelled;
             stats.expired += state.expired;
         }
+        stats.clock_panics = self.clock.panics();
         stats
+    }
+
+    /// Reads of the clock that panicked (`TimerStats::clock_panics`), without locking.
+    pub fn clock_panics(&self) -> u64 {
+        self.clock.panics()
     }
 
     /// Whether [`shutdown`](Self::shutdown) has been called.

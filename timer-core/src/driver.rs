@@ -37,14 +37,14 @@
 //!   handle dropped in a callback is "inside"), with [`Expire::at_drop`] as `finish`.
 
 use std::cell::Cell;
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::core::TimerCore;
 use crate::executor::Executor;
 use crate::sync::{Condvar, Mutex};
-use crate::user_code::{drop_panic_payload, panic_message};
+use crate::user_code::{caught, drop_each};
 
 /// What a driver drives: a core, and what to do with the tasks that expire from it.
 pub trait Expire: Send + Sync + 'static {
@@ -296,11 +296,50 @@ impl<E: Expire> Driver<E> {
     }
 }
 
+impl<E: Expire> Driver<E> {
+    /// Marks work of this driver's expiry that runs outside a round, on the calling
+    /// thread, until the guard is dropped: an owner answering an expiry that fired while
+    /// it held the task (the purgatory's slot holder, whose unlock finds the expiry left
+    /// for it). Shutdown waits for it as for a round (unless called from inside it), and
+    /// the thread is inside this driver's expiry work meanwhile (a shutdown it calls does
+    /// not wait for itself). Take it before the owner takes the task over, so that a
+    /// shutdown that begins after the task was taken waits for its answer.
+    pub fn expiry_work(&self) -> ExpiryWork<'_, E> {
+        *self.shared.rounds.lock() += 1;
+        ExpiryWork {
+            _done: RoundDone(&self.shared),
+            _inside: ExpiringHere::enter(&self.shared),
+            _here: PhantomData,
+        }
+    }
+}
+
+/// Expiry work of a [`Driver`] outside its rounds, until dropped (see
+/// [`Driver::expiry_work`]). Dropped on the thread that took it.
+#[must_use = "the work ends when the guard is dropped"]
+pub struct ExpiryWork<'a, E: Expire> {
+    // Field order is drop order: the thread stops being inside before the work ends.
+    _inside: ExpiringHere,
+    _done: RoundDone<'a, E>,
+    /// Not `Send`: the thread-local mark must be undone on its own thread.
+    _here: PhantomData<*const ()>,
+}
+
+impl<E: Expire> std::fmt::Debug for ExpiryWork<'_, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ExpiryWork")
+    }
+}
+
 impl<E: Expire> Drop for Driver<E> {
     /// Shuts down, handing what is still pending to [`Expire::at_drop`].
     fn drop(&mut self) {
         let target = &self.shared.target;
-        self.shutdown_with(|pending| target.at_drop(pending));
+        self.shutdown_with(|pending| {
+            caught("the expiry target's at_drop panicked", || {
+                target.at_drop(pending)
+            })
+        });
     }
 }
 
@@ -322,7 +361,9 @@ impl<E: Expire> Shared<E> {
         // The whole round is this driver's expiry work: the owner's hooks may run user
         // code too (the purgatory completes there what a holder left, and purges keys).
         let _inside = ExpiringHere::enter(self);
-        self.target.before_round();
+        caught("the expiry target's before_round panicked", || {
+            self.target.before_round()
+        });
         let fired = self
             .target
             .core()
@@ -341,21 +382,25 @@ impl<E: Expire> Shared<E> {
                 }
             }
         }
-        (fired, self.target.after_round())
+        let next = caught("the expiry target's after_round panicked", || {
+            self.target.after_round()
+        });
+        (fired, next.unwrap_or(wait))
     }
 
     /// Hands `batch` to the target, marking this thread as inside this driver's expiry
     /// and containing a panic that escapes.
     fn expire(self: &Arc<Self>, batch: &mut Vec<E::Task>) {
         let _inside = ExpiringHere::enter(self);
-        if let Err(payload) = catch_unwind(AssertUnwindSafe(|| self.target.expire(batch))) {
-            tracing::error!(
-                target: "timer_core",
-                panic = panic_message(&*payload),
-                "expiry handler panicked; the rest of its batch is dropped"
+        let handled = caught(
+            "expiry handler panicked; the rest of its batch is dropped",
+            || self.target.expire(batch),
+        );
+        if handled.is_none() {
+            drop_each(
+                "an expired task dropped after its handler panicked",
+                batch.drain(..),
             );
-            drop_panic_payload(payload);
-            batch.clear();
         }
     }
 
@@ -398,7 +443,8 @@ impl<E: Expire> Drop for StopDone<'_, E> {
     }
 }
 
-/// Ends one counted round or pool batch when dropped (also when unwinding).
+/// Ends one counted round or pool batch (or [`ExpiryWork`]) when dropped (also when
+/// unwinding).
 struct RoundDone<'a, E>(&'a Shared<E>);
 
 impl<E> Drop for RoundDone<'_, E> {

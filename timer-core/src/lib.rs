@@ -58,7 +58,7 @@ mod wheel;
 pub use builder::TimerBuilder;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use core::{TimerCore, TimerHandle, TimerStats};
-pub use driver::{Driver, DriverConfig, Expire, NextRound};
+pub use driver::{Driver, DriverConfig, Expire, ExpiryWork, NextRound};
 pub use error::{AddError, BuildError};
 pub use executor::Executor;
 pub use timer::Timer;

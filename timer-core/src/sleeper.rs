@@ -146,7 +146,7 @@ impl Sleeper {
         self.cond.notify_all();
         drop(state);
         if let Some(hook) = self.hook.get() {
-            (hook.0)();
+            crate::user_code::caught("the wake hook panicked", || (hook.0)());
         }
     }
 }

@@ -11,13 +11,12 @@
 //!   on whichever executor (see `driver.rs`).
 
 use std::ops::Deref;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::core::{TimerCore, TimerStats};
 use crate::driver::{Driver, Expire};
-use crate::user_code::{drop_panic_payload, panic_message};
+use crate::user_code::{caught, drop_each};
 use crate::TimerTask;
 
 /// The expiry of a plain timer: run each task, catching and counting panics.
@@ -44,10 +43,8 @@ impl<T: TimerTask> Expire for RunTasks<T> {
 
     fn expire(&self, expired: &mut Vec<T>) {
         for task in expired.drain(..) {
-            if let Err(payload) = catch_unwind(AssertUnwindSafe(move || task.run())) {
+            if caught("timer task panicked", move || task.run()).is_none() {
                 self.panicked.fetch_add(1, Ordering::Relaxed);
-                tracing::error!(target: "timer_core", panic = panic_message(&*payload), "timer task panicked");
-                drop_panic_payload(payload);
             }
         }
     }
@@ -56,6 +53,7 @@ impl<T: TimerTask> Expire for RunTasks<T> {
         if !pending.is_empty() {
             tracing::debug!(target: "timer_core", dropped = pending.len(), "timer dropped with pending tasks");
         }
+        drop_each("a task dropped unrun panicked", pending);
     }
 }
 
