@@ -22,20 +22,14 @@ use crate::counters::Count;
 use crate::op_table::{Locked, Taken};
 use crate::operation::{Completion, DelayedOperation};
 use crate::state::{Expiry, State};
-use crate::user_code::caught;
+use crate::user_code::{report, Site};
 
 impl<K, O: DelayedOperation> State<K, O> {
-    /// `try_complete` on a locked operation, keeping the lock (a panic is counted and
-    /// means "not ready").
+    /// `try_complete` on a locked operation, keeping the lock (a panic is caught,
+    /// counted, and means "not ready").
     #[inline]
     pub(crate) fn is_ready(&self, locked: &mut Locked<'_, O>) -> bool {
-        match locked.try_complete() {
-            Ok(ready) => ready,
-            Err(()) => {
-                self.counters.add(Count::Panicked, 1);
-                false
-            }
-        }
+        locked.try_complete(&self.user)
     }
 
     /// Completes every taken operation of `taken` (leaving it empty): queues their
@@ -74,8 +68,9 @@ impl<K, O: DelayedOperation> State<K, O> {
         #[cfg(feature = "metrics")]
         self.record_waits(taken.iter().map(|t| t.since), count);
         let _runtime = self.runtime.enter();
-        let panics: u64 = taken.drain(..).map(|t| run_callbacks(t.op, how)).sum();
-        self.count_panics(panics);
+        for t in taken.drain(..) {
+            self.run_callbacks(t.op, how);
+        }
         n
     }
 
@@ -90,7 +85,7 @@ impl<K, O: DelayedOperation> State<K, O> {
         #[cfg(feature = "metrics")]
         self.record_waits([taken.since], count);
         let _runtime = self.runtime.enter();
-        self.count_panics(run_callbacks(taken.op, how));
+        self.run_callbacks(taken.op, how);
     }
 
     /// Marks the entries of `n` completed operations (`keys` in all) stale and counts
@@ -99,7 +94,7 @@ impl<K, O: DelayedOperation> State<K, O> {
         self.watchers.mark_stale(keys);
         self.counters.add(count, n as u64);
         if how != Completion::Expired {
-            tracing::debug!(target: "purgatory", purgatory = %self.name, ?how, completed = n, "complete");
+            report!(self.user, DEBUG, purgatory = %self.name, ?how, completed = n, "complete");
         }
     }
 
@@ -114,12 +109,6 @@ impl<K, O: DelayedOperation> State<K, O> {
             Completion::Forced => Count::Forced,
             Completion::Expired if self.timer.is_shutdown() => Count::ShutdownExpired,
             Completion::Expired => Count::Expired,
-        }
-    }
-
-    fn count_panics(&self, panics: u64) {
-        if panics > 0 {
-            self.counters.add(Count::Panicked, panics);
         }
     }
 
@@ -154,7 +143,7 @@ impl<K, O: DelayedOperation> State<K, O> {
         }
         done += self.complete_as(&mut taken, Completion::Expired, count);
         if done > 0 {
-            tracing::debug!(target: "purgatory", purgatory = %self.name, count = done, "expire");
+            report!(self.user, DEBUG, purgatory = %self.name, count = done, "expire");
         }
         done
     }
@@ -177,20 +166,14 @@ impl<K, O: DelayedOperation> State<K, O> {
     }
 }
 
-/// Runs `on_complete` (and `on_expiration` for an expiry), catching panics; returns how
-/// many panicked. Drops the operation afterwards, catching that too.
-fn run_callbacks<O: DelayedOperation>(mut op: O, how: Completion) -> u64 {
-    let mut panics = 0;
-    if caught("on_complete panicked", || op.on_complete(how)).is_none() {
-        panics += 1;
+impl<K, O: DelayedOperation> State<K, O> {
+    /// Runs `on_complete` (and `on_expiration` for an expiry), then drops the operation,
+    /// each through the door (a panic of one skips none of the others).
+    fn run_callbacks(&self, mut op: O, how: Completion) {
+        self.user.call(Site::OnComplete, || op.on_complete(how));
+        if how == Completion::Expired {
+            self.user.call(Site::OnExpiration, || op.on_expiration());
+        }
+        self.user.drop(Site::OperationDrop, op);
     }
-    if how == Completion::Expired
-        && caught("on_expiration panicked", || op.on_expiration()).is_none()
-    {
-        panics += 1;
-    }
-    if caught("dropping an operation panicked", move || drop(op)).is_none() {
-        panics += 1;
-    }
-    panics
 }

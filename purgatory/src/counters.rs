@@ -5,7 +5,8 @@
 //! - Each thread increments the stripe picked by its thread index; readers sum every
 //!   stripe. A sum read while others count is a recent value, not a snapshot.
 //! - The counts of watcher entries (listed, stale) are the watcher lists' own
-//!   (`watchers.rs`); these are the totals of what happened to operations.
+//!   (`watchers.rs`), the count of caught panics the door's (`user_code.rs`); these are
+//!   the totals of what happened to operations.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
@@ -32,7 +33,6 @@ struct Stripe {
     shutdown_expired: AtomicU64,
     cancelled: AtomicU64,
     purged: AtomicU64,
-    panicked: AtomicU64,
 }
 
 /// Which total to bump.
@@ -46,7 +46,6 @@ pub(crate) enum Count {
     ShutdownExpired,
     Cancelled,
     Purged,
-    Panicked,
 }
 
 #[derive(Default)]
@@ -63,7 +62,6 @@ pub(crate) struct Totals {
     pub(crate) shutdown_expired: u64,
     pub(crate) cancelled: u64,
     pub(crate) purged: u64,
-    pub(crate) panicked: u64,
 }
 
 impl Counters {
@@ -82,7 +80,6 @@ impl Counters {
             Count::ShutdownExpired => &stripe.shutdown_expired,
             Count::Cancelled => &stripe.cancelled,
             Count::Purged => &stripe.purged,
-            Count::Panicked => &stripe.panicked,
         };
         counter.fetch_add(n, Relaxed);
     }
@@ -96,7 +93,6 @@ impl Counters {
             t.shutdown_expired += s.shutdown_expired.load(Relaxed);
             t.cancelled += s.cancelled.load(Relaxed);
             t.purged += s.purged.load(Relaxed);
-            t.panicked += s.panicked.load(Relaxed);
         }
         t
     }

@@ -83,8 +83,8 @@ impl<K, O: DelayedOperation> State<K, O> {
         K: Hash + Eq + Clone,
     {
         let expired = self.expire_at_shutdown(pending);
-        self.watchers.clear();
-        tracing::debug!(target: "purgatory", purgatory = %self.name, expired, "shutdown");
+        self.watchers.clear(&self.user);
+        crate::user_code::report!(self.user, DEBUG, purgatory = %self.name, expired, "shutdown");
         #[cfg(feature = "metrics")]
         self.publish_final();
         expired

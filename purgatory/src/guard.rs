@@ -6,6 +6,7 @@ use std::hash::Hash;
 use crate::handle::OperationHandle;
 use crate::operation::DelayedOperation;
 use crate::purgatory::Purgatory;
+use crate::user_code::Site;
 
 impl<K, O> Purgatory<K, O>
 where
@@ -88,8 +89,11 @@ where
         if let Some(handle) = self.handle.take() {
             // Still waiting: taken back and dropped here (in the purgatory's runtime, as
             // on every other path). Already answered: nothing.
-            let _runtime = self.purgatory.state().runtime.enter();
-            drop(self.purgatory.cancel(&handle));
+            let state = self.purgatory.state();
+            let _runtime = state.runtime.enter();
+            if let Some(op) = self.purgatory.cancel(&handle) {
+                state.user.drop(Site::OperationDrop, op);
+            }
         }
     }
 }

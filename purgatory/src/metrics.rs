@@ -63,6 +63,7 @@ use crate::purgatory::Purgatory;
 use crate::series::{self, Publisher, PURGATORY};
 use crate::state::State;
 use crate::stats::PurgatoryStats;
+use crate::user_code::Site;
 
 /// Shortest time between two publishes from reaper rounds.
 pub(crate) const INTERVAL: Duration = Duration::from_secs(1);
@@ -166,13 +167,10 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
             return;
         };
         let stats = self.stats();
-        crate::user_code::caught(
-            "the metrics recorder panicked; figures not published",
-            || {
-                publish(&label.value, &stats);
-                self.metrics.reregister(&label.value);
-            },
-        );
+        self.user.call(Site::Recorder, || {
+            publish(&label.value, &stats);
+            self.metrics.reregister(&label.value);
+        });
     }
 
     /// Shutdown's last step: publishes the final figures, then frees the series' label;
@@ -181,12 +179,10 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
         let mut publisher = self.metrics.publisher.lock();
         if let Some(label) = &publisher.label {
             let stats = self.stats();
-            crate::user_code::caught(
-                "the metrics recorder panicked; final figures not published",
-                || publish(&label.value, &stats),
-            );
+            self.user
+                .call(Site::Recorder, || publish(&label.value, &stats));
         }
-        self.metrics.finish(&mut publisher);
+        self.metrics.finish(&mut publisher, &self.user);
     }
 }
 
@@ -210,17 +206,14 @@ impl<K, O: DelayedOperation> State<K, O> {
             return;
         }
         let now = self.wait_clock();
-        crate::user_code::caught(
-            "the metrics recorder panicked; wait times not recorded",
-            || {
-                self.metrics.with_waits(|waits| {
-                    for start in since {
-                        let waited = Duration::from_nanos(now.saturating_sub(start));
-                        waits[outcome].record(waited.as_secs_f64());
-                    }
-                })
-            },
-        );
+        self.user.call(Site::Recorder, || {
+            self.metrics.with_waits(|waits| {
+                for start in since {
+                    let waited = Duration::from_nanos(now.saturating_sub(start));
+                    waits[outcome].record(waited.as_secs_f64());
+                }
+            })
+        });
     }
 }
 

@@ -77,7 +77,7 @@ use crate::operation::DelayedOperation;
 pub(crate) use crate::slot::RETIRED;
 use crate::slot::{ExpiryAttempt, Slot, Unlocked};
 use crate::sync::Parker;
-use crate::user_code::caught;
+use crate::user_code::{Site, UserCode};
 
 /// Slots in the first segment (each next segment doubles).
 #[cfg(not(loom))]
@@ -628,12 +628,14 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
         taken
     }
 
-    /// Runs `try_complete`, keeping the lock.
+    /// Runs `try_complete` through the door, keeping the lock: a panic is caught (the
+    /// slot is held: nothing of it may unwind from here) and means "not ready".
     #[inline]
-    pub(crate) fn try_complete(&mut self) -> Result<bool, ()> {
+    pub(crate) fn try_complete(&mut self, user: &UserCode) -> bool {
         self.state(|state| {
             let op = state.op.as_mut().expect("a held slot holds its operation");
-            try_complete_caught(op)
+            user.call(Site::TryComplete, || op.try_complete())
+                .unwrap_or(false)
         })
     }
 }
@@ -653,19 +655,9 @@ impl<O: DelayedOperation> Drop for Locked<'_, O> {
             let table = self.table;
             table.orphans.lock().push(orphan);
             table.has_orphans.store(true, Ordering::Release);
-            tracing::error!(target: "purgatory", "a slot was released by unwinding; its operation's expiry is completed by the next reaper round");
+            crate::user_code::report_orphan();
         }
     }
-}
-
-/// Calls `try_complete`, turning a panic into `Err` (reported through `tracing`; the
-/// slot is still held, so nothing of the panic may unwind from here).
-#[inline]
-fn try_complete_caught<O: DelayedOperation>(op: &mut O) -> Result<bool, ()> {
-    caught("try_complete panicked; treated as not ready", || {
-        op.try_complete()
-    })
-    .ok_or(())
 }
 
 /// Test support: makes the next operation put in slot `index` (vacant, never handed

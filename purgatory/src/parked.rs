@@ -39,6 +39,7 @@ use crate::handle::{OperationHandle, WatchOutcome};
 use crate::operation::{Completion, DelayedOperation};
 use crate::purgatory::Purgatory;
 use crate::state::State;
+use crate::user_code::Site;
 
 /// A reply channel for one operation: the [`Reply`] goes into the operation, which
 /// answers through it from `on_complete`; the [`Answer`] goes to
@@ -318,8 +319,11 @@ where
         };
         // Still waiting: taken back and dropped here, in the runtime's context as on
         // every other path. Completed meanwhile: nothing.
-        let _runtime = purgatory.state().runtime.enter();
-        drop(purgatory.cancel(&handle));
+        let state = purgatory.state();
+        let _runtime = state.runtime.enter();
+        if let Some(op) = purgatory.cancel(&handle) {
+            state.user.drop(Site::OperationDrop, op);
+        }
     }
 }
 

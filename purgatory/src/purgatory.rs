@@ -35,6 +35,7 @@ use crate::op_table::{OpRef, Taken};
 use crate::operation::{Completion, DelayedOperation};
 use crate::state::State;
 use crate::stats::PurgatoryStats;
+use crate::user_code::report;
 use crate::watch::{Keys, CHUNK};
 
 /// Batches of fewer operations than this are watched one by one: the chunk's passes and
@@ -256,7 +257,7 @@ where
         if gone * 4 >= candidates.len() {
             state
                 .watchers
-                .drop_completed(key, |op| state.table.is_waiting_by_tag(op));
+                .drop_completed(key, |op| state.table.is_waiting_by_tag(op), &state.user);
         }
         completed
     }
@@ -326,7 +327,7 @@ where
             return None;
         }
         let taken = state.table.take(handle.op)?;
-        tracing::debug!(target: "purgatory", purgatory = %state.name, "cancel");
+        report!(state.user, DEBUG, purgatory = %state.name, "cancel");
         Some(self.hand_back(taken))
     }
 
@@ -347,13 +348,13 @@ where
         let state = self.state();
         let ops: Vec<O> = state
             .watchers
-            .take(key)
+            .take(key, &state.user)
             .into_iter()
             .filter_map(|op| state.table.take(op))
             .map(|taken| self.hand_back(taken))
             .collect();
         if !ops.is_empty() {
-            tracing::debug!(target: "purgatory", purgatory = %state.name, cancelled = ops.len(), "cancel for key");
+            report!(state.user, DEBUG, purgatory = %state.name, cancelled = ops.len(), "cancel for key");
         }
         ops
     }

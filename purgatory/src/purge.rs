@@ -42,9 +42,13 @@ impl<K: Hash + Eq, O: DelayedOperation> State<K, O> {
     /// One purge step (see `watchers.rs`) on shard `index` from `cursor`; counts what it
     /// dropped.
     fn purge_step(&self, index: usize, cursor: PurgeCursor) -> (usize, Option<PurgeCursor>) {
-        let (removed, next) = self
-            .watchers
-            .purge_step(index, cursor, STEP, |op| self.table.may_be_waiting(op));
+        let (removed, next) = self.watchers.purge_step(
+            index,
+            cursor,
+            STEP,
+            |op| self.table.may_be_waiting(op),
+            &self.user,
+        );
         if removed > 0 {
             self.counters.add(Count::Purged, removed as u64);
         }
@@ -109,7 +113,7 @@ impl<K: Hash + Eq, O: DelayedOperation> State<K, O> {
             }
         }
         *self.purge.position.lock() = (index, cursor);
-        tracing::debug!(target: "purgatory", purgatory = %self.name, removed, shards = finished_shards, "purge");
+        crate::user_code::report!(self.user, DEBUG, purgatory = %self.name, removed, shards = finished_shards, "purge");
         yielded
     }
 }

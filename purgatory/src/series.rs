@@ -28,6 +28,7 @@ use std::time::Instant;
 use ::metrics::{Histogram, Label, Unit};
 
 use crate::counters::{stripe_index, Count, STRIPES};
+use crate::user_code::{Site, UserCode};
 
 /// The histogram of wait times.
 pub(crate) const WAIT: &str = "purgatory_wait_seconds";
@@ -51,7 +52,7 @@ pub(crate) fn outcome(count: Count) -> Option<usize> {
         Count::Expired => Some(2),
         Count::Cancelled => Some(3),
         Count::ShutdownExpired => Some(4),
-        Count::Purged | Count::Panicked => None,
+        Count::Purged => None,
     }
 }
 
@@ -88,9 +89,13 @@ pub(crate) struct Series {
 impl Series {
     /// The series of a new purgatory named `name`: takes the lowest free label of that
     /// name and registers its histograms with the current recorder.
-    pub(crate) fn new(name: &str) -> Self {
+    pub(crate) fn new(name: &str, user: &UserCode) -> Self {
         let label = take_label(name);
-        let waits = register(&label.value);
+        // A recorder that panics here leaves no-op handles, until the next publish
+        // registers them again.
+        let waits = user
+            .call(Site::Recorder, || register(&label.value))
+            .unwrap_or_else(|| std::array::from_fn(|_| Histogram::noop()));
         Series {
             publisher: parking_lot::Mutex::new(Publisher {
                 label: Some(label),
@@ -120,11 +125,14 @@ impl Series {
 
     /// The last publish is done (under `publisher`'s lock): frees the label and stops
     /// recording.
-    pub(crate) fn finish(&self, publisher: &mut Publisher) {
+    pub(crate) fn finish(&self, publisher: &mut Publisher, user: &UserCode) {
         if let Some(label) = publisher.label.take() {
             free_label(&label);
         }
-        self.replace(&std::array::from_fn(|_| Histogram::noop()));
+        // Dropping the replaced handles runs the recorder's code.
+        user.call(Site::Recorder, || {
+            self.replace(&std::array::from_fn(|_| Histogram::noop()))
+        });
     }
 }
 

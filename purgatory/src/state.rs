@@ -27,6 +27,7 @@ use crate::op_table::{OpRef, OpTable};
 use crate::operation::DelayedOperation;
 use crate::runtime::RuntimeContext;
 use crate::sync::Mutex;
+use crate::user_code::UserCode;
 use crate::watchers::{PurgeCursor, Watchers};
 
 /// Source of purgatory identities, so a handle is only honoured by its own purgatory.
@@ -44,6 +45,9 @@ pub(crate) struct State<K, O: DelayedOperation> {
     pub(crate) cancels: DeferredCancels,
     /// The runtime whose context user code runs in (`runtime.rs`).
     pub(crate) runtime: RuntimeContext,
+    /// The door every call into user code goes through (`user_code.rs`), with the count
+    /// of the panics it caught.
+    pub(crate) user: UserCode,
     #[cfg(feature = "metrics")]
     pub(crate) metrics: crate::series::Series,
 }
@@ -56,8 +60,9 @@ impl<K, O: DelayedOperation> State<K, O> {
         purge: PurgePolicy,
         runtime: RuntimeContext,
     ) -> Self {
+        let user = UserCode::default();
         #[cfg(feature = "metrics")]
-        let metrics = crate::series::Series::new(&name);
+        let metrics = crate::series::Series::new(&name, &user);
         State {
             id: NEXT_PURGATORY_ID.fetch_add(1, Ordering::Relaxed),
             name,
@@ -68,6 +73,7 @@ impl<K, O: DelayedOperation> State<K, O> {
             purge,
             cancels: DeferredCancels::default(),
             runtime,
+            user,
             #[cfg(feature = "metrics")]
             metrics,
         }

@@ -31,8 +31,10 @@ pub struct PurgatoryStats {
     pub cancelled: u64,
     /// Completed entries dropped from lists by purges (not by checks of their key).
     pub purged: u64,
-    /// User code that panicked (callbacks, `timeout()`, a key's `Hash` or `Eq` while
-    /// being watched), caught and reported.
+    /// User code that panicked, caught and reported: every panic the door of
+    /// `user_code.rs` caught (callbacks, `try_complete`, `timeout()`, an operation's or a
+    /// key's `Drop`, a key's `Hash` or `Eq` while being watched, the metrics recorder, the
+    /// tracing subscriber) and every read of the clock that panicked.
     pub panicked: u64,
 }
 
@@ -53,7 +55,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
             expired_at_shutdown: totals.shutdown_expired,
             cancelled: totals.cancelled,
             purged: totals.purged,
-            panicked: totals.panicked,
+            panicked: self.user.panicked() + self.timer.clock_panics(),
         }
     }
 }

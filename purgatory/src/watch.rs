@@ -37,13 +37,12 @@ use std::time::Duration;
 use smallvec::SmallVec;
 use timer_core::{AddError, TimerHandle};
 
-use crate::counters::Count;
 use crate::error::WatchError;
 use crate::handle::{OperationHandle, WatchOutcome};
 use crate::op_table::{Locked, OpRef, Taken, Vacated};
 use crate::operation::{Completion, DelayedOperation};
 use crate::state::{Expiry, State};
-use crate::user_code::caught;
+use crate::user_code::{report, Site};
 
 /// Most operations watched under one round of locks.
 pub(crate) const CHUNK: usize = 64;
@@ -97,23 +96,26 @@ impl<'a, K, O: DelayedOperation> Member<'a, K, O> {
 
 impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
     /// Whether `op` may be watched on `keys` at all: refused after shutdown, for no keys,
-    /// or for a `timeout()` that panics (caught and counted); otherwise its timeout.
-    fn admit(&self, closed: bool, op: O, keys: &Keys<K>) -> Result<(O, Duration), WatchError<O>> {
-        if closed {
-            return Err(WatchError::Shutdown(op));
-        }
-        if keys.is_empty() {
-            return Err(WatchError::NoKeys(op));
-        }
-        match caught("timeout() panicked; the operation is handed back", || {
-            op.timeout()
-        }) {
-            Some(timeout) => Ok((op, timeout)),
-            None => {
-                self.counters.add(Count::Panicked, 1);
-                Err(WatchError::TimeoutPanicked(op))
+    /// or for a `timeout()` that panics (caught and counted); otherwise its timeout. The
+    /// keys of a refused operation are dropped here, through the door.
+    fn admit(
+        &self,
+        closed: bool,
+        op: O,
+        keys: Keys<K>,
+    ) -> Result<(O, Duration, Keys<K>), WatchError<O>> {
+        let refused = if closed {
+            WatchError::Shutdown(op)
+        } else if keys.is_empty() {
+            WatchError::NoKeys(op)
+        } else {
+            match self.user.call(Site::Timeout, || op.timeout()) {
+                Some(timeout) => return Ok((op, timeout, keys)),
+                None => WatchError::TimeoutPanicked(op),
             }
-        }
+        };
+        self.user.drop_each(Site::KeyDrop, keys);
+        Err(refused)
     }
 
     /// Steps 2 and 4 for one member: `try_complete`; if ready, the operation is taken.
@@ -125,7 +127,6 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
     /// After step 3: a member `failures` of whose keys could not be listed (their `Hash`
     /// or `Eq` panicked) is taken back, its listed entries stale.
     fn unlisted(&self, m: &mut Member<'_, K, O>, failures: u32) -> (WatchError<O>, Vacated) {
-        self.counters.add(Count::Panicked, 1);
         let (taken, vacated) = m.take();
         self.watchers.mark_stale(taken.keys - failures);
         (WatchError::KeyPanicked(taken.op), vacated)
@@ -178,7 +179,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
     /// [`settle`]: Self::settle
     #[inline(never)]
     pub(crate) fn watch_one(&self, op: O, keys: Keys<K>) -> Watched<O> {
-        let (op, timeout) = match self.admit(self.timer.is_shutdown(), op, &keys) {
+        let (op, timeout, keys) = match self.admit(self.timer.is_shutdown(), op, keys) {
             Ok(admitted) => admitted,
             Err(refused) => return Watched::Refused(refused),
         };
@@ -196,7 +197,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
         }
         let count = u32::try_from(m.keys.len()).unwrap_or(u32::MAX);
         m.locked().set_keys(count);
-        let failures = self.watchers.watch_keys(m.keys.drain(..), m.op);
+        let failures = self.watchers.watch_keys(m.keys.drain(..), m.op, &self.user);
         if failures > 0 {
             let (refused, vacated) = self.unlisted(&mut m, failures);
             vacate(vacated);
@@ -278,8 +279,8 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
         let closed = self.timer.is_shutdown();
         let mut ops: SmallVec<[O; CHUNK]> = SmallVec::new();
         for (position, (op, keys)) in batch.enumerate() {
-            match self.admit(closed, op, &keys) {
-                Ok((op, timeout)) => {
+            match self.admit(closed, op, keys) {
+                Ok((op, timeout, keys)) => {
                     ops.push(op);
                     chunk.positions.push(position);
                     members.push(Member {
@@ -313,7 +314,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
                 entries.extend(m.keys.drain(..).map(|key| (Some(key), op)));
             }
         }
-        let unlisted = self.watchers.watch_many(&mut entries);
+        let unlisted = self.watchers.watch_many(&mut entries, &self.user);
         drop(entries);
         if unlisted.is_empty() {
             return;
@@ -363,7 +364,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
         }
         self.complete(&mut chunk.done, Completion::Ready);
         self.complete(&mut chunk.expired, Completion::Expired);
-        tracing::debug!(target: "purgatory", purgatory = %self.name, operations = chunk.out.len(), "watch");
+        report!(self.user, DEBUG, purgatory = %self.name, operations = chunk.out.len(), "watch");
         results.extend(
             chunk
                 .out

@@ -10,7 +10,8 @@
 //! A key's `Hash` never does. Its `Eq` does, and only to compare it with keys of the same
 //! shard whose hash is equal (a probe): a slow `Eq` delays other calls on that shard.
 //! A key's `Drop` never does: keys that are not kept (a key already listed, a list
-//! removed or purged) are dropped after the lock is released.
+//! removed or purged) are dropped after the lock is released, one at a time through the
+//! door (`user_code.rs`), which the methods that run key code are given.
 //!
 //! # Invariants
 //! - A key is present only while its list is non-empty: whoever empties a list removes
@@ -40,8 +41,10 @@
 //!   so `stale` may dip below zero for a moment, never for long.
 //! - A key's `Hash` or `Eq` that panics while an entry is listed is caught per entry: that
 //!   entry is not listed, the shard is left consistent, and the caller is told which
-//!   entries failed. Elsewhere (a check, a cancel by key) the panic reaches the caller
-//!   before anything was changed, or after a change already complete.
+//!   entries failed. Elsewhere (a check, a cancel by key: a key the caller lends) the
+//!   panic reaches the caller before anything was changed, or after a change already
+//!   complete. A key's `Drop` that panics is caught wherever the lists drop a key, and
+//!   whatever the call was doing goes on.
 
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
@@ -54,7 +57,7 @@ use crate::counters::{stripe_index, STRIPES};
 use crate::op_list::{Flags, OpList};
 use crate::op_table::OpRef;
 use crate::sync::Mutex;
-use crate::user_code;
+use crate::user_code::{to_caller, Site, UserCode};
 
 /// One key's list, with the key's hash.
 struct List<K> {
@@ -233,24 +236,32 @@ impl<K: Hash + Eq> Watchers<K> {
     /// lock once: the entries are first bucketed by shard (a counting sort, stable), then
     /// each shard's entries are listed under one lock. Returns the positions of the
     /// entries not listed because their key's `Hash` or `Eq` panicked (each caught and
-    /// reported; the other entries are listed).
-    pub(crate) fn watch_many(&self, entries: &mut [(Option<K>, OpRef)]) -> Unlisted {
+    /// reported; the other entries are listed, and the keys not kept are dropped through
+    /// `user`).
+    pub(crate) fn watch_many(
+        &self,
+        entries: &mut [(Option<K>, OpRef)],
+        user: &UserCode,
+    ) -> Unlisted {
         if entries.len() <= FEW {
-            return self.watch_few(entries);
+            return self.watch_few(entries, user);
         }
         let mut unlisted = Unlisted::new();
         let shards = self.shards.len() as u32;
         // Hashed before any lock is taken: a key's `Hash` is user code. An entry whose
         // hash panicked goes to shard `shards`, a run of its own that is never listed.
         let hashes: SmallVec<[(u64, u32); 256]> = entries
-            .iter()
+            .iter_mut()
             .enumerate()
             .map(|(i, (key, _))| {
-                let key = key.as_ref().expect("not yet listed");
-                match caught(|| self.hash(key)) {
+                let hashed = user.call(Site::KeyHash, || {
+                    self.hash(key.as_ref().expect("not yet listed"))
+                });
+                match hashed {
                     Some(hash) => (hash, self.shard_index(hash) as u32),
                     None => {
                         unlisted.push(i);
+                        user.drop(Site::KeyDrop, key.take());
                         (0, shards)
                     }
                 }
@@ -289,7 +300,7 @@ impl<K: Hash + Eq> Watchers<K> {
                 let (key, op) = &mut entries[i as usize];
                 let key = key.take().expect("listed once");
                 let hash = hashes[i as usize].0;
-                let not_kept = match self.list_under_lock(shard, hash, key, *op) {
+                let not_kept = match self.list_under_lock(shard, hash, key, *op, user) {
                     Ok(kept) => {
                         listed += 1;
                         kept
@@ -308,18 +319,16 @@ impl<K: Hash + Eq> Watchers<K> {
             }
         }
         self.counts.add(listed, 0);
-        for key in spare {
-            drop_key(key);
-        }
+        user.drop_each(Site::KeyDrop, spare);
         unlisted
     }
 
     /// [`watch_many`](Self::watch_many) for a few entries: each listed under its own
     /// shard's lock, with no sort (and nothing on the stack sized for a batch).
-    fn watch_few(&self, entries: &mut [(Option<K>, OpRef)]) -> Unlisted {
+    fn watch_few(&self, entries: &mut [(Option<K>, OpRef)], user: &UserCode) -> Unlisted {
         let mut unlisted = Unlisted::new();
         for (i, (key, op)) in entries.iter_mut().enumerate() {
-            if !self.list_one(key.take().expect("listed once"), *op) {
+            if !self.list_one(key.take().expect("listed once"), *op, user) {
                 unlisted.push(i);
             }
         }
@@ -330,10 +339,15 @@ impl<K: Hash + Eq> Watchers<K> {
     /// Lists `op` on every key of `keys` (one operation's), each under its own shard's
     /// lock, with no sort; returns how many keys were not listed because their `Hash` or
     /// `Eq` panicked (each caught and reported; the other keys are listed).
-    pub(crate) fn watch_keys(&self, keys: impl Iterator<Item = K>, op: OpRef) -> u32 {
+    pub(crate) fn watch_keys(
+        &self,
+        keys: impl Iterator<Item = K>,
+        op: OpRef,
+        user: &UserCode,
+    ) -> u32 {
         let (mut listed, mut failed) = (0, 0);
         for key in keys {
-            if self.list_one(key, op) {
+            if self.list_one(key, op, user) {
                 listed += 1;
             } else {
                 failed += 1;
@@ -344,20 +358,22 @@ impl<K: Hash + Eq> Watchers<K> {
     }
 
     /// Lists `op` on `key` under the key's shard lock; `false` if the key's `Hash` or
-    /// `Eq` panicked (nothing listed). Does not count the entry.
+    /// `Eq` panicked (nothing listed). Does not count the entry. A key not kept is dropped
+    /// through `user`.
     #[inline(always)]
-    fn list_one(&self, key: K, op: OpRef) -> bool {
-        let Some(hash) = caught(|| self.hash(&key)) else {
+    fn list_one(&self, key: K, op: OpRef, user: &UserCode) -> bool {
+        let Some(hash) = user.call(Site::KeyHash, || self.hash(&key)) else {
+            user.drop(Site::KeyDrop, key);
             return false;
         };
         let mut guard = self.shard(hash).state.lock();
-        let (listed, spare) = match self.list_under_lock(&mut guard, hash, key, op) {
+        let (listed, spare) = match self.list_under_lock(&mut guard, hash, key, op, user) {
             Ok(spare) => (true, spare),
             Err(key) => (false, Some(key)),
         };
         drop(guard);
         if let Some(key) = spare {
-            drop_key(key);
+            user.drop(Site::KeyDrop, key);
         }
         listed
     }
@@ -372,8 +388,9 @@ impl<K: Hash + Eq> Watchers<K> {
         hash: u64,
         key: K,
         op: OpRef,
+        user: &UserCode,
     ) -> Result<Option<K>, K> {
-        let spare = match caught(|| shard.find(hash, &key)) {
+        let spare = match user.call(Site::KeyEq, || shard.find(hash, &key)) {
             Some(Some(bucket)) => {
                 let list = shard.lists.get_bucket_mut(bucket).expect("found");
                 list.ops.push(op);
@@ -402,10 +419,13 @@ impl<K: Hash + Eq> Watchers<K> {
     /// the lock released: the lock is then held again for the copy alone (the list may
     /// have grown meanwhile; `out` then grows under the lock). See `docs/purgatory.md`,
     /// "Watchers, purging, memory".
+    ///
+    /// `key` is the caller's: its `Hash` or `Eq` panicking reaches the caller, before
+    /// anything changed.
     pub(crate) fn snapshot<const N: usize>(&self, key: &K, out: &mut SmallVec<[OpRef; N]>) {
-        let hash = self.hash(key);
+        let hash = to_caller(Site::KeyHash, || self.hash(key));
         let shard = self.shard(hash).state.lock();
-        let Some(bucket) = shard.find(hash, key) else {
+        let Some(bucket) = to_caller(Site::KeyEq, || shard.find(hash, key)) else {
             return;
         };
         let list = shard.lists.get_bucket(bucket).expect("found");
@@ -420,7 +440,7 @@ impl<K: Hash + Eq> Watchers<K> {
         out.resize(start + len, OpRef::default());
         out.truncate(start);
         let shard = self.shard(hash).state.lock();
-        if let Some(bucket) = shard.find(hash, key) {
+        if let Some(bucket) = to_caller(Site::KeyEq, || shard.find(hash, key)) {
             let list = shard.lists.get_bucket(bucket).expect("found");
             list.ops.copy_into(out);
         }
@@ -431,15 +451,24 @@ impl<K: Hash + Eq> Watchers<K> {
     /// a segment (at most `op_list::BLOCK`, 1,024, entries) per hold of the shard lock, so other calls on
     /// the shard wait for one segment at most; like a purge, a pass that meets a list
     /// changed meanwhile may skip a segment (only dead entries are ever dropped).
-    pub(crate) fn drop_completed(&self, key: &K, waiting: impl Fn(OpRef) -> bool) -> usize {
-        let hash = self.hash(key);
+    ///
+    /// `key` is the caller's (its `Hash` or `Eq` panicking reaches the caller, with only
+    /// dead entries dropped so far); the stored key of a list it empties is dropped
+    /// through `user`.
+    pub(crate) fn drop_completed(
+        &self,
+        key: &K,
+        waiting: impl Fn(OpRef) -> bool,
+        user: &UserCode,
+    ) -> usize {
+        let hash = to_caller(Site::KeyHash, || self.hash(key));
         let mut flags = Flags::new();
         let mut removed = 0;
         let mut segment = Some(0);
         while let Some(at) = segment {
             let mut guard = self.shard(hash).state.lock();
             let shard = &mut *guard;
-            let Some(bucket) = shard.find(hash, key) else {
+            let Some(bucket) = to_caller(Site::KeyEq, || shard.find(hash, key)) else {
                 break;
             };
             let list = shard.lists.get_bucket_mut(bucket).expect("found");
@@ -450,7 +479,9 @@ impl<K: Hash + Eq> Watchers<K> {
             let gone = list.ops.is_empty().then(|| shard.remove(bucket));
             // Fair: a call waiting for the shard gets it before the next segment.
             unlock_fair(guard);
-            drop(gone);
+            if let Some(list) = gone {
+                user.drop(Site::KeyDrop, list.key);
+            }
         }
         self.removed_stale(removed);
         removed
@@ -459,17 +490,21 @@ impl<K: Hash + Eq> Watchers<K> {
     /// Removes the whole list of `key`. Its entries are counted as stale ones removed:
     /// the caller marks the operations it takes from them stale ([`mark_stale`]).
     ///
+    /// `key` is the caller's (its `Hash` or `Eq` panicking reaches the caller before
+    /// anything changed); the stored key is dropped through `user`, and the list is
+    /// returned whatever its drop did.
+    ///
     /// [`mark_stale`]: Self::mark_stale
-    pub(crate) fn take(&self, key: &K) -> OpList {
-        let hash = self.hash(key);
+    pub(crate) fn take(&self, key: &K, user: &UserCode) -> OpList {
+        let hash = to_caller(Site::KeyHash, || self.hash(key));
         let mut shard = self.shard(hash).state.lock();
-        let Some(bucket) = shard.find(hash, key) else {
+        let Some(bucket) = to_caller(Site::KeyEq, || shard.find(hash, key)) else {
             return OpList::default();
         };
         let List { key, ops, .. } = shard.remove(bucket);
         drop(shard);
-        drop(key);
         self.removed_stale(ops.len());
+        user.drop(Site::KeyDrop, key);
         ops
     }
 
@@ -486,6 +521,7 @@ impl<K: Hash + Eq> Watchers<K> {
         cursor: PurgeCursor,
         budget: usize,
         waiting: impl Fn(OpRef) -> bool,
+        user: &UserCode,
     ) -> (usize, Option<PurgeCursor>) {
         let mut guard = self.shards[index].state.lock();
         let shard = &mut *guard;
@@ -526,20 +562,21 @@ impl<K: Hash + Eq> Watchers<K> {
             shard.shrink_if_sparse();
         }
         drop(guard);
-        drop(emptied);
         self.removed_stale(removed);
+        user.drop_each(Site::KeyDrop, emptied.into_iter().map(|list| list.key));
         (removed, next)
     }
 
-    /// Empties every list (used at shutdown, when every operation has been taken).
-    pub(crate) fn clear(&self) {
+    /// Empties every list (used at shutdown, when every operation has been taken); the
+    /// keys are dropped through `user`, one at a time.
+    pub(crate) fn clear(&self, user: &UserCode) {
         for shard in self.shards.iter() {
             let mut shard = shard.state.lock();
             let removed = std::mem::take(&mut shard.entries);
             let lists = std::mem::take(&mut shard.lists);
             drop(shard);
-            drop(lists);
             self.removed_stale(removed);
+            user.drop_each(Site::KeyDrop, lists.into_iter().map(|list| list.key));
         }
     }
 
@@ -563,27 +600,6 @@ fn unlock_fair<T>(guard: crate::sync::MutexGuard<'_, T>) {
     drop(guard);
 }
 
-/// Drops a key that was not kept (already listed), catching a panic of its `Drop`: the
-/// watch that listed it still holds its operations' slots, and unwinding from here would
-/// leave an operation listed but never armed. The key was listed once already; its
-/// operation goes on.
-#[inline]
-fn drop_key<K>(key: K) {
-    // A key with no drop glue (an integer, say) cannot panic here: no catch, which is a
-    // call that does not inline (3 a watch on 3 keys: 120 instructions, callgrind).
-    if std::mem::needs_drop::<K>() {
-        user_code::caught("a key's Drop panicked; caught", move || drop(key));
-    }
-}
-
-/// Runs `f` (a key's `Hash` or `Eq`), catching a panic.
-fn caught<R>(f: impl FnOnce() -> R) -> Option<R> {
-    user_code::caught(
-        "a key's Hash or Eq panicked; its operation is handed back",
-        f,
-    )
-}
-
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
@@ -597,14 +613,17 @@ mod tests {
         let mut entries: Vec<(Option<u32>, OpRef)> = (0..10_000)
             .map(|k| (Some(k), OpRef::for_test(k, 0)))
             .collect();
-        assert!(watchers.watch_many(&mut entries).is_empty());
+        assert!(watchers
+            .watch_many(&mut entries, &UserCode::default())
+            .is_empty());
         watchers.mark_stale(10_000);
         let mut cursor = Some(PurgeCursor::default());
         let mut steps = 0;
         let mut removed = 0;
         while let Some(from) = cursor {
             let before = watchers.entries();
-            let (dropped, next) = watchers.purge_step(0, from, 1_000, |_| false);
+            let (dropped, next) =
+                watchers.purge_step(0, from, 1_000, |_| false, &UserCode::default());
             assert!(dropped <= 1_000, "a step dropped {dropped} entries");
             assert_eq!(watchers.entries(), before - dropped);
             removed += dropped;
@@ -627,12 +646,15 @@ mod tests {
         let n = 20 * BLOCK as u32;
         let mut entries: Vec<(Option<u32>, OpRef)> =
             (0..n).map(|i| (Some(7), OpRef::for_test(i, 0))).collect();
-        assert!(watchers.watch_many(&mut entries).is_empty());
+        assert!(watchers
+            .watch_many(&mut entries, &UserCode::default())
+            .is_empty());
         let waiting = |op: OpRef| op.index() % 10 == 0;
         let mut cursor = Some(PurgeCursor::default());
         let mut steps = 0;
         while let Some(from) = cursor {
-            let (dropped, next) = watchers.purge_step(0, from, BLOCK, waiting);
+            let (dropped, next) =
+                watchers.purge_step(0, from, BLOCK, waiting, &UserCode::default());
             assert!(dropped <= 2 * BLOCK, "a step dropped {dropped} entries");
             cursor = next;
             steps += 1;
@@ -659,7 +681,9 @@ mod tests {
         let n = 3 * BLOCK as u32;
         let mut entries: Vec<(Option<u32>, OpRef)> =
             (0..n).map(|i| (Some(7), OpRef::for_test(i, 0))).collect();
-        assert!(watchers.watch_many(&mut entries).is_empty());
+        assert!(watchers
+            .watch_many(&mut entries, &UserCode::default())
+            .is_empty());
         let looked = AtomicUsize::new(0);
         let other_got_in = AtomicBool::new(false);
         let in_between = AtomicBool::new(false);
@@ -694,7 +718,10 @@ mod tests {
                 }
                 op.index() % 2 == 0
             };
-            assert_eq!(watchers.drop_completed(&7, waiting), n as usize / 2);
+            assert_eq!(
+                watchers.drop_completed(&7, waiting, &UserCode::default()),
+                n as usize / 2
+            );
         });
         assert!(
             in_between.load(SeqCst),
@@ -708,10 +735,16 @@ mod tests {
         let watchers: Watchers<u32> = Watchers::new(1);
         let mut entries: Vec<(Option<u32>, OpRef)> =
             (0..6).map(|i| (Some(7), OpRef::for_test(i, 0))).collect();
-        assert!(watchers.watch_many(&mut entries).is_empty());
-        let (dropped, next) = watchers.purge_step(0, PurgeCursor::default(), usize::MAX, |op| {
-            op.index() % 2 == 0
-        });
+        assert!(watchers
+            .watch_many(&mut entries, &UserCode::default())
+            .is_empty());
+        let (dropped, next) = watchers.purge_step(
+            0,
+            PurgeCursor::default(),
+            usize::MAX,
+            |op| op.index() % 2 == 0,
+            &UserCode::default(),
+        );
         assert_eq!((dropped, next), (3, None));
         let mut left = SmallVec::<[OpRef; 16]>::new();
         watchers.snapshot(&7, &mut left);

@@ -246,3 +246,240 @@ fn checking_or_cancelling_a_hostile_key_panics_to_the_caller_and_changes_nothing
     assert_eq!(rest.iter().map(|op| op.id).collect::<Vec<_>>(), [1]);
     assert_eq!(ledger.violations(), 0);
 }
+
+/// A key whose one armed copy panics when dropped (once): the copy a watcher list keeps,
+/// so the panic comes wherever the purgatory drops a list (a purge, `cancel_for_key`, a
+/// check that empties it, shutdown).
+#[derive(Debug)]
+struct DropBomb {
+    id: u32,
+    armed: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+}
+
+impl DropBomb {
+    fn plain(id: u32) -> Self {
+        DropBomb { id, armed: None }
+    }
+
+    fn armed(id: u32) -> (Self, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+        let armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        (
+            DropBomb {
+                id,
+                armed: Some(std::sync::Arc::clone(&armed)),
+            },
+            armed,
+        )
+    }
+}
+
+impl Clone for DropBomb {
+    fn clone(&self) -> Self {
+        DropBomb::plain(self.id)
+    }
+}
+
+impl Hash for DropBomb {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
+    }
+}
+
+impl PartialEq for DropBomb {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for DropBomb {}
+
+impl Drop for DropBomb {
+    fn drop(&mut self) {
+        if let Some(armed) = &self.armed {
+            if armed.swap(false, SeqCst) && !std::thread::panicking() {
+                panic!("Drop of key {} (on purpose)", self.id);
+            }
+        }
+    }
+}
+
+/// Issue #27, finding 1: a key whose `Drop` panics while a purge drops its emptied list
+/// must not stop the reaper: later timeouts still fire on time, and purges go on.
+#[test]
+fn a_key_whose_drop_panics_in_a_purge_never_stops_the_reaper() {
+    let purgatory: Purgatory<DropBomb, Probe> = purgatory::PurgatoryBuilder::new()
+        .name("drop-bomb-purge")
+        .purge_interval(1)
+        .build()
+        .unwrap();
+    let ledger = Ledger::new(3);
+    let (bomb, armed) = DropBomb::armed(1);
+    let WatchOutcome::Pending(first) = purgatory
+        .watch(Probe::new(0, LONG, &ledger, &never()), [bomb])
+        .unwrap()
+    else {
+        panic!("a never-ready operation waits");
+    };
+    // Completed: its entry is stale, the reaper's next purge empties the list and drops
+    // the armed key.
+    assert!(purgatory.force_complete(&first));
+    assert!(
+        probe::wait_until(Duration::from_secs(5), || !armed.load(SeqCst)),
+        "the purge dropped the key"
+    );
+    assert!(probe::wait_until(Duration::from_secs(5), || purgatory
+        .stats()
+        .panicked
+        == 1));
+    // The reaper goes on: a short timeout watched now fires, and so does one due later.
+    let started = std::time::Instant::now();
+    for (id, timeout) in [
+        (1, Duration::from_millis(10)),
+        (2, Duration::from_millis(300)),
+    ] {
+        assert!(!purgatory
+            .try_complete_else_watch(
+                Probe::new(id, timeout, &ledger, &never()),
+                [DropBomb::plain(10 + id as u32)]
+            )
+            .unwrap());
+    }
+    assert!(
+        probe::wait_until(Duration::from_secs(5), || ledger.completions(1) == 1
+            && ledger.completions(2) == 1),
+        "the reaper stopped: nothing expired after the key's panic"
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(ledger.how(2), Some(Completion::Expired));
+    assert!(!purgatory.is_shutdown());
+    assert_eq!(ledger.violations(), 0);
+}
+
+/// Issue #27, finding 4: `cancel_for_key` on a key whose stored copy's `Drop` panics
+/// still hands back every operation of the key (the panic is caught and counted), and
+/// leaves no operation unlisted behind.
+#[test]
+fn cancel_for_key_hands_back_everything_when_the_stored_keys_drop_panics() {
+    let clock = ManualClock::new();
+    let ledger = Ledger::new(3);
+    let purgatory: Purgatory<DropBomb, Probe> = manual_purgatory(&clock);
+    let (bomb, _armed) = DropBomb::armed(1);
+    let mut keys = vec![bomb, DropBomb::plain(1), DropBomb::plain(1)].into_iter();
+    for id in 0..3 {
+        assert!(!purgatory
+            .try_complete_else_watch(
+                Probe::new(id, LONG, &ledger, &never()),
+                [keys.next().unwrap()]
+            )
+            .unwrap());
+    }
+    let cancelled = catch_unwind(AssertUnwindSafe(|| {
+        purgatory.cancel_for_key(&DropBomb::plain(1))
+    }))
+    .expect("the stored key's panic is caught");
+    let mut ids: Vec<usize> = cancelled.iter().map(|op| op.id).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, [0, 1, 2], "every operation of the key handed back");
+    let stats = purgatory.stats();
+    assert_eq!((stats.cancelled, stats.pending, stats.panicked), (3, 0, 1));
+    assert_eq!((stats.watched, stats.keys), (0, 0));
+    drop(cancelled);
+    assert_eq!(ledger.total_completions(), 0);
+    assert_eq!(ledger.violations(), 0);
+}
+
+/// A clock that panics on the read after it is armed (once), otherwise reads `inner`.
+#[derive(Clone)]
+struct BombClock<C> {
+    inner: C,
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl<C: purgatory::Clock> purgatory::Clock for BombClock<C> {
+    fn now(&self) -> Duration {
+        if self.armed.swap(false, SeqCst) {
+            panic!("the clock panics (on purpose)");
+        }
+        self.inner.now()
+    }
+}
+
+/// Issue #27, finding 2: a clock that panics while a watch arms the operation's timeout
+/// must not lose the operation: it is armed (or handed back) and answered exactly once,
+/// at the latest by shutdown.
+#[test]
+fn a_clock_that_panics_while_a_watch_arms_loses_nothing() {
+    let manual = ManualClock::new();
+    let armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clock = BombClock {
+        inner: manual.clone(),
+        armed: std::sync::Arc::clone(&armed),
+    };
+    let purgatory: Purgatory<u32, Probe> = purgatory::PurgatoryBuilder::new()
+        .timer(purgatory::TimerBuilder::new().clock(clock).reaper(false))
+        .build()
+        .unwrap();
+    let ledger = Ledger::new(2);
+    armed.store(true, SeqCst);
+    let watched = catch_unwind(AssertUnwindSafe(|| {
+        purgatory.try_complete_else_watch(Probe::new(0, LONG, &ledger, &never()), [1])
+    }));
+    assert!(
+        matches!(watched, Ok(Ok(false))),
+        "the clock's panic is caught and the operation waits"
+    );
+    assert!(!armed.load(SeqCst), "the clock was read");
+    assert_eq!(purgatory.pending(), 1, "armed");
+    assert_eq!(purgatory.stats().panicked, 1);
+    // It expires: at its timeout, counted from the last good reading.
+    manual.advance(LONG);
+    purgatory.advance_clock(Duration::ZERO);
+    assert_eq!(ledger.how(0), Some(Completion::Expired));
+    purgatory.shutdown();
+    assert_eq!(ledger.total_completions(), 1);
+    assert_eq!(ledger.violations(), 0);
+}
+
+/// Issue #27, finding 2: a clock that panics on the reaper never stops expiry.
+#[test]
+fn a_clock_that_panics_on_the_reaper_never_stops_expiry() {
+    let armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clock = BombClock {
+        inner: purgatory::SystemClock::new(),
+        armed: std::sync::Arc::clone(&armed),
+    };
+    let purgatory: Purgatory<u32, Probe> = purgatory::PurgatoryBuilder::new()
+        .name("bomb-clock-reaper")
+        .timer(purgatory::TimerBuilder::new().clock(clock))
+        .build()
+        .unwrap();
+    let ledger = Ledger::new(3);
+    assert!(!purgatory
+        .try_complete_else_watch(
+            Probe::new(0, Duration::from_millis(20), &ledger, &never()),
+            [1]
+        )
+        .unwrap());
+    // The next read panics: most likely the reaper's, as it wakes for the timeout.
+    armed.store(true, SeqCst);
+    assert!(
+        probe::wait_until(Duration::from_secs(5), || !armed.load(SeqCst)),
+        "the clock was read"
+    );
+    for id in 1..3 {
+        assert!(!purgatory
+            .try_complete_else_watch(
+                Probe::new(id, Duration::from_millis(30), &ledger, &never()),
+                [id as u32]
+            )
+            .unwrap());
+    }
+    assert!(
+        probe::wait_until(Duration::from_secs(5), || ledger.total_completions() == 3),
+        "expiry stopped after the clock panicked: {} of 3 answered",
+        ledger.total_completions()
+    );
+    assert_eq!(ledger.count(Completion::Expired), 3);
+    assert_eq!(purgatory.stats().panicked, 1);
+    assert_eq!(ledger.violations(), 0);
+}
