@@ -605,27 +605,18 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
     }
 
     /// Releases the slot, leaving the operation in it, unless its timeout fired while it
-    /// was held: then the operation is taken (its slot freed) and returned, for the
-    /// caller to complete as expired once it holds no other slot. No caller can miss an
+    /// was held: then the slot stays held and comes back as [`HandedOver`], whose caller
+    /// owes the operation its expiry (see [`HandedOver::take`]). No caller can miss an
     /// expiry that came while it held the slot: the one way to let go of it is through
     /// here (or `take`).
-    #[must_use = "an operation returned here expired while held, and is the caller's to complete"]
+    #[must_use = "an expiry handed over here is the caller's to answer"]
     #[inline]
-    pub(crate) fn unlock(self) -> Option<Taken<O>> {
+    pub(crate) fn unlock(self) -> Result<(), HandedOver<'a, O>> {
         let this = ManuallyDrop::new(self);
         match this.slot.unlock(this.op.generation, &this.table.parker) {
-            Unlocked::Released => None,
-            Unlocked::MustExpire => Some(ManuallyDrop::into_inner(this).take_expired()),
+            Unlocked::Released => Ok(()),
+            Unlocked::MustExpire => Err(HandedOver(ManuallyDrop::into_inner(this))),
         }
-    }
-
-    /// Takes the operation out as expired (its timer fired), freeing its slot.
-    #[cold]
-    #[inline(never)]
-    fn take_expired(self) -> Taken<O> {
-        let mut taken = self.take();
-        taken.timer = None;
-        taken
     }
 
     /// Runs `try_complete` through the door, keeping the lock: a panic is caught (the
@@ -640,6 +631,23 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
     }
 }
 
+/// A slot still held whose operation's timeout fired while it was held: its holder's to
+/// expire. Kept apart from [`Locked`] so that the holder can first tell whoever waits for
+/// expiries in progress (a shutdown, `Driver::expiry_work`) and then take it: a shutdown
+/// that begins after the operation was taken out then waits for its answer.
+#[must_use = "an expiry handed over is the holder's to answer"]
+pub(crate) struct HandedOver<'a, O: DelayedOperation>(Locked<'a, O>);
+
+impl<O: DelayedOperation> HandedOver<'_, O> {
+    /// Takes the operation out as expired (its timer fired, so it has none to cancel),
+    /// freeing its slot.
+    pub(crate) fn take(self) -> Taken<O> {
+        let mut taken = self.0.take();
+        taken.timer = None;
+        taken
+    }
+}
+
 impl<O: DelayedOperation> Drop for Locked<'_, O> {
     /// Reached only when a panic unwinds through the purgatory while it holds a slot (every
     /// path consumes its `Locked`): releases the slot, and keeps an expiry that came
@@ -651,7 +659,8 @@ impl<O: DelayedOperation> Drop for Locked<'_, O> {
             op: self.op,
         };
         // `this` is consumed by `unlock` (no second drop); `self` is dropped by its caller.
-        if let Some(orphan) = this.unlock() {
+        if let Err(handed_over) = this.unlock() {
+            let orphan = handed_over.take();
             let table = self.table;
             table.orphans.lock().push(orphan);
             table.has_orphans.store(true, Ordering::Release);
@@ -725,7 +734,7 @@ mod tests {
         assert!(table.take(a).is_none());
         assert!(table.take_for_expiry(a).is_none());
         // Nothing of those reached B: its holder unlocks it with no expiry to honour.
-        assert!(held.unlock().is_none());
+        assert!(held.unlock().is_ok());
         assert_eq!(table.take(b).map(|t| t.op.0), Some("b"));
     }
 
@@ -739,7 +748,10 @@ mod tests {
             "the expiry does not wait"
         );
         assert!(table.is_waiting(x), "left to the holder");
-        let expired = held.unlock().expect("the unlock hands the expiry over");
+        let expired = held
+            .unlock()
+            .expect_err("the unlock hands the expiry over")
+            .take();
         assert_eq!(expired.op.0, "x");
         assert!(expired.timer.is_none(), "its timer fired");
         assert!(!table.is_waiting(x));
@@ -756,7 +768,7 @@ mod tests {
         // The slot is free and clean: the next occupant has no expiry waiting for it.
         let next = table.insert_one(Named("y"));
         assert_eq!(next.op().index, x.index);
-        assert!(next.unlock().is_none());
+        assert!(next.unlock().is_ok());
     }
 
     #[test]
@@ -788,7 +800,7 @@ mod tests {
                     assert_eq!(held.take().op.0, "x");
                     assert_eq!(waiter.join().unwrap(), None);
                 } else {
-                    assert!(held.unlock().is_none());
+                    assert!(held.unlock().is_ok());
                     assert_eq!(waiter.join().unwrap(), Some("x"));
                 }
             });

@@ -43,7 +43,11 @@ use crate::watch::{Keys, CHUNK};
 /// operation: 1,212-1,224 instructions an operation one by one at every batch size, in
 /// chunks 1,907 for 10, 1,518 for 32, 1,437 for 64), while for big batches at high rates
 /// the shared locks win (W3 at 3.5-4M/s: 2.6-3.5M held in chunks, 1.8-2.4M one by one).
+#[cfg(not(loom))]
 const SMALL_BATCH: usize = 32;
+/// Under loom, a batch of two is a chunk, so that the models reach a chunk's steps.
+#[cfg(loom)]
+const SMALL_BATCH: usize = 2;
 
 /// Holds operations that cannot complete yet, per key, until an event completes them or
 /// their timeout expires them.
@@ -159,7 +163,7 @@ where
         // Collect the keys before taking any lock: the caller's iterator is user code.
         let keys: Keys<K> = keys.into_iter().collect();
         let state = self.state();
-        state.settle(state.watch_one(op, keys))
+        state.settle(state.watch_one(op, keys), &self.driver)
     }
 
     /// Watches every `(operation, keys)` of `batch`, with the same outcome for each as
@@ -185,13 +189,13 @@ where
         let state = self.state();
         if staged.len() < SMALL_BATCH {
             for (op, keys) in staged {
-                results.push(state.settle(state.watch_one(op, keys)));
+                results.push(state.settle(state.watch_one(op, keys), &self.driver));
             }
             return results;
         }
         let mut staged = staged.into_iter();
         while staged.len() > 0 {
-            state.watch_chunk(staged.by_ref().take(CHUNK), &mut results);
+            state.watch_chunk(staged.by_ref().take(CHUNK), &mut results, &self.driver);
         }
         results
     }
@@ -221,8 +225,9 @@ where
         // or cancelled before it looked, or while it looked).
         let mut dead = 0;
         let mut completed = 0;
-        // Not ready, and whose timeout fired while this check held them.
-        let mut expired = SmallVec::<[Taken<O>; 1]>::new();
+        // Not ready, and whose timeout fired while this check held them (each answered
+        // at once, before the next candidate's `try_complete`).
+        let mut expired = 0;
         for &op in candidates.iter() {
             // Each entry's slot and tag are found once, for the tag and the lock.
             let found = state.table.find(op);
@@ -245,12 +250,12 @@ where
                 // `take` releases the slot: callbacks run without it.
                 state.complete_one(locked.take(), Completion::Ready);
                 completed += 1;
-            } else if let Some(taken) = locked.unlock() {
-                expired.push(taken);
+            } else if let Err(handed_over) = locked.unlock() {
+                state.answer_handed_over(handed_over, &self.driver);
+                expired += 1;
             }
         }
-        let gone = dead + completed + expired.len();
-        state.complete(&mut expired, Completion::Expired);
+        let gone = dead + completed + expired;
         // Each dead entry costs later checks one tag read; rewriting the list costs one
         // per entry. Dropping them once they are a quarter of the list keeps both O(1)
         // per completion, amortised. (`candidates` is not empty: see the early return.)

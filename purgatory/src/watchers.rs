@@ -251,22 +251,23 @@ impl<K: Hash + Eq> Watchers<K> {
         // Hashed before any lock is taken: a key's `Hash` is user code. An entry whose
         // hash panicked goes to shard `shards`, a run of its own that is never listed.
         let hashes: SmallVec<[(u64, u32); 256]> = entries
-            .iter_mut()
+            .iter()
             .enumerate()
             .map(|(i, (key, _))| {
-                let hashed = user.call(Site::KeyHash, || {
-                    self.hash(key.as_ref().expect("not yet listed"))
-                });
-                match hashed {
+                let key = key.as_ref().expect("not yet listed");
+                match user.call(Site::KeyHash, || self.hash(key)) {
                     Some(hash) => (hash, self.shard_index(hash) as u32),
                     None => {
                         unlisted.push(i);
-                        user.drop(Site::KeyDrop, key.take());
                         (0, shards)
                     }
                 }
             })
             .collect();
+        // The keys whose hash panicked are never listed: dropped now, through the door.
+        for &i in &unlisted {
+            user.drop(Site::KeyDrop, entries[i].0.take());
+        }
         // Counting sort: `ends[s]` first counts shard s's entries, then (prefix sums) is
         // where its run in `order` starts, and after the placement where it ends.
         let mut ends: SmallVec<[u32; 512]> = smallvec![0; shards as usize + 1];

@@ -27,7 +27,8 @@ fn pending<O>(result: Result<WatchOutcome<O>, WatchError<O>>) -> OperationHandle
 
 /// The same four operations, alone (a batch under 32 is watched one by one) and then
 /// followed by 40 more (a chunk): each path gives every operation what `watch` would, in
-/// input order.
+/// input order. (A chunk tries each operation once, after listing and arming it all; a
+/// ready one leaves a stale entry behind.)
 #[test]
 fn each_operation_gets_the_outcome_watch_would_give_in_input_order() {
     outcomes_in_input_order(0);
@@ -66,11 +67,16 @@ fn outcomes_in_input_order(padding: usize) {
     assert_eq!(padded.len(), padding);
     assert_eq!(ledger.how(1), Some(Completion::Ready));
     assert_eq!(ledger.tries(1), 1, "ready at its first try");
-    assert_eq!(ledger.tries(0), 2, "tried before and after listing");
+    let chunk = padding > 0;
+    if chunk {
+        assert_eq!(ledger.tries(0), 1, "tried once, after listing");
+    } else {
+        assert_eq!(ledger.tries(0), 2, "tried before and after listing");
+    }
     let stats = purgatory.stats();
     assert_eq!(
         (stats.pending, stats.watched, stats.keys),
-        (2 + padding, 3 + padding, 3 + padding)
+        (2 + padding, 3 + padding + usize::from(chunk), 3 + padding)
     );
     assert_eq!(stats.completed, 1);
 

@@ -299,3 +299,139 @@ fn a_slow_key_drop_never_holds_a_shard_lock() {
         "a check waited {waited:?} behind a slow key drop"
     );
 }
+
+/// An operation whose `try_complete` takes `busy` once `slow` is set, and that records
+/// when and how it was answered.
+struct Timed {
+    timeout: Duration,
+    busy: Duration,
+    slow: Arc<AtomicBool>,
+    answered: Arc<Mutex<Vec<(Instant, Completion)>>>,
+}
+
+impl DelayedOperation for Timed {
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+    fn try_complete(&mut self) -> bool {
+        if self.slow.load(SeqCst) {
+            std::thread::sleep(self.busy);
+        }
+        false
+    }
+    fn on_complete(&mut self, how: Completion) {
+        self.answered.lock().unwrap().push((Instant::now(), how));
+    }
+}
+
+/// Issue #27, finding 3: key 1 lists B (50 ms timeout, its `try_complete` takes 80 ms)
+/// and then A (its `try_complete` takes 1.5 s). B's timeout fires while the check holds
+/// B: the expiry is handed to the checking thread, which must answer it as soon as B's
+/// `try_complete` returns, not after A's. And a `shutdown` called while A's
+/// `try_complete` runs returns only once B is answered.
+#[test]
+fn an_expiry_handed_to_a_check_is_answered_before_the_next_candidate_is_tried() {
+    let purgatory: Purgatory<u32, Timed> = Purgatory::new("handed-over");
+    let slow = Arc::new(AtomicBool::new(false));
+    let (b_answered, a_answered) = (
+        Arc::new(Mutex::new(Vec::new())),
+        Arc::new(Mutex::new(Vec::new())),
+    );
+    let op = |timeout, busy, answered: &Arc<Mutex<Vec<_>>>| Timed {
+        timeout,
+        busy,
+        slow: Arc::clone(&slow),
+        answered: Arc::clone(answered),
+    };
+    let started = Instant::now();
+    assert!(!purgatory
+        .try_complete_else_watch(
+            op(
+                Duration::from_millis(50),
+                Duration::from_millis(80),
+                &b_answered
+            ),
+            [1]
+        )
+        .unwrap());
+    assert!(!purgatory
+        .try_complete_else_watch(
+            op(
+                Duration::from_secs(60),
+                Duration::from_millis(1_500),
+                &a_answered
+            ),
+            [1]
+        )
+        .unwrap());
+    slow.store(true, SeqCst);
+    let checker = {
+        let purgatory = purgatory.clone();
+        std::thread::spawn(move || purgatory.check_and_complete(&1))
+    };
+    // While A's try_complete runs (from about 80 ms to 1.58 s): shut down.
+    std::thread::sleep(Duration::from_millis(400));
+    purgatory.shutdown();
+    let b = b_answered.lock().unwrap().clone();
+    assert_eq!(
+        b.iter().map(|(_, how)| *how).collect::<Vec<_>>(),
+        [Completion::Expired],
+        "B answered by the time shutdown returned"
+    );
+    let at = b[0].0.duration_since(started);
+    assert!(
+        at < Duration::from_millis(400),
+        "B was answered {at:?} after the start, behind A's try_complete"
+    );
+    assert_eq!(checker.join().unwrap(), 0);
+    let a = a_answered.lock().unwrap().clone();
+    assert_eq!(
+        a.iter().map(|(_, how)| *how).collect::<Vec<_>>(),
+        [Completion::Expired]
+    );
+}
+
+/// Issue #27, finding 6: one slow `try_complete` in a `watch_batch` must not hold up the
+/// timeouts of the batch's other operations: 40 operations with 50 ms timeouts are
+/// answered on time while the batch call is still busy in the slow one.
+#[test]
+fn one_slow_try_complete_in_a_batch_delays_no_other_timeout_of_the_batch() {
+    let purgatory: Purgatory<u32, Timed> = Purgatory::new("slow-batch");
+    let (fast, slow) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(true)),
+    );
+    let answered = Arc::new(Mutex::new(Vec::new()));
+    let started = Instant::now();
+    let batch = (0..41u32).map(|i| {
+        let op = Timed {
+            timeout: Duration::from_millis(50),
+            busy: Duration::from_millis(1_500),
+            // The 21st operation is the slow one.
+            slow: Arc::clone(if i == 20 { &slow } else { &fast }),
+            answered: Arc::clone(&answered),
+        };
+        (op, [i])
+    });
+    let results = purgatory.watch_batch(batch);
+    let returned = started.elapsed();
+    assert!(results.iter().all(Result::is_ok));
+    assert!(returned >= Duration::from_millis(1_500), "the slow try ran");
+    let answered = answered.lock().unwrap().clone();
+    let on_time = answered
+        .iter()
+        .filter(|(at, how)| {
+            *how == Completion::Expired && at.duration_since(started) < Duration::from_millis(700)
+        })
+        .count();
+    // The slow one itself is held by its own try_complete, and both its tries are slow.
+    assert!(
+        on_time >= 40,
+        "{on_time} of 40 answered within 700 ms; latest answered {:?} after the call",
+        answered
+            .iter()
+            .map(|(at, _)| at.duration_since(started))
+            .max()
+    );
+    purgatory.shutdown();
+}

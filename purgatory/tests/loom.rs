@@ -24,6 +24,16 @@
 //! - a check holding X while X expires, X forced and its slot reused by Y, which expires
 //!   too: neither expiry is lost.
 //!
+//! The holder answers an expiry handed over at once, under `Driver::expiry_work`, taken
+//! before it takes the operation out of its slot, so a shutdown that begins once the
+//! operation is out waits for the answer. The models that reach it:
+//! - a check holding an operation when its timeout fires, and a shutdown on the expiring
+//!   thread: if the operation was out of its slot when the shutdown began, it is answered
+//!   when the shutdown returns;
+//! - a watch chunk (under loom a batch of two is a chunk) whose operations' timeouts fire
+//!   while it holds their slots, at its unlocks after arming or around its tries: each
+//!   expires exactly once.
+//!
 //! Under loom every tag collides with every generation (`op_table.rs`, `TAG_MASK`), so a
 //! check looks at the slot behind every entry. Before `slot.rs` (a slot was a mutex, a
 //! holder under a stale name unlocked without honouring the expiry left for it), the
@@ -490,6 +500,81 @@ fn check_racing_a_reuse_model() {
     );
     assert_expired_once(&y_outcome, "Y");
     assert!(purgatory.is_completed(&y));
+}
+
+/// A check holds B (never ready) while B's timeout fires; the expiring thread then shuts
+/// the purgatory down. Whatever the interleaving, B is answered once, and if B was already
+/// out of its slot when the shutdown began (taken by the check's unlock, or by the round),
+/// it was answered by the time the shutdown returned.
+fn handed_over_check_and_shutdown_model() {
+    EXPLORED.fetch_add(1, SeqCst);
+    let clock = ManualClock::new();
+    let purgatory = purgatory(&clock);
+    let (op, outcome) = never_ready(TIMEOUT);
+    let WatchOutcome::Pending(b) = purgatory.watch(op, [KEY]).expect("accepted") else {
+        panic!("never ready");
+    };
+    let check = {
+        let purgatory = purgatory.clone();
+        spawn(move || purgatory.check_and_complete(&KEY))
+    };
+    let shutdown = {
+        let purgatory = purgatory.clone();
+        let outcome = std::sync::Arc::clone(&outcome);
+        spawn(move || {
+            clock.advance(TIMEOUT);
+            purgatory.advance_clock(Duration::ZERO);
+            let out_before = purgatory.is_completed(&b);
+            purgatory.shutdown();
+            if out_before {
+                assert_eq!(
+                    outcome.completions.load(SeqCst),
+                    1,
+                    "out of its slot before the shutdown began, unanswered after it returned"
+                );
+            }
+        })
+    };
+    assert_eq!(check.join().unwrap(), 0, "never ready");
+    shutdown.join().unwrap();
+    assert_eq!(outcome.completions.load(SeqCst), 1, "answered exactly once");
+    assert_eq!(outcome.how.load(SeqCst), 3, "expired");
+}
+
+/// A chunk of two never-ready operations is watched while their timeouts fire on another
+/// thread: each is expired exactly once (by the round, by the chunk's unlock after arming,
+/// or by the unlock after its try), nothing is left armed.
+fn watch_chunk_and_expiry_model() {
+    EXPLORED.fetch_add(1, SeqCst);
+    let clock = ManualClock::new();
+    let purgatory = purgatory(&clock);
+    let expiry = expire_on_a_thread(&purgatory, clock.clone());
+    let (a, a_outcome) = never_ready(TIMEOUT);
+    let (b, b_outcome) = never_ready(TIMEOUT);
+    let results = purgatory.watch_batch([(a, [KEY]), (b, [KEY + 1])]);
+    assert!(results
+        .iter()
+        .all(|r| matches!(r, Ok(WatchOutcome::Pending(_)))));
+    expiry.join().unwrap();
+    // Armed after the expiry thread moved the clock: their timeouts are a tick later.
+    expire_now(&purgatory, &clock);
+    assert_expired_once(&a_outcome, "A");
+    assert_expired_once(&b_outcome, "B");
+    let stats = purgatory.stats();
+    assert_eq!((stats.pending, stats.expired), (0, 2), "{stats:?}");
+}
+
+#[test]
+fn a_shutdown_waits_for_an_expiry_a_check_took_over_before_it_began() {
+    explore(
+        "handed-over check and shutdown",
+        handed_over_check_and_shutdown_model,
+    );
+}
+
+#[test]
+fn a_watch_chunk_expires_what_timed_out_while_it_held_the_slots() {
+    explore("watch chunk and expiry", watch_chunk_and_expiry_model);
 }
 
 #[test]
