@@ -730,3 +730,76 @@ fn a_waiting_parked_does_not_keep_its_purgatory_alive() {
     );
     assert_eq!(parked.blocking_answer().unwrap().how, Completion::Expired);
 }
+
+/// A key whose one armed copy panics when dropped.
+#[derive(Debug)]
+struct DropBomb {
+    id: u32,
+    armed: bool,
+}
+
+impl Clone for DropBomb {
+    fn clone(&self) -> Self {
+        DropBomb {
+            id: self.id,
+            armed: false,
+        }
+    }
+}
+
+impl PartialEq for DropBomb {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for DropBomb {}
+
+impl std::hash::Hash for DropBomb {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
+    }
+}
+
+impl Drop for DropBomb {
+    fn drop(&mut self) {
+        if self.armed && !std::thread::panicking() {
+            panic!("Drop of key {} (on purpose)", self.id);
+        }
+    }
+}
+
+/// Issue #27, finding 1 on tokio time: a key whose `Drop` panics in a purge run by the
+/// driving task must not end the task (which would shut the purgatory down, answering a
+/// 2 s operation at once and refusing every later watch).
+#[tokio::test(start_paused = true)]
+async fn a_key_drop_that_panics_in_a_purge_does_not_end_the_driving_task() {
+    let p: Purgatory<DropBomb, Fetch> = PurgatoryBuilder::new()
+        .purge_interval(1)
+        .follow_tokio_time()
+        .build()
+        .unwrap();
+    let ready = Arc::new(AtomicBool::new(false));
+    let (op, answer) = fetch(&ready, Duration::from_secs(60));
+    let first = p
+        .park(op, [DropBomb { id: 1, armed: true }], answer)
+        .unwrap();
+    let handle = first.handle().unwrap();
+    assert!(p.force_complete(&handle));
+    // The driving task's next round purges the stale entry and drops the armed key.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(p.stats().panicked, 1, "the purge dropped the key");
+    assert!(!p.is_shutdown(), "the driving task goes on");
+    let start = tokio::time::Instant::now();
+    let (op, answer) = fetch(&ready, Duration::from_secs(2));
+    let parked = p
+        .park(op, [DropBomb { id: 2, armed: false }], answer)
+        .expect("accepted");
+    assert_eq!(parked.await.unwrap().how, Completion::Expired);
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_secs(2) && waited <= Duration::from_millis(2_002),
+        "{waited:?}"
+    );
+    drop(first);
+}
