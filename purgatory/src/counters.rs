@@ -4,11 +4,17 @@
 //! # Invariants
 //! - Each thread increments the stripe picked by its thread index; readers sum every
 //!   stripe. A sum read while others count is a recent value, not a snapshot.
+//! - Counts are `SeqCst` read-modify-writes and reads (on x86 the same instructions as
+//!   relaxed ones), so that a count made before a completion reads "closed" is seen by a
+//!   final publish made after shutdown closed (`metrics.rs`, `publish_if_closed`).
 //! - The counts of watcher entries (listed, stale) are the watcher lists' own
 //!   (`watchers.rs`), the count of caught panics the door's (`user_code.rs`); these are
 //!   the totals of what happened to operations.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU64, AtomicUsize,
+    Ordering::{Relaxed, SeqCst},
+};
 
 pub(crate) const STRIPES: usize = 16;
 
@@ -81,18 +87,18 @@ impl Counters {
             Count::Cancelled => &stripe.cancelled,
             Count::Purged => &stripe.purged,
         };
-        counter.fetch_add(n, Relaxed);
+        counter.fetch_add(n, SeqCst);
     }
 
     pub(crate) fn totals(&self) -> Totals {
         let mut t = Totals::default();
         for s in &self.stripes {
-            t.completed += s.completed.load(Relaxed);
-            t.forced += s.forced.load(Relaxed);
-            t.expired += s.expired.load(Relaxed);
-            t.shutdown_expired += s.shutdown_expired.load(Relaxed);
-            t.cancelled += s.cancelled.load(Relaxed);
-            t.purged += s.purged.load(Relaxed);
+            t.completed += s.completed.load(SeqCst);
+            t.forced += s.forced.load(SeqCst);
+            t.expired += s.expired.load(SeqCst);
+            t.shutdown_expired += s.shutdown_expired.load(SeqCst);
+            t.cancelled += s.cancelled.load(SeqCst);
+            t.purged += s.purged.load(SeqCst);
         }
         t
     }

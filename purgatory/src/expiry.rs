@@ -97,5 +97,7 @@ impl<K, O: DelayedOperation> Drop for State<K, O> {
     /// `op_table.rs`) is completed now.
     fn drop(&mut self) {
         self.expire_orphans();
+        #[cfg(feature = "metrics")]
+        self.metrics.release(&self.user);
     }
 }

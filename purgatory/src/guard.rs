@@ -93,6 +93,7 @@ where
             let _runtime = state.runtime.enter();
             if let Some(op) = self.purgatory.cancel(&handle) {
                 state.user.drop(Site::OperationDrop, op);
+                state.after_call();
             }
         }
     }

@@ -20,7 +20,9 @@
 //! without waking. [`Purgatory::publish_metrics`](crate::Purgatory::publish_metrics)
 //! publishes at once, for purgatories driven without a reaper or a program that wants
 //! fresh figures. Shutdown publishes the final figures (nothing pending or watched) once
-//! more, and nothing is published after it.
+//! more; after it, the reaper publishes nothing, and a call that changed the figures (an
+//! answer made after shutdown by a `try_complete` that was running then, a completion
+//! that raced it) publishes them again at its end.
 //!
 //! Gauges and counters are registered on each publish, so a recorder installed after the
 //! purgatory was built receives them from the next publish on; but a purgatory that has
@@ -45,9 +47,9 @@
 //! Every metric has the label `purgatory`: the purgatory's name, unless another live
 //! purgatory of that name was built before it: then `name#2`, `name#3`, ... (the lowest
 //! number free), so two purgatories never write each other's series (`series.rs`). The
-//! facade cannot remove a series: after a purgatory's final publish at shutdown its
-//! series keep their final values (gauges 0) until a later purgatory of the same name
-//! takes the label, whose counters then start again from 0 (a counter reset, as after a
+//! label is freed when the purgatory is dropped (its last handle), not at shutdown. The
+//! facade cannot remove a series: after a purgatory is dropped its series keep their
+//! final values (gauges 0) until a later purgatory of the same name takes the label, whose counters then start again from 0 (a counter reset, as after a
 //! restart).
 
 use std::hash::Hash;
@@ -149,8 +151,8 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
         let Some(mut publisher) = self.metrics.publisher.try_lock() else {
             return wait;
         };
-        if publisher.label.is_none() {
-            return wait; // published for the last time
+        if publisher.finished {
+            return wait; // shut down: only a later change publishes again
         }
         match publisher.next {
             Some(due) if now < due => return wait.min(due - now),
@@ -161,11 +163,9 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
     }
 
     /// Publishes the figures and registers the histograms again, with the current
-    /// recorder, if the series still has its label.
+    /// recorder.
     fn publish_now(&self, publisher: &mut Publisher) {
-        let Some(label) = &publisher.label else {
-            return;
-        };
+        let label = &publisher.label;
         let stats = self.stats();
         self.user.call(Site::Recorder, || {
             publish(&label.value, &stats);
@@ -173,16 +173,41 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
         });
     }
 
-    /// Shutdown's last step: publishes the final figures, then frees the series' label;
-    /// nothing is published or recorded under it by this purgatory any more.
+    /// Shutdown's last step: publishes the final figures. Reaper rounds publish no more;
+    /// a change made after this (an answer that was in flight, `publish_if_closed`)
+    /// publishes again.
     pub(crate) fn publish_final(&self) {
         let mut publisher = self.metrics.publisher.lock();
-        if let Some(label) = &publisher.label {
-            let stats = self.stats();
-            self.user
-                .call(Site::Recorder, || publish(&label.value, &stats));
+        publisher.finished = true;
+        let stats = self.stats();
+        let label = &publisher.label;
+        self.user
+            .call(Site::Recorder, || publish(&label.value, &stats));
+    }
+
+    /// After a call that may have changed the figures: if shutdown already published its
+    /// final figures, publishes them again, so that an answer made after shutdown (a
+    /// `try_complete` that was running then, or a completion racing it) reaches them.
+    ///
+    /// Why nothing slips through: every count is a `SeqCst` read-modify-write made before
+    /// this reads `closed` (`SeqCst`), and shutdown closes (`SeqCst`) before it reads the
+    /// counts (`SeqCst`) for its final publish. So either this call sees the purgatory
+    /// closed (and publishes after the final publish, under the publisher's lock, or
+    /// before it, which then reads this call's counts), or the final publish reads them.
+    #[inline]
+    pub(crate) fn publish_if_closed(&self) {
+        if self.timer.is_shutdown() {
+            self.publish_late();
         }
-        self.metrics.finish(&mut publisher, &self.user);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn publish_late(&self) {
+        let mut publisher = self.metrics.publisher.lock();
+        if publisher.finished {
+            self.publish_now(&mut publisher);
+        }
     }
 }
 
@@ -226,8 +251,9 @@ where
     /// [`metrics`](::metrics) facade now, and registers its wait-time histograms again
     /// with the current recorder. The reaper does this by itself about once a second;
     /// call it for a purgatory driven without a reaper, or for fresh figures. Shutdown
-    /// publishes once more; after that, this does nothing. Only with the cargo feature
-    /// `metrics`.
+    /// publishes once more (and the purgatory again after any later change); this still
+    /// publishes after shutdown, until the purgatory is dropped. Only with the cargo
+    /// feature `metrics`.
     ///
     /// Every metric has the label `purgatory`: the purgatory's [name](Self::name), or
     /// `name#2`, `name#3`, ... for a purgatory built while others of that name were
@@ -255,8 +281,10 @@ where
     /// installed later receives them from the next publish on.
     ///
     /// Two live purgatories never share a label. At shutdown the final figures are
-    /// published and the label freed: its series keep their last values (the facade
-    /// cannot remove them) until a later purgatory of that name takes it over.
+    /// published (and again after an answer made later, by a `try_complete` that was
+    /// running then); the label is freed when the purgatory is dropped: its series keep
+    /// their last values (the facade cannot remove them) until a later purgatory of that
+    /// name takes it over.
     pub fn publish_metrics(&self) {
         let state = self.state();
         state.publish_now(&mut state.metrics.publisher.lock());

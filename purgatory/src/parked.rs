@@ -323,6 +323,7 @@ where
         let _runtime = state.runtime.enter();
         if let Some(op) = purgatory.cancel(&handle) {
             state.user.drop(Site::OperationDrop, op);
+            state.after_call();
         }
     }
 }

@@ -163,7 +163,9 @@ where
         // Collect the keys before taking any lock: the caller's iterator is user code.
         let keys: Keys<K> = keys.into_iter().collect();
         let state = self.state();
-        state.settle(state.watch_one(op, keys), &self.driver)
+        let result = state.settle(state.watch_one(op, keys), &self.driver);
+        state.after_call();
+        result
     }
 
     /// Watches every `(operation, keys)` of `batch`, with the same outcome for each as
@@ -191,12 +193,13 @@ where
             for (op, keys) in staged {
                 results.push(state.settle(state.watch_one(op, keys), &self.driver));
             }
-            return results;
+        } else {
+            let mut staged = staged.into_iter();
+            while staged.len() > 0 {
+                state.watch_chunk(staged.by_ref().take(CHUNK), &mut results, &self.driver);
+            }
         }
-        let mut staged = staged.into_iter();
-        while staged.len() > 0 {
-            state.watch_chunk(staged.by_ref().take(CHUNK), &mut results, &self.driver);
-        }
+        state.after_call();
         results
     }
 
@@ -264,6 +267,7 @@ where
                 .watchers
                 .drop_completed(key, |op| state.table.is_waiting_by_tag(op), &state.user);
         }
+        state.after_call();
         completed
     }
 
@@ -293,7 +297,9 @@ where
                 }
             }
         }
-        completed + self.force_chunk(&mut chunk)
+        completed += self.force_chunk(&mut chunk);
+        state.after_call();
+        completed
     }
 
     /// Force-completes the operations of `chunk` still waiting; empties it and returns
@@ -333,7 +339,9 @@ where
         }
         let taken = state.table.take(handle.op)?;
         report!(state.user, DEBUG, purgatory = %state.name, "cancel");
-        Some(self.hand_back(taken))
+        let op = self.hand_back(taken);
+        state.after_call();
+        Some(op)
     }
 
     /// Whether the operation `handle` names has been completed, expired or cancelled.
@@ -361,6 +369,7 @@ where
         if !ops.is_empty() {
             report!(state.user, DEBUG, purgatory = %state.name, cancelled = ops.len(), "cancel for key");
         }
+        state.after_call();
         ops
     }
 
@@ -385,12 +394,16 @@ where
     /// For purgatories whose timer is built with `reaper(false)` (for example on a
     /// manual clock); harmless otherwise.
     pub fn advance_clock(&self, max_wait: Duration) -> usize {
-        self.driver.advance_clock(max_wait)
+        let fired = self.driver.advance_clock(max_wait);
+        self.state().after_call();
+        fired
     }
 
     /// Drops every completed entry from every list now; returns how many were dropped.
     pub fn purge(&self) -> usize {
-        self.state().purge_all()
+        let purged = self.state().purge_all();
+        self.state().after_call();
+        purged
     }
 
     /// Counters for metrics.

@@ -5,12 +5,14 @@
 //! # Invariants
 //! - No two live purgatories have the same label: the first purgatory of a name is
 //!   labelled with the name, the next ones built while it lives `name#2`, `name#3`, ...
-//!   (the lowest number no live purgatory of that name has). A label is freed by the
-//!   purgatory's last publish ([`Series::finish`], at shutdown) or, if it never had one,
-//!   when its state is dropped; the next purgatory of that name may then take it.
+//!   (the lowest number no live purgatory of that name has). A label is freed when the
+//!   purgatory's state is dropped (its last handle is gone), not at shutdown: an answer
+//!   made after shutdown (a `try_complete` that was running then, see `slot.rs`) is still
+//!   counted and published under it, and its wait sampled. The next purgatory of that
+//!   name may then take it.
 //! - Nothing is published or recorded under a freed label by the purgatory that freed
-//!   it: publishing checks the label under the publisher's lock, and
-//!   [`finish`](Series::finish) sets the histogram handles to no-ops.
+//!   it: the label is freed in the series' drop, after [`Series::release`] set the
+//!   histogram handles to no-ops.
 //! - The histogram handles are held per stripe of threads (the counters' stripes), so a
 //!   completion locks only its own thread's stripe. They are registered when the
 //!   purgatory is built, with the recorder current on the building thread, and again at
@@ -75,10 +77,13 @@ pub(crate) struct SeriesLabel {
 
 /// What the publisher's lock guards.
 pub(crate) struct Publisher {
-    /// `None` once freed: nothing is published any more.
-    pub(crate) label: Option<SeriesLabel>,
+    /// The series' label, freed when the series is dropped.
+    pub(crate) label: SeriesLabel,
     /// When the reaper's rounds publish next (`None`: at the next round).
     pub(crate) next: Option<Instant>,
+    /// Shutdown published the final figures: from then on only a change made after it
+    /// publishes again (`metrics.rs`, `publish_if_closed`).
+    pub(crate) finished: bool,
 }
 
 pub(crate) struct Series {
@@ -98,8 +103,9 @@ impl Series {
             .unwrap_or_else(|| std::array::from_fn(|_| Histogram::noop()));
         Series {
             publisher: parking_lot::Mutex::new(Publisher {
-                label: Some(label),
+                label,
                 next: None,
+                finished: false,
             }),
             waits: std::array::from_fn(|_| WaitStripe(parking_lot::Mutex::new(waits.clone()))),
         }
@@ -123,13 +129,10 @@ impl Series {
         }
     }
 
-    /// The last publish is done (under `publisher`'s lock): frees the label and stops
-    /// recording.
-    pub(crate) fn finish(&self, publisher: &mut Publisher, user: &UserCode) {
-        if let Some(label) = publisher.label.take() {
-            free_label(&label);
-        }
-        // Dropping the replaced handles runs the recorder's code.
+    /// The purgatory is being dropped: stops recording (the handles become no-ops; the
+    /// recorder's code runs as the old ones are dropped, through the door) before the
+    /// series' drop frees the label.
+    pub(crate) fn release(&self, user: &UserCode) {
         user.call(Site::Recorder, || {
             self.replace(&std::array::from_fn(|_| Histogram::noop()))
         });
@@ -138,9 +141,7 @@ impl Series {
 
 impl Drop for Series {
     fn drop(&mut self) {
-        if let Some(label) = self.publisher.get_mut().label.take() {
-            free_label(&label);
-        }
+        free_label(&self.publisher.get_mut().label);
     }
 }
 

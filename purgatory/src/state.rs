@@ -80,6 +80,17 @@ impl<K, O: DelayedOperation> State<K, O> {
     }
 }
 
+impl<K: std::hash::Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
+    /// At the end of every call of the API that may change the figures: with the feature
+    /// `metrics`, publishes them again if shutdown already published its final ones
+    /// (`metrics.rs`, `publish_if_closed`); nothing without it.
+    #[inline(always)]
+    pub(crate) fn after_call(&self) {
+        #[cfg(feature = "metrics")]
+        self.publish_if_closed();
+    }
+}
+
 /// The timer task of one watched operation: the name of the operation to expire.
 pub(crate) struct Expiry(pub(crate) OpRef);
 

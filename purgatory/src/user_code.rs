@@ -35,7 +35,7 @@
 //! - A caught payload is dropped through `timer_core::drop_panic_payload`, which catches
 //!   a payload whose own `Drop` panics.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -114,14 +114,15 @@ impl UserCode {
 
     /// Panics caught so far.
     pub(crate) fn panicked(&self) -> u64 {
-        self.panicked.load(Relaxed)
+        self.panicked.load(SeqCst)
     }
 
     /// Counts and reports a caught panic (out of line: rare).
     #[cold]
     #[inline(never)]
     fn caught(&self, site: Site, payload: Box<dyn std::any::Any + Send>) {
-        self.panicked.fetch_add(1, Relaxed);
+        // SeqCst: see `counters.rs` (a count a final publish must not miss).
+        self.panicked.fetch_add(1, SeqCst);
         report_panic(site.report(), &*payload);
         timer_core::drop_panic_payload(payload);
     }

@@ -45,14 +45,30 @@ impl DelayedOperation for Flagged {
 /// The figures of the purgatory `name` in one snapshot: metric name to value (gauges as
 /// whole numbers). A snapshot resets what it reads.
 fn figures(snapshotter: &Snapshotter, name: &str) -> HashMap<String, u64> {
+    figures_of(&snapshotter.snapshot().into_vec(), name)
+}
+
+/// One snapshot's entries.
+type Entries = Vec<(
+    metrics_util::CompositeKey,
+    Option<Unit>,
+    Option<SharedString>,
+    DebugValue,
+)>;
+
+/// [`figures`] from a snapshot already taken.
+fn figures_of(entries: &Entries, name: &str) -> HashMap<String, u64> {
     let mut found = HashMap::new();
-    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+    for (key, _, _, value) in entries {
         let labels: Vec<_> = key.key().labels().collect();
+        if key.key().name() == "purgatory_wait_seconds" {
+            continue;
+        }
         if labels.len() != 1 || labels[0].key() != "purgatory" || labels[0].value() != name {
             continue;
         }
         let value = match (key.kind(), value) {
-            (MetricKind::Counter, DebugValue::Counter(v)) => v,
+            (MetricKind::Counter, DebugValue::Counter(v)) => *v,
             (MetricKind::Gauge, DebugValue::Gauge(v)) => v.into_inner() as u64,
             other => panic!("unexpected metric {other:?}"),
         };
@@ -277,8 +293,13 @@ fn a_busy_reaper_publishes_at_most_about_once_a_second() {
 /// The wait-time samples of the series `label` in one snapshot, by outcome, sorted (in
 /// seconds). A snapshot drains what it reads.
 fn waits(snapshotter: &Snapshotter, label: &str) -> HashMap<String, Vec<f64>> {
+    waits_of(&snapshotter.snapshot().into_vec(), label)
+}
+
+/// [`waits`] from a snapshot already taken.
+fn waits_of(entries: &Entries, label: &str) -> HashMap<String, Vec<f64>> {
     let mut found: HashMap<String, Vec<f64>> = HashMap::new();
-    for (key, unit, _, value) in snapshotter.snapshot().into_vec() {
+    for (key, unit, _, value) in entries {
         if key.key().name() != "purgatory_wait_seconds" {
             continue;
         }
@@ -290,11 +311,11 @@ fn waits(snapshotter: &Snapshotter, label: &str) -> HashMap<String, Vec<f64>> {
         if labels.get("purgatory").map(String::as_str) != Some(label) {
             continue;
         }
-        assert_eq!(unit, Some(Unit::Seconds));
+        assert_eq!(*unit, Some(Unit::Seconds));
         let DebugValue::Histogram(samples) = value else {
             panic!("a histogram: {value:?}");
         };
-        let mut samples: Vec<f64> = samples.into_iter().map(|s| s.into_inner()).collect();
+        let mut samples: Vec<f64> = samples.iter().map(|s| s.into_inner()).collect();
         samples.sort_by(f64::total_cmp);
         if !samples.is_empty() {
             found.insert(labels["outcome"].clone(), samples);
@@ -305,6 +326,14 @@ fn waits(snapshotter: &Snapshotter, label: &str) -> HashMap<String, Vec<f64>> {
 
 /// A purgatory on a manual clock without a reaper, built with `recorder` current.
 fn manual(recorder: &DebuggingRecorder, name: &str) -> (Purgatory<u32, Flagged>, ManualClock) {
+    manual_with(recorder, name)
+}
+
+/// [`manual`] for operations of type `O`.
+fn manual_with<O: DelayedOperation>(
+    recorder: &DebuggingRecorder,
+    name: &str,
+) -> (Purgatory<u32, O>, ManualClock) {
     let clock = ManualClock::new();
     let purgatory = metrics::with_local_recorder(recorder, || {
         PurgatoryBuilder::new()
@@ -426,13 +455,10 @@ fn shutdown_expiries_are_counted_apart_and_published_last() {
         ),
         (Some(0), Some(0), Some(0))
     );
-    // Nothing is published after it.
+    // Published again on demand, the same figures, under the same label: the label is
+    // the purgatory's until it is dropped.
     metrics::with_local_recorder(&recorder, || purgatory.publish_metrics());
-    let after = figures(&snapshotter, "closing");
-    assert!(
-        after.values().all(|&v| v == 0),
-        "published again: {after:?}"
-    );
+    assert_eq!(figures(&snapshotter, "closing"), last);
 }
 
 #[test]
@@ -477,17 +503,24 @@ fn purgatories_of_one_name_alive_together_publish_distinct_series() {
     };
     assert_eq!(pending_of(name), Some(1), "the first keeps the bare name");
     assert_eq!(pending_of("twin#2"), Some(2), "the second is told apart");
-    // The first shuts down (its final figures under its label); a third of the name
-    // takes the freed label, and the second keeps its own.
+    // The first shuts down (its final figures under its label, which it keeps while it
+    // lives: a third of the name is told apart); dropped, it frees the label, which a
+    // fourth takes, and the second keeps its own.
     metrics::with_local_recorder(&recorder, || first.shutdown());
     assert_eq!(snapshot_pending(name), Some(0), "final figures");
     let (third, _) = manual(&recorder, name);
     watch(&third, 3);
-    metrics::with_local_recorder(&recorder, || {
-        third.publish_metrics();
-        first.publish_metrics(); // shut down: publishes nothing
-    });
-    assert_eq!(snapshot_pending(name), Some(3), "the freed label is reused");
+    metrics::with_local_recorder(&recorder, || third.publish_metrics());
+    assert_eq!(
+        snapshot_pending("twin#3"),
+        Some(3),
+        "the label is kept after shutdown"
+    );
+    drop(first);
+    let (fourth, _) = manual(&recorder, name);
+    watch(&fourth, 4);
+    metrics::with_local_recorder(&recorder, || fourth.publish_metrics());
+    assert_eq!(snapshot_pending(name), Some(4), "the freed label is reused");
     metrics::with_local_recorder(&recorder, || second.publish_metrics());
     assert_eq!(snapshot_pending("twin#2"), Some(2));
 }
@@ -539,4 +572,89 @@ fn a_batch_watch_samples_each_operations_wait() {
     });
     let samples = waits(&snapshotter, "batch");
     assert_eq!(samples.get("forced"), Some(&vec![4.5; 40]), "{samples:?}");
+}
+
+/// Blocks in `try_complete`, once `gated`, until released with a verdict.
+struct Gated {
+    gated: Arc<AtomicBool>,
+    entered: std::sync::mpsc::Sender<()>,
+    verdict: Arc<Mutex<std::sync::mpsc::Receiver<bool>>>,
+}
+
+impl DelayedOperation for Gated {
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(50)
+    }
+    fn try_complete(&mut self) -> bool {
+        if !self.gated.load(Ordering::SeqCst) {
+            return false;
+        }
+        let _ = self.entered.send(());
+        self.verdict.lock().unwrap().recv().unwrap_or(false)
+    }
+    fn on_complete(&mut self, _how: Completion) {}
+}
+
+/// Issue #27, finding 5: an operation whose `try_complete` was running when shutdown
+/// came (its timeout fired meanwhile, so shutdown left it to that thread) is answered
+/// after shutdown returned: its count and its wait sample must still reach the published
+/// figures.
+#[test]
+fn answers_made_after_shutdown_reach_the_published_figures() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    for ready in [false, true] {
+        let name = format!("late-answer-{ready}");
+        let (purgatory, clock) = manual_with::<Gated>(&recorder, &name);
+        let gated = Arc::new(AtomicBool::new(false));
+        let (entered_tx, entered) = std::sync::mpsc::channel();
+        let (release, verdict) = std::sync::mpsc::channel();
+        let op = Gated {
+            gated: Arc::clone(&gated),
+            entered: entered_tx,
+            verdict: Arc::new(Mutex::new(verdict)),
+        };
+        assert!(!purgatory.try_complete_else_watch(op, [1]).unwrap());
+        gated.store(true, Ordering::SeqCst);
+        std::thread::scope(|s| {
+            // Every thread publishes to this test's recorder.
+            let checker = s.spawn(|| {
+                metrics::with_local_recorder(&recorder, || purgatory.check_and_complete(&1))
+            });
+            entered.recv().unwrap();
+            metrics::with_local_recorder(&recorder, || {
+                // Its timeout fires while the checker holds it; shutdown leaves it there.
+                clock.advance(Duration::from_millis(50));
+                assert_eq!(purgatory.advance_clock(Duration::ZERO), 1);
+                purgatory.shutdown();
+            });
+            release.send(ready).unwrap();
+            assert_eq!(checker.join().unwrap(), usize::from(ready));
+        });
+        let stats = purgatory.stats();
+        assert_eq!(
+            (stats.completed, stats.expired_at_shutdown, stats.expired),
+            (u64::from(ready), u64::from(!ready), 0),
+            "{stats:?}"
+        );
+        // One snapshot: a snapshot drains what it reads.
+        let snapshot = snapshotter.snapshot().into_vec();
+        let samples = waits_of(&snapshot, &name);
+        let published = figures_of(&snapshot, &name);
+        let figure = |metric: &str| published.get(metric).copied();
+        assert_eq!(
+            (
+                figure("purgatory_completed_total"),
+                figure("purgatory_shutdown_expired_total")
+            ),
+            (Some(stats.completed), Some(stats.expired_at_shutdown)),
+            "published after the late answer: {published:?}"
+        );
+        let outcome = if ready { "ready" } else { "shutdown" };
+        assert_eq!(
+            samples.get(outcome).map(Vec::len),
+            Some(1),
+            "the late answer's wait sample: {samples:?}"
+        );
+    }
 }

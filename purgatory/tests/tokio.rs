@@ -793,7 +793,14 @@ async fn a_key_drop_that_panics_in_a_purge_does_not_end_the_driving_task() {
     let start = tokio::time::Instant::now();
     let (op, answer) = fetch(&ready, Duration::from_secs(2));
     let parked = p
-        .park(op, [DropBomb { id: 2, armed: false }], answer)
+        .park(
+            op,
+            [DropBomb {
+                id: 2,
+                armed: false,
+            }],
+            answer,
+        )
         .expect("accepted");
     assert_eq!(parked.await.unwrap().how, Completion::Expired);
     let waited = start.elapsed();
