@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use crate::core::{TimerCore, TimerStats};
 use crate::driver::{Driver, Expire};
-use crate::user_code::{caught, drop_each};
+use crate::user_code::{caught, drop_each, event};
 use crate::TimerTask;
 
 /// The expiry of a plain timer: run each task, catching and counting panics.
@@ -51,7 +51,10 @@ impl<T: TimerTask> Expire for RunTasks<T> {
 
     fn at_drop(&self, pending: Vec<T>) {
         if !pending.is_empty() {
-            tracing::debug!(target: "timer_core", dropped = pending.len(), "timer dropped with pending tasks");
+            let dropped = pending.len();
+            event(
+                || tracing::debug!(target: "timer_core", dropped, "timer dropped with pending tasks"),
+            );
         }
         drop_each("a task dropped unrun panicked", pending);
     }

@@ -14,6 +14,7 @@
 //! | `at_drop` | the thread dropping the driver | caught, reported | that drop |
 //! | the wake hook ([`TimerCore::set_wake_hook`](crate::TimerCore::set_wake_hook)) | an adding thread, `wake`, shutdown | caught, reported | that caller |
 //! | the executor's pool ([`Executor::Pool`](crate::Executor)) | rayon runs each batch as a job | a job never panics: everything it runs is caught inside it (rayon would abort the process otherwise) | a pool busy with other work delays the batches queued behind it |
+//! | the `tracing` subscriber | every report (a caught panic, a timer dropped with tasks pending) | caught, that event lost | its caller |
 //! | a caught panic's payload (its `Drop`) | wherever the panic was caught | caught again, the second payload leaked ([`drop_panic_payload`]) | |
 //!
 //! Reports go through `tracing` (target `timer_core`, level error). A panic is never
@@ -37,8 +38,17 @@ pub(crate) fn caught<R>(what: &'static str, f: impl FnOnce() -> R) -> Option<R> 
 #[cold]
 #[inline(never)]
 pub(crate) fn report(what: &str, payload: Box<dyn Any + Send>) {
-    tracing::error!(target: "timer_core", panic = panic_message(&*payload), "{what}");
+    let message = panic_message(&*payload);
+    event(|| tracing::error!(target: "timer_core", panic = message, "{what}"));
     drop_panic_payload(payload);
+}
+
+/// Emits a `tracing` event through the door: the subscriber is user code, and one that
+/// panics loses that event only.
+pub(crate) fn event(emit: impl FnOnce()) {
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(emit)) {
+        drop_panic_payload(payload);
+    }
 }
 
 /// The message of a caught panic's payload: the `&str` or `String` that `panic!` was
