@@ -229,6 +229,8 @@ where
         let vacate = |vacated: Vacated| self.table.vacate(&[vacated]);
         if let Some((taken, vacated)) = self.try_member(&mut m) {
             vacate(vacated);
+            // Never listed: its keys are dropped here, through the door.
+            self.user.drop_each(Site::KeyDrop, m.keys.drain(..));
             return Watched::Completed(taken);
         }
         let count = u32::try_from(m.keys.len()).unwrap_or(u32::MAX);
