@@ -90,6 +90,15 @@ impl TimerBuilder {
         self
     }
 
+    /// With the inline executor and a reaper thread: how long one expired task's code may
+    /// run before a stand-in thread takes over the rest of its batch and the rounds
+    /// (default 20 ms, [`DEFAULT_STAND_IN_BOUND`](crate::DEFAULT_STAND_IN_BOUND); `None`:
+    /// never). See [`DriverConfig::stand_in`].
+    pub fn stand_in(mut self, bound: Option<Duration>) -> Self {
+        self.driver = self.driver.stand_in(bound);
+        self
+    }
+
     /// Checks the configuration and builds the timer (starting its reaper if asked).
     pub fn build<T: TimerTask>(self) -> Result<Timer<T>, BuildError> {
         let (core, driver) = self.build_parts()?;

@@ -43,6 +43,8 @@ use std::time::Duration;
 
 use crate::core::TimerCore;
 use crate::executor::Executor;
+use crate::shared_batch::SharedBatch;
+use crate::stand_in::{StandIn, DEFAULT_STAND_IN_BOUND};
 use crate::sync::{Condvar, Mutex};
 use crate::user_code::{caught, drop_each};
 
@@ -58,6 +60,14 @@ pub trait Expire: Send + Sync + 'static {
     /// thread or on the pool. Catch panics per task here: a panic that escapes is caught
     /// by the driver, but skips the rest of the batch.
     fn expire(&self, expired: &mut Vec<Self::Task>);
+
+    /// Handles one expired task, on a driving thread: a reaper with the inline executor
+    /// hands its batches out one task at a time, so that a stand-in can take over the
+    /// rest of a batch while one task's code runs long (`stand_in.rs`). Catch panics
+    /// here. The default hands `expire` a batch of one.
+    fn expire_one(&self, task: Self::Task) {
+        self.expire(&mut vec![task]);
+    }
 
     /// Runs at the start of every round, before the core is advanced.
     fn before_round(&self) {}
@@ -111,12 +121,24 @@ impl NextRound {
 }
 
 /// How a driver runs: the executor, whether to start a reaper thread, and its name.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 #[must_use = "a driver configuration does nothing until `start` is called"]
 pub struct DriverConfig {
     executor: Executor,
     manual: bool,
     thread_name: Option<String>,
+    stand_in: Option<Duration>,
+}
+
+impl Default for DriverConfig {
+    fn default() -> Self {
+        DriverConfig {
+            executor: Executor::Inline,
+            manual: false,
+            thread_name: None,
+            stand_in: Some(DEFAULT_STAND_IN_BOUND),
+        }
+    }
 }
 
 impl DriverConfig {
@@ -145,14 +167,30 @@ impl DriverConfig {
         self
     }
 
+    /// With the inline executor and a reaper thread: how long one expired task's code may
+    /// run before a stand-in thread takes over the rest of its batch and the rounds, so
+    /// that it delays no other expiry by much more than that (default 20 ms; see
+    /// `stand_in.rs`). `None`: no stand-in; expiry then waits for slow code. A pool
+    /// executor, or a driver without a reaper, has none either way.
+    pub fn stand_in(mut self, bound: Option<Duration>) -> Self {
+        self.stand_in = bound;
+        self
+    }
+
     /// Starts a driver for `target` (and its reaper thread, named `default_name` unless a
     /// name was set).
     pub fn start<E: Expire>(self, target: E, default_name: &str) -> std::io::Result<Driver<E>> {
+        let name = self.thread_name.unwrap_or_else(|| default_name.to_owned());
+        let stand_in = match (&self.executor, self.manual, self.stand_in) {
+            (Executor::Inline, false, Some(bound)) => Some(StandIn::new(bound, name.clone())),
+            _ => None,
+        };
         let shared = Arc::new(Shared {
             target,
             executor: self.executor,
             rounds: Mutex::new(0),
             rounds_done: Condvar::default(),
+            stand_in,
         });
         let reaper = if self.manual {
             None
@@ -160,7 +198,7 @@ impl DriverConfig {
             let for_thread = Arc::clone(&shared);
             Some(
                 std::thread::Builder::new()
-                    .name(self.thread_name.unwrap_or_else(|| default_name.to_owned()))
+                    .name(name)
                     .spawn(move || reaper_loop(&for_thread))?,
             )
         };
@@ -182,12 +220,15 @@ enum Stop {
 }
 
 /// What the reaper thread and pool batches share with the driver.
-struct Shared<E> {
+struct Shared<E: Expire> {
     target: E,
     executor: Executor,
-    /// Rounds in progress plus pool batches not yet finished.
+    /// Rounds in progress plus pool batches (and stand-ins' stolen batches) not yet
+    /// finished.
     rounds: Mutex<usize>,
     rounds_done: Condvar,
+    /// With the inline executor and a reaper: the watchdog and stand-ins (`stand_in.rs`).
+    stand_in: Option<StandIn<E::Task>>,
 }
 
 #[cfg(not(loom))]
@@ -224,7 +265,7 @@ impl<E: Expire> Driver<E> {
     /// example on a manual clock); harmless beside one.
     pub fn advance_clock(&self, max_wait: Duration) -> usize {
         self.shared
-            .round(NextRound::at_most(max_wait), &mut Vec::new())
+            .round(NextRound::at_most(max_wait), &mut Vec::new(), None)
             .0
     }
 
@@ -234,7 +275,7 @@ impl<E: Expire> Driver<E> {
     /// earliest bucket).
     pub fn round_now(&self) -> (usize, NextRound) {
         self.shared
-            .round(NextRound::at_most(Duration::ZERO), &mut Vec::new())
+            .round(NextRound::at_most(Duration::ZERO), &mut Vec::new(), None)
     }
 
     /// Whether shutdown has begun.
@@ -278,6 +319,17 @@ impl<E: Expire> Driver<E> {
         if let Some(reaper) = self.reaper.lock().take() {
             if reaper.thread().id() != std::thread::current().id() {
                 let _ = reaper.join();
+            }
+        }
+        if let Some(stand_in) = &self.shared.stand_in {
+            // No stand-in starts from now on. From outside, join the watchdog and the
+            // stand-ins (each stops after its round: the core is closed); from inside,
+            // leave them to stop by themselves (a stand-in may be in a round, which an
+            // inside call does not wait for; its work is counted as rounds anyway).
+            for thread in stand_in.stop() {
+                if !inside && thread.thread().id() != std::thread::current().id() {
+                    let _ = thread.join();
+                }
             }
         }
         if !inside {
@@ -353,9 +405,15 @@ impl<E: Expire> std::fmt::Debug for Driver<E> {
 }
 
 impl<E: Expire> Shared<E> {
-    /// One round (see the module doc), with `batch` as the inline executor's buffer;
-    /// returns how many tasks expired and the next round's longest wait.
-    fn round(self: &Arc<Self>, wait: NextRound, batch: &mut Vec<E::Task>) -> (usize, NextRound) {
+    /// One round (see the module doc), with `batch` as the inline executor's buffer, on
+    /// driving slot `driving` (the reaper's and stand-ins' rounds; `None` for a caller of
+    /// `advance_clock`); returns how many tasks expired and the next round's longest wait.
+    fn round(
+        self: &Arc<Self>,
+        wait: NextRound,
+        batch: &mut Vec<E::Task>,
+        driving: Option<&mut Driving<E::Task>>,
+    ) -> (usize, NextRound) {
         *self.rounds.lock() += 1;
         let _done = RoundDone(self);
         // The whole round is this driver's expiry work: the owner's hooks may run user
@@ -370,7 +428,12 @@ impl<E: Expire> Shared<E> {
             .advance_with(wait, |expired| batch.extend(expired));
         if fired > 0 {
             match &self.executor {
-                Executor::Inline => self.expire(batch),
+                Executor::Inline => match (&self.stand_in, driving) {
+                    (Some(stand_in), Some(driving)) => {
+                        self.expire_shared(stand_in, driving, batch);
+                    }
+                    _ => self.expire(batch),
+                },
                 Executor::Pool(pool) => {
                     *self.rounds.lock() += 1;
                     let shared = Arc::clone(self);
@@ -404,6 +467,114 @@ impl<E: Expire> Shared<E> {
         }
     }
 
+    /// Expires `batch` on a driving thread, one task at a time from its [`SharedBatch`]
+    /// (refilled in place unless a stand-in still holds the last one), so that a stand-in
+    /// can take over the rest if one task's code runs long.
+    fn expire_shared(
+        self: &Arc<Self>,
+        stand_in: &StandIn<E::Task>,
+        driving: &mut Driving<E::Task>,
+        batch: &mut Vec<E::Task>,
+    ) {
+        match Arc::get_mut(&mut driving.batch) {
+            Some(reused) => reused.refill(batch),
+            None => {
+                let mut fresh = SharedBatch::new();
+                fresh.refill(batch);
+                driving.batch = Arc::new(fresh);
+            }
+        }
+        let slot = driving.slot;
+        if stand_in.begin(slot, &driving.batch) {
+            self.start_watchdog(stand_in);
+        }
+        self.expire_claimed(&driving.batch);
+        stand_in.end(slot);
+    }
+
+    /// Claims and expires the tasks of `batch` until none is left. A panic escaping the
+    /// target's `expire_one` is caught and reported; the claims go on.
+    fn expire_claimed(self: &Arc<Self>, batch: &SharedBatch<E::Task>) {
+        let _inside = ExpiringHere::enter(self);
+        let all = || {
+            while let Some(task) = batch.claim() {
+                self.target.expire_one(task);
+            }
+        };
+        while caught("expiry handler panicked; the batch goes on", all).is_none() {}
+    }
+
+    /// Starts the watchdog thread (the first batch's begin asked for it).
+    fn start_watchdog(self: &Arc<Self>, stand_in: &StandIn<E::Task>) {
+        let shared = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name(format!("{}-watchdog", stand_in.thread_name()))
+            .spawn(move || {
+                let stand_in = shared.stand_in.as_ref().expect("started with one");
+                stand_in.watch(|stuck, batch, batches, free| {
+                    shared.relieve(stand_in, stuck, batch, batches, free)
+                });
+            });
+        match spawned {
+            Ok(thread) => {
+                stand_in.keep(thread);
+            }
+            Err(error) => crate::user_code::event(
+                || tracing::error!(target: "timer_core", %error, "the stand-in watchdog could not start"),
+            ),
+        }
+    }
+
+    /// Starts a stand-in in slot `free` for slot `stuck`, stuck in its `batches`-th
+    /// batch `batch`: it expires what is left of it, then runs rounds until that batch
+    /// ends. Returns false if the thread could not start (the stuck thread keeps it all).
+    fn relieve(
+        self: &Arc<Self>,
+        stand_in: &StandIn<E::Task>,
+        stuck: usize,
+        batch: Arc<SharedBatch<E::Task>>,
+        batches: u64,
+        free: usize,
+    ) -> bool {
+        // A round from now: an outside shutdown waits for the stolen tasks.
+        *self.rounds.lock() += 1;
+        let shared = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name(stand_in.thread_name())
+            .spawn(move || {
+                let stand_in = shared.stand_in.as_ref().expect("started with one");
+                {
+                    let _done = RoundDone(&shared);
+                    stand_in.begin(free, &batch);
+                    shared.expire_claimed(&batch);
+                    stand_in.end(free);
+                }
+                let mut driving = Driving { slot: free, batch };
+                let mut buffer = Vec::new();
+                let mut wait = NextRound::at_most(Duration::ZERO);
+                while !shared.target.core().is_shutdown() && stand_in.still_in(stuck, batches) {
+                    (_, wait) = shared.round(wait, &mut buffer, Some(&mut driving));
+                }
+                stand_in.leave(free);
+            });
+        match spawned {
+            Ok(thread) => {
+                stand_in.keep(thread);
+                crate::user_code::event(
+                    || tracing::debug!(target: "timer_core", stuck, "a stand-in takes over expiry stuck in user code"),
+                );
+                true
+            }
+            Err(error) => {
+                drop(RoundDone(self));
+                crate::user_code::event(
+                    || tracing::error!(target: "timer_core", %error, "a stand-in could not start"),
+                );
+                false
+            }
+        }
+    }
+
     fn wait_for_rounds(&self) {
         let mut rounds = self.rounds.lock();
         while *rounds > 0 {
@@ -420,7 +591,7 @@ struct ExpiringHere {
 }
 
 impl ExpiringHere {
-    fn enter<E>(shared: &Arc<Shared<E>>) -> Self {
+    fn enter<E: Expire>(shared: &Arc<Shared<E>>) -> Self {
         let outer = EXPIRING.with(|e| e.replace(Arc::as_ptr(shared) as usize));
         ExpiringHere { outer }
     }
@@ -445,9 +616,9 @@ impl<E: Expire> Drop for StopDone<'_, E> {
 
 /// Ends one counted round or pool batch (or [`ExpiryWork`]) when dropped (also when
 /// unwinding).
-struct RoundDone<'a, E>(&'a Shared<E>);
+struct RoundDone<'a, E: Expire>(&'a Shared<E>);
 
-impl<E> Drop for RoundDone<'_, E> {
+impl<E: Expire> Drop for RoundDone<'_, E> {
     fn drop(&mut self) {
         let mut rounds = self.0.rounds.lock();
         *rounds -= 1;
@@ -457,10 +628,24 @@ impl<E> Drop for RoundDone<'_, E> {
     }
 }
 
+/// A driving thread's own: its slot (`stand_in.rs`) and the batch it refills each round.
+struct Driving<T> {
+    slot: usize,
+    batch: Arc<SharedBatch<T>>,
+}
+
 fn reaper_loop<E: Expire>(shared: &Arc<Shared<E>>) {
     let mut batch = Vec::new();
-    let mut wait = shared.target.after_round();
+    // Slot 0 is the reaper's.
+    let mut driving = Driving {
+        slot: 0,
+        batch: Arc::new(SharedBatch::new()),
+    };
+    let mut wait = caught("the expiry target's after_round panicked", || {
+        shared.target.after_round()
+    })
+    .unwrap_or(NextRound::at_most(Duration::MAX));
     while !shared.target.core().is_shutdown() {
-        (_, wait) = shared.round(wait, &mut batch);
+        (_, wait) = shared.round(wait, &mut batch, Some(&mut driving));
     }
 }

@@ -10,7 +10,7 @@
 
 #[cfg(not(loom))]
 mod imp {
-    pub use std::sync::atomic::{AtomicBool, AtomicU64};
+    pub use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
     use std::time::Instant;
 
     /// The guard of a locked [`Mutex`].
@@ -63,7 +63,7 @@ mod imp {
 #[cfg(loom)]
 #[allow(missing_docs)]
 mod imp {
-    pub use loom::sync::atomic::{AtomicBool, AtomicU64};
+    pub use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
     use std::time::Instant;
 
     pub type MutexGuard<'a, T> = loom::sync::MutexGuard<'a, T>;
@@ -100,3 +100,35 @@ mod imp {
 }
 
 pub use imp::*;
+
+/// A value whose accesses the caller makes exclusive by its own protocol (a claimed task
+/// of a shared batch, `shared_batch.rs`); loom checks that they are.
+#[derive(Debug)]
+pub struct UnsafeCell<T>(
+    #[cfg(not(loom))] std::cell::UnsafeCell<T>,
+    #[cfg(loom)] loom::cell::UnsafeCell<T>,
+);
+
+impl<T> UnsafeCell<T> {
+    /// A cell holding `value`.
+    pub fn new(value: T) -> Self {
+        #[cfg(not(loom))]
+        return UnsafeCell(std::cell::UnsafeCell::new(value));
+        #[cfg(loom)]
+        return UnsafeCell(loom::cell::UnsafeCell::new(value));
+    }
+
+    /// Runs `f` on the value.
+    ///
+    /// # Safety
+    /// The caller has exclusive access to the value for the whole call.
+    #[inline]
+    pub unsafe fn with_mut<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
+        #[cfg(not(loom))]
+        // SAFETY: exclusive access, by the caller's contract.
+        return f(unsafe { &mut *self.0.get() });
+        #[cfg(loom)]
+        // SAFETY: exclusive access, by the caller's contract (and loom checks it).
+        return self.0.with_mut(|p| f(unsafe { &mut *p }));
+    }
+}

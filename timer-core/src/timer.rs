@@ -43,9 +43,13 @@ impl<T: TimerTask> Expire for RunTasks<T> {
 
     fn expire(&self, expired: &mut Vec<T>) {
         for task in expired.drain(..) {
-            if caught("timer task panicked", move || task.run()).is_none() {
-                self.panicked.fetch_add(1, Ordering::Relaxed);
-            }
+            self.expire_one(task);
+        }
+    }
+
+    fn expire_one(&self, task: T) {
+        if caught("timer task panicked", move || task.run()).is_none() {
+            self.panicked.fetch_add(1, Ordering::Relaxed);
         }
     }
 
