@@ -76,11 +76,25 @@ impl<K, O: DelayedOperation> State<K, O> {
 
     /// Completes one taken operation: [`complete`](Self::complete) for a batch of one,
     /// without the batch's buffers.
-    pub(crate) fn complete_one(&self, mut taken: Taken<O>, how: Completion) {
+    pub(crate) fn complete_one(&self, taken: Taken<O>, how: Completion) {
+        self.complete_one_as(taken, how, self.count_of(how));
+    }
+
+    /// Expires the operation `expiry` names if it is still in the table (a round's expiry
+    /// handed out one task at a time, `Expire::expire_one`), counted as a timeout like
+    /// [`expire_all`](Self::expire_all)'s.
+    #[inline]
+    pub(crate) fn expire_one(&self, expiry: Expiry) {
+        if let Some(taken) = self.table.take_for_expiry(expiry.0) {
+            self.complete_one_as(taken, Completion::Expired, Count::Expired);
+        }
+    }
+
+    /// [`complete_one`](Self::complete_one), counted as `count`.
+    fn complete_one_as(&self, mut taken: Taken<O>, how: Completion, count: Count) {
         if let Some(timer) = taken.timer.take() {
             self.cancels.push_many(&[timer], &self.timer);
         }
-        let count = self.count_of(how);
         self.record(1, taken.keys, how, count);
         #[cfg(feature = "metrics")]
         self.record_waits([taken.since], count);

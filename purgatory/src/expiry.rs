@@ -47,6 +47,10 @@ where
         self.expire_all(expired.drain(..));
     }
 
+    fn expire_one(&self, expiry: Expiry) {
+        State::expire_one(self, expiry);
+    }
+
     fn before_round(&self) {
         self.cancels.flush(&self.timer);
         self.expire_orphans();

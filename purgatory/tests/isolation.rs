@@ -435,3 +435,81 @@ fn one_slow_try_complete_in_a_batch_delays_no_other_timeout_of_the_batch() {
     );
     purgatory.shutdown();
 }
+
+/// An operation whose `on_complete` blocks for `blocks` when it expires, and that records
+/// when it was answered, with its deadline.
+struct SlowAnswer {
+    timeout: Duration,
+    blocks: Duration,
+    answered: Arc<Mutex<Vec<(Duration, Instant)>>>,
+}
+
+impl DelayedOperation for SlowAnswer {
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+    fn try_complete(&mut self) -> bool {
+        false
+    }
+    fn on_complete(&mut self, _how: Completion) {
+        self.answered
+            .lock()
+            .unwrap()
+            .push((self.timeout, Instant::now()));
+        if !self.blocks.is_zero() {
+            std::thread::sleep(self.blocks);
+        }
+    }
+}
+
+/// Issue #27, finding 8: with the default configuration (expirations inline on the
+/// reaper), one expiry callback that blocks 300 ms delays no other timeout by much: the
+/// operations expiring in the same tick as it, and those due while it blocks, are
+/// answered within about the stand-in's bound (20 ms) of their deadline, not after it.
+#[test]
+fn a_blocked_expiry_callback_delays_no_other_timeout_by_default() {
+    let purgatory: Purgatory<u32, SlowAnswer> = Purgatory::new("isolated-by-default");
+    let answered = Arc::new(Mutex::new(Vec::new()));
+    let started = Instant::now();
+    let op = |timeout: u64, blocks: u64| SlowAnswer {
+        timeout: Duration::from_millis(timeout),
+        blocks: Duration::from_millis(blocks),
+        answered: Arc::clone(&answered),
+    };
+    // The slow one, then 20 more due in the same tick, then 20 due while it blocks.
+    let mut batch = vec![(op(10, 300), [0])];
+    batch.extend((1..21).map(|k| (op(10, 0), [k])));
+    batch.extend((21..41).map(|k| (op(40, 0), [k])));
+    for result in purgatory.watch_batch(batch) {
+        assert!(result.is_ok());
+    }
+    assert!(probe_until(Duration::from_secs(5), || answered
+        .lock()
+        .unwrap()
+        .len()
+        == 41));
+    let answered = answered.lock().unwrap().clone();
+    let latest = answered
+        .iter()
+        .skip(1)
+        .map(|(deadline, at)| at.duration_since(started).saturating_sub(*deadline))
+        .max()
+        .unwrap();
+    assert!(
+        latest < Duration::from_millis(150),
+        "an operation was answered {latest:?} after its deadline, behind a blocked callback"
+    );
+    purgatory.shutdown();
+}
+
+/// Polls `done` every millisecond until it holds or `limit` passes.
+fn probe_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    true
+}
