@@ -65,6 +65,12 @@ pub trait LoadPurgatory<O>: Send + Sync {
 pub enum Implementation {
     /// Our `purgatory::Purgatory`.
     Ours,
+    /// Diagnostic: ours with its expirations run on a pool of two threads
+    /// (`Executor::pool(2)`) instead of inline on the reaper.
+    OursPool,
+    /// Diagnostic: ours without the stand-in that relieves a reaper stuck in an expiry
+    /// callback (`TimerBuilder::stand_in(None)`, the default before it existed).
+    OursNoStandIn,
     /// One mutex over a key map and a deadline heap, with a reaper thread
     /// ([`NaivePurgatory`]).
     Naive,
@@ -298,6 +304,23 @@ pub fn run(implementation: Implementation, p: &W3Params) -> Result<W3Result, W3E
         Implementation::Ours => {
             let purgatory = purgatory::Purgatory::<u64, LoadOp>::builder()
                 .name("w3")
+                .build()
+                .map_err(|e| W3Error::Setup(e.to_string()))?;
+            Ok(run_with(name, &purgatory, p))
+        }
+        Implementation::OursPool => {
+            let pool = purgatory::Executor::pool(2).map_err(|e| W3Error::Setup(e.to_string()))?;
+            let purgatory = purgatory::Purgatory::<u64, LoadOp>::builder()
+                .name("w3")
+                .timer(purgatory::TimerBuilder::new().executor(pool))
+                .build()
+                .map_err(|e| W3Error::Setup(e.to_string()))?;
+            Ok(run_with(name, &purgatory, p))
+        }
+        Implementation::OursNoStandIn => {
+            let purgatory = purgatory::Purgatory::<u64, LoadOp>::builder()
+                .name("w3")
+                .timer(purgatory::TimerBuilder::new().stand_in(None))
                 .build()
                 .map_err(|e| W3Error::Setup(e.to_string()))?;
             Ok(run_with(name, &purgatory, p))
