@@ -5,9 +5,15 @@
 //! - Exactly-once is decided before this: the operation was taken out of its slot
 //!   (`op_table.rs`) by exactly one thread, which alone calls here with it.
 //! - Callbacks run with no lock held, in the purgatory's runtime context if it has one
-//!   (`runtime.rs`; entered once per batch); each is caught on its own (`on_complete`,
-//!   `on_expiration`, the drop), so one panic neither skips the others nor unwinds into
-//!   the purgatory. Panics are counted and reported through `tracing`.
+//!   (`runtime.rs`; entered once per batch); each goes through the door on its own
+//!   (`user_code.rs`: `on_complete`, `on_expiration`, the drop), so one panic neither
+//!   skips the others nor unwinds into the purgatory. Panics are counted and reported.
+//! - The reaper's inline expiries come one operation at a time (`expire_one`), so that a
+//!   stand-in can take over the rest of a batch while one callback runs long
+//!   (`timer_core`'s `stand_in.rs`); a batch expired elsewhere (a pool, `advance_clock`,
+//!   shutdown) is completed 16 at a time.
+//! - An expiry handed over by an unlock (`watch.rs`, `check_and_complete`) is answered
+//!   at once by the thread that let go of the slot, under the driver's `expiry_work`.
 //! - A taken operation's armed timer is queued for cancelling (`cancels.rs`) and its
 //!   watcher entries are marked stale before its callbacks run.
 //! - Each completion is counted once, in the total of its outcome. An expiry by shutdown

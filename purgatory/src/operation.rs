@@ -67,8 +67,15 @@ pub trait DelayedOperation: Send + 'static {
     fn timeout(&self) -> Duration;
 
     /// Whether the operation can complete now. Keep it cheap and non-blocking: it runs on
-    /// the thread that calls `try_complete_else_watch` or `check_and_complete`. A panic
-    /// here is caught, reported, and counts as "not ready".
+    /// the thread that calls `try_complete_else_watch` or `check_and_complete`, holding
+    /// this operation's lock. A panic here is caught, reported, and counts as "not
+    /// ready".
+    ///
+    /// From here, never call a purgatory method that waits for another operation's lock
+    /// (`check_and_complete`, `force_complete`, `cancel`, `cancel_for_key`, `watch_batch`,
+    /// or dropping a waiting `Parked` or an armed `CancelOnDrop`): two `try_complete`s
+    /// that check each other's key would wait for each other forever (the locking rule
+    /// on [`Purgatory`](crate::Purgatory)).
     fn try_complete(&mut self) -> bool;
 
     /// Answers the request. Runs exactly once per accepted operation. A panic here is

@@ -58,9 +58,17 @@ const SMALL_BATCH: usize = 2;
 /// still pending.
 ///
 /// # The locking rule
-/// `try_complete` runs under the operation's own lock. Do not call `check_and_complete`
-/// (or `watch`, `force_complete`, `cancel`, `cancel_for_key`) while holding a lock that
-/// your `try_complete` also takes: the two would wait for each other.
+/// `try_complete` runs under the operation's own lock. So:
+/// - do not call `check_and_complete` (or `watch`, `force_complete`, `cancel`,
+///   `cancel_for_key`) while holding a lock that your `try_complete` also takes: the two
+///   would wait for each other (Kafka's rule);
+/// - from inside `try_complete`, never call a method that waits for another operation's
+///   lock: `check_and_complete`, `force_complete` and `force_complete_batch`, `cancel`,
+///   `cancel_for_key`, `watch_batch`, or drop a waiting `Parked` or an armed
+///   `CancelOnDrop`. Two `try_complete`s that check each other's key would wait for each
+///   other forever; one that checks its own key waits for itself. `watch`,
+///   `try_complete_else_watch`, `is_completed`, `stats`, `advance_clock`, `purge` and
+///   `shutdown` never wait for another operation's lock and are safe there.
 pub struct Purgatory<K, O>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
@@ -174,9 +182,11 @@ where
     /// watcher shards and the timer shard are locked once per 64 operations, and the
     /// clock read once; see `docs/purgatory.md`); fewer are watched one by one.
     ///
-    /// The `try_complete` of an operation may run while the batch holds the locks of
-    /// other operations of the batch: it must not call into this purgatory (the locking
-    /// rule of [`Purgatory`] already forbids it for the operation's own lock).
+    /// From 32 on, the batch lists and arms all of a chunk's operations before it tries
+    /// any of them, then tries each once, under its own lock only: one operation's slow
+    /// `try_complete` delays no other's timeout. An operation ready at once is listed and
+    /// armed before it is found ready (its entries then go stale and its timer entry is
+    /// cancelled), which a single `watch`'s first try avoids.
     pub fn watch_batch<I, Ks>(&self, batch: I) -> Vec<Result<WatchOutcome<O>, WatchError<O>>>
     where
         I: IntoIterator<Item = (O, Ks)>,
@@ -443,9 +453,10 @@ where
     /// otherwise it returns at once. An operation whose `try_complete` is running on
     /// another thread at that moment is answered by that thread when it returns (Expired,
     /// or Ready if it said ready), possibly after `shutdown` returned. The whole table is
-    /// in `docs/purgatory.md` ("Shutdown"). A panic in user code that shutdown runs
-    /// outside a callback (a key's `Drop`) reaches this caller; other callers still
-    /// return.
+    /// in `docs/purgatory.md` ("Shutdown"). An expiry such a thread has taken over before
+    /// this call began is answered before it returns. User code that shutdown runs (a
+    /// key's `Drop` as the lists are emptied) is caught like any other; nothing reaches
+    /// the caller.
     pub fn shutdown(&self) {
         let state = self.state();
         self.driver
@@ -457,8 +468,7 @@ where
     /// operation that was pending has had its callbacks). Once polled, dropping the
     /// future does not stop the shutdown (a future never polled does nothing). Polled
     /// outside a tokio runtime (and the purgatory built without one), or while the
-    /// runtime shuts down, it runs `shutdown` inline. A panic of `shutdown` (a key's
-    /// `Drop`) resumes here. Feature `tokio`.
+    /// runtime shuts down, it runs `shutdown` inline. Feature `tokio`.
     #[cfg(feature = "tokio")]
     pub async fn shutdown_async(&self) {
         let runtime = tokio::runtime::Handle::try_current()

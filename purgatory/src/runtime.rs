@@ -20,8 +20,9 @@
 //!
 //! # Invariants
 //! - The context is entered where operations are answered (`completion.rs`): once per
-//!   batch of completions (up to 16 on expiry, up to 64 for a force batch), once for a
-//!   single completion, and around the drop of a cancelled operation. Entering nests: a
+//!   batch of completions (up to 16 on an expiry batch, up to 64 for a force batch), once
+//!   for a single completion (the reaper's inline expiries are one at a time), and around
+//!   the drop of a cancelled operation. Entering nests: a
 //!   thread already in this or another runtime's context is in this one's for the
 //!   callbacks, and back in its own afterwards.
 //! - Entering only sets a thread-local (and clones the handle's reference count); it

@@ -5,21 +5,30 @@
 //! tasks name work the owner does).
 //!
 //! The owner says what expiry means by implementing [`Expire`]: the driver calls
-//! [`Expire::expire`] with each batch the core hands out, inline on the driving thread or
-//! on a pool, and [`Expire::before_round`] / [`Expire::after_round`] around each round,
-//! for bookkeeping of its own (the purgatory flushes queued cancels and purges there).
+//! [`Expire::expire`] with each batch the core hands out on a pool or on a thread in
+//! [`Driver::advance_clock`], [`Expire::expire_one`] with each task of a batch the reaper
+//! (or a stand-in) expires inline, and [`Expire::before_round`] /
+//! [`Expire::after_round`] around each round, for bookkeeping of its own (the purgatory
+//! flushes queued cancels and purges there). Every one of these is user code to the
+//! driver: it goes through the door (`user_code.rs`).
 //!
 //! # Invariants
 //! - A round is: `before_round`, one advance of the core (as
 //!   [`TimerCore::advance_into`], waiting as the last round's [`NextRound`] allows), the
-//!   batch to the executor, `after_round`. Rounds run on the reaper thread (if started) and on any
-//!   thread that calls [`Driver::advance_clock`].
-//! - `rounds` counts rounds in progress plus pool batches not yet finished. A round is
-//!   counted before it takes anything out of the core, so a shutdown that sees the count
-//!   at zero after closing the core knows that every task fired before the close has
-//!   been expired, and that nothing fires after it.
-//! - A panic escaping `Expire::expire` is caught, reported through `tracing` (target
-//!   `timer_core`) and the driver goes on; the reaper thread never unwinds. (Owners catch
+//!   batch to the executor, `after_round`. Rounds run on the reaper thread (if started),
+//!   on stand-ins (`stand_in.rs`), and on any thread that calls [`Driver::advance_clock`].
+//! - With the inline executor, the reaper and its stand-ins expire a batch one task at a
+//!   time, each claimed from a [`SharedBatch`] exactly once, so that a stand-in can take
+//!   over the rest of a batch whose thread is stuck in one task's code.
+//! - `rounds` counts rounds in progress, pool batches not yet finished, stand-ins' stolen
+//!   batches, and owners' [`ExpiryWork`]. A round is counted before it takes anything out
+//!   of the core, a stolen batch before its stand-in is spawned, an owner's work before it
+//!   takes its task over; so a shutdown that sees the count at zero after closing the
+//!   core knows that every task fired before the close has been expired, and that nothing
+//!   fires after it.
+//! - A panic escaping the target's hooks (`expire`, `expire_one`, `before_round`,
+//!   `after_round`, `at_drop`) is caught, reported through `tracing` (target
+//!   `timer_core`) and the driver goes on; a driving thread never unwinds. (Owners catch
 //!   per task, so one panic does not skip the rest of a batch; this is the backstop.)
 //! - Shutdown is one protocol for every caller, by where the call comes from. "Inside"
 //!   means inside this driver's expiry work: a round on the driving thread (its hooks
@@ -28,9 +37,9 @@
 //!
 //!   | caller | returns when | done by then |
 //!   |---|---|---|
-//!   | outside, first | the core is closed, the reaper joined, every round and pool batch finished, and `finish` ran on what was pending | every task that fired ran; the pending went to `finish` |
+//!   | outside, first | the core is closed, the reaper, the watchdog and the stand-ins joined, every round and pool batch finished, and `finish` ran on what was pending | every task that fired ran; the pending went to `finish` |
 //!   | outside, while another call runs or after it | the first call's `finish` ran and every round and pool batch finished (a first caller inside a round could not wait for that round) | the same |
-//!   | inside, first | the core is closed, the reaper joined (unless this is the reaper), and `finish` ran on what was pending; rounds in progress, its own included, are not waited for | the pending went to `finish`; the rest of the rounds in progress is done after it returns, before any outside call returns |
+//!   | inside, first | the core is closed, the reaper joined (unless this is the reaper; the watchdog and stand-ins are left to stop by themselves), and `finish` ran on what was pending; rounds in progress, its own included, are not waited for | the pending went to `finish`; the rest of the rounds in progress is done after it returns, before any outside call returns |
 //!   | inside, while another call runs | at once | nothing more: the running call waits for this expiry work, or is its caller up this stack |
 //!
 //!   Dropping the [`Driver`] is a call from where the drop happens (the last owner's

@@ -3,9 +3,11 @@
 //! # Invariants
 //! - Expired work runs outside every timer lock: the core takes tasks out of the wheel
 //!   under the shard lock, releases it, and the driver hands them to the executor.
-//! - With `Inline`, a slow expiry holds up every later one on the same driver (they run
-//!   one after the other on the driving thread); with `Pool`, the driver goes back to
-//!   its clock at once.
+//! - With `Inline`, expired tasks run one after the other on the driving thread; on the
+//!   reaper, a task whose code runs longer than the stand-in's bound (20 ms by default)
+//!   gets a stand-in thread that runs the rest (`stand_in.rs`), so a slow task delays the
+//!   others by about that bound. With `Pool`, the driver goes back to its clock at once,
+//!   and a slow task holds its pool thread.
 
 use std::sync::Arc;
 
@@ -13,8 +15,10 @@ use std::sync::Arc;
 #[derive(Clone, Debug, Default)]
 pub enum Executor {
     /// On the thread that advances the clock (the reaper, or whoever calls
-    /// `advance_clock`). Lowest overhead; a slow or blocking task delays every expiry
-    /// after it, on every shard, until it returns.
+    /// `advance_clock`). Lowest overhead. On the reaper, a task that runs longer than the
+    /// stand-in's bound (`TimerBuilder::stand_in`, 20 ms by default) gets a stand-in
+    /// thread that runs the tasks after it; on a thread in `advance_clock`, a slow task
+    /// delays every expiry after it until it returns.
     #[default]
     Inline,
     /// Submitted in batches to a rayon thread pool; the driver goes back to its clock at
