@@ -4,7 +4,9 @@
 //! fifth of the operations on keys nobody ever checks, guards dropped on another thread,
 //! clones of the purgatory made and dropped concurrently, and the purgatory shut down in
 //! the middle of the run (or by the drop of its last handle). Epoch after epoch, each on a
-//! fresh purgatory, until the time budget is spent.
+//! fresh purgatory, until the time budget is spent. Every fourth epoch, one expiry
+//! callback in 2,000 blocks 10 ms on a stand-in bound of 3 ms, so stand-ins take the
+//! reaper's work over while everything else goes on.
 //!
 //! Every epoch ends with every operation accounted for, exactly once: answered
 //! (`on_complete`, once), handed back by a cancel, or refused (given back in the error).
@@ -53,10 +55,13 @@ struct Epoch {
     /// Calls made into the purgatory.
     calls: AtomicU64,
     shut_down: AtomicBool,
+    /// Some expiry callbacks block (every fourth epoch, inline, with a short stand-in
+    /// bound), so stand-ins take over the reaper's work while everything else goes on.
+    stalls: bool,
 }
 
 impl Epoch {
-    fn new() -> Arc<Self> {
+    fn new(stalls: bool) -> Arc<Self> {
         Arc::new(Epoch {
             ledger: Ledger::new(OPS),
             ready: (0..OPS).map(|_| AtomicBool::new(false)).collect(),
@@ -67,6 +72,7 @@ impl Epoch {
             short: (0..OPS).map(|_| AtomicBool::new(false)).collect(),
             calls: AtomicU64::new(0),
             shut_down: AtomicBool::new(false),
+            stalls,
         })
     }
 
@@ -117,10 +123,13 @@ fn new_op(epoch: &Epoch, rng: &mut Rng, readiness: &Readiness) -> Option<(Probe,
     if rng.percent(5) {
         epoch.ready[id].store(true, SeqCst);
     }
-    Some((
-        Probe::new(id, timeout, &epoch.ledger, readiness),
-        epoch.keys_of(id),
-    ))
+    let mut op = Probe::new(id, timeout, &epoch.ledger, readiness);
+    if epoch.stalls && rng.below(2_000) == 0 {
+        // Blocks its expiry's thread well past the stand-in's bound: on the reaper, a
+        // stand-in takes over the rest of the batch and the rounds.
+        op = op.stalling_on_expiration(Duration::from_millis(10));
+    }
+    Some((op, epoch.keys_of(id)))
 }
 
 /// Handles a worker keeps: recent ones, many of them stale by the time they are used.
@@ -293,15 +302,20 @@ struct Totals {
 }
 
 fn run_epoch(number: u64, budget: Duration, totals: &mut Totals) {
-    let epoch = Epoch::new();
+    let stalls = number % 4 == 0;
+    let epoch = Epoch::new(stalls);
     let executor = if number % 2 == 0 {
         Executor::Inline
     } else {
         Executor::pool(2).unwrap()
     };
+    let mut timer = TimerBuilder::new().executor(executor);
+    if stalls {
+        timer = timer.stand_in(Some(Duration::from_millis(3)));
+    }
     let purgatory: Purgatory<u64, Probe> = PurgatoryBuilder::new()
         .name("ledger")
-        .timer(TimerBuilder::new().executor(executor))
+        .timer(timer)
         .build()
         .unwrap();
     let readiness: Readiness = {
@@ -471,8 +485,31 @@ fn run_epoch(number: u64, budget: Duration, totals: &mut Totals) {
     totals.refused += refused_total;
 }
 
+/// Counts the timer's "a stand-in takes over" events (the ones with a `stand_in` field)
+/// in [`STAND_INS`].
+struct StandIns;
+
+impl tracing::Subscriber for StandIns {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        metadata.target() == "timer_core" && metadata.fields().field("stand_in").is_some()
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, _: &tracing::Event<'_>) {
+        STAND_INS.fetch_add(1, SeqCst);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+static STAND_INS: AtomicU64 = AtomicU64::new(0);
+
 #[test]
 fn every_operation_is_answered_exactly_once_under_every_call_at_random() {
+    tracing::subscriber::set_global_default(StandIns).expect("the only subscriber");
     let secs: u64 = std::env::var("LEDGER_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -484,8 +521,9 @@ fn every_operation_is_answered_exactly_once_under_every_call_at_random() {
         run_epoch(number, Duration::from_millis(1_500), &mut totals);
         number += 1;
     }
+    let stand_ins = STAND_INS.load(SeqCst);
     eprintln!(
-        "ledger: {} epochs, {} operations, {} calls, in {:?}: {} answered ({} expired), {} cancelled, {} refused after shutdown; 0 unanswered, 0 answered twice",
+        "ledger: {} epochs, {} operations, {} calls, in {:?}: {} answered ({} expired), {} cancelled, {} refused after shutdown, {stand_ins} stand-ins; 0 unanswered, 0 answered twice",
         totals.epochs,
         totals.operations,
         totals.calls,
@@ -494,5 +532,9 @@ fn every_operation_is_answered_exactly_once_under_every_call_at_random() {
         totals.expired,
         totals.cancelled,
         totals.refused
+    );
+    assert!(
+        stand_ins > 0,
+        "no stand-in ever took over: the stall epochs test nothing"
     );
 }

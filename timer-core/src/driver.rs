@@ -570,7 +570,7 @@ impl<E: Expire> Shared<E> {
             Ok(thread) => {
                 stand_in.keep(thread);
                 crate::user_code::event(
-                    || tracing::debug!(target: "timer_core", stuck, "a stand-in takes over expiry stuck in user code"),
+                    || tracing::debug!(target: "timer_core", stand_in = free, stuck, "a stand-in takes over expiry stuck in user code"),
                 );
                 true
             }

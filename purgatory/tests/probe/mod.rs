@@ -175,6 +175,7 @@ pub struct Probe {
     ledger: Arc<Ledger>,
     ready: Readiness,
     panic_in_on_complete: bool,
+    stall_in_on_expiration: Duration,
 }
 
 impl Probe {
@@ -185,12 +186,20 @@ impl Probe {
             ledger: Arc::clone(ledger),
             ready: Arc::clone(ready),
             panic_in_on_complete: false,
+            stall_in_on_expiration: Duration::ZERO,
         }
     }
 
     /// Makes `on_complete` panic after recording the call.
     pub fn panicking_on_complete(mut self) -> Self {
         self.panic_in_on_complete = true;
+        self
+    }
+
+    /// Makes `on_expiration` sleep `stall` after recording the call (a callback that
+    /// blocks, for a stand-in to take over from).
+    pub fn stalling_on_expiration(mut self, stall: Duration) -> Self {
+        self.stall_in_on_expiration = stall;
         self
     }
 }
@@ -236,6 +245,9 @@ impl DelayedOperation for Probe {
 
     fn on_expiration(&mut self) {
         self.ledger.expire(self.id);
+        if !self.stall_in_on_expiration.is_zero() {
+            std::thread::sleep(self.stall_in_on_expiration);
+        }
     }
 }
 
