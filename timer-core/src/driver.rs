@@ -39,7 +39,7 @@
 //!   |---|---|---|
 //!   | outside, first | the core is closed, the reaper, the watchdog and the stand-ins joined, every round and pool batch finished, and `finish` ran on what was pending | every task that fired ran; the pending went to `finish` |
 //!   | outside, while another call runs or after it | the first call's `finish` ran and every round and pool batch finished (a first caller inside a round could not wait for that round) | the same |
-//!   | inside, first | the core is closed, the reaper joined (unless this is the reaper; the watchdog and stand-ins are left to stop by themselves), and `finish` ran on what was pending; rounds in progress, its own included, are not waited for | the pending went to `finish`; the rest of the rounds in progress is done after it returns, before any outside call returns |
+//!   | inside, first | the core is closed and `finish` ran on what was pending; rounds in progress, its own included, are not waited for, nor the driving threads joined (they stop by themselves; an outside call joins them) | the pending went to `finish`; the rest of the rounds in progress is done after it returns, before any outside call returns |
 //!   | inside, while another call runs | at once | nothing more: the running call waits for this expiry work, or is its caller up this stack |
 //!
 //!   Dropping the [`Driver`] is a call from where the drop happens (the last owner's
@@ -325,18 +325,22 @@ impl<E: Expire> Driver<E> {
         let _done = StopDone(self);
         let core = self.shared.target.core();
         core.close();
-        if let Some(reaper) = self.reaper.lock().take() {
-            if reaper.thread().id() != std::thread::current().id() {
-                let _ = reaper.join();
+        // From outside, join the driving threads: each stops after its round (the core is
+        // closed). From inside, join none: a driving thread may be in a round (a stand-in
+        // runs beside a reaper stuck in one task), which an inside call does not wait
+        // for; they stop by themselves, and an outside call joins them.
+        if !inside {
+            if let Some(reaper) = self.reaper.lock().take() {
+                if reaper.thread().id() != std::thread::current().id() {
+                    let _ = reaper.join();
+                }
             }
         }
         if let Some(stand_in) = &self.shared.stand_in {
-            // No stand-in starts from now on. From outside, join the watchdog and the
-            // stand-ins (each stops after its round: the core is closed); from inside,
-            // leave them to stop by themselves (a stand-in may be in a round, which an
-            // inside call does not wait for; its work is counted as rounds anyway).
-            for thread in stand_in.stop() {
-                if !inside && thread.thread().id() != std::thread::current().id() {
+            // No stand-in starts from now on.
+            let threads = stand_in.stop();
+            if !inside {
+                for thread in threads {
                     let _ = thread.join();
                 }
             }
@@ -536,7 +540,8 @@ impl<E: Expire> Shared<E> {
 
     /// Starts a stand-in in slot `free` for slot `stuck`, stuck in its `batches`-th
     /// batch `batch`: it expires what is left of it, then runs rounds until that batch
-    /// ends. Returns false if the thread could not start (the stuck thread keeps it all).
+    /// ends. Returns its thread, or `None` if it could not start (the stuck thread keeps
+    /// it all).
     fn relieve(
         self: &Arc<Self>,
         stand_in: &StandIn<E::Task>,
@@ -544,7 +549,7 @@ impl<E: Expire> Shared<E> {
         batch: Arc<SharedBatch<E::Task>>,
         batches: u64,
         free: usize,
-    ) -> bool {
+    ) -> Option<std::thread::JoinHandle<()>> {
         // A round from now: an outside shutdown waits for the stolen tasks.
         *self.rounds.lock() += 1;
         let shared = Arc::clone(self);
@@ -568,18 +573,17 @@ impl<E: Expire> Shared<E> {
             });
         match spawned {
             Ok(thread) => {
-                stand_in.keep(thread);
                 crate::user_code::event(
                     || tracing::debug!(target: "timer_core", stand_in = free, stuck, "a stand-in takes over expiry stuck in user code"),
                 );
-                true
+                Some(thread)
             }
             Err(error) => {
                 drop(RoundDone(self));
                 crate::user_code::event(
                     || tracing::error!(target: "timer_core", %error, "a stand-in could not start"),
                 );
-                false
+                None
             }
         }
     }

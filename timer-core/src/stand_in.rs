@@ -35,9 +35,10 @@
 //! - The watchdog never runs user code and never waits for it: its only waits are its
 //!   own timed sleeps and the control lock, which nobody holds around user code. So
 //!   stopping it (shutdown) always returns.
-//! - No stand-in is started after shutdown stopped the watchdog (`Control::stopped`,
-//!   checked under the lock that spawning holds); a stand-in running then stops after
-//!   its round, and an outside shutdown joins it.
+//! - No stand-in is started after shutdown stopped the watchdog: a stand-in is spawned
+//!   under the control lock, after checking `Control::stopped` there, and its handle kept
+//!   under the same hold; shutdown sets `stopped` and takes the handles under that lock.
+//!   A stand-in running then stops after its round, and an outside shutdown joins it.
 //! - Idle costs nothing: with no batch under way for [`IDLE_AFTER`] looks, the watchdog
 //!   sleeps without a deadline until a batch begins (a `SeqCst` store of `busy` then load
 //!   of `idle` on one side, store of `idle` then load of `busy` on the other: one of the
@@ -201,11 +202,11 @@ impl<T> StandIn<T> {
     }
 
     /// The watchdog's loop: `relieve` is called with each stuck slot's index, its batch
-    /// and that batch's number, and a stand-in's slot, and starts the stand-in. Returns
-    /// when shutdown stops it.
+    /// and that batch's number, and a stand-in's slot, and starts the stand-in (its
+    /// thread's handle, or `None` if it could not start). Returns when shutdown stops it.
     pub(crate) fn watch(
         &self,
-        mut relieve: impl FnMut(usize, Arc<SharedBatch<T>>, u64, usize) -> bool,
+        mut relieve: impl FnMut(usize, Arc<SharedBatch<T>>, u64, usize) -> Option<JoinHandle<()>>,
     ) {
         let mut seen = [(0u64, 0usize); MAX_DRIVERS];
         let mut quiet = 0;
@@ -263,7 +264,7 @@ impl<T> StandIn<T> {
     fn relieve_slot(
         &self,
         stuck: usize,
-        relieve: &mut impl FnMut(usize, Arc<SharedBatch<T>>, u64, usize) -> bool,
+        relieve: &mut impl FnMut(usize, Arc<SharedBatch<T>>, u64, usize) -> Option<JoinHandle<()>>,
     ) {
         let slot = &self.slots[stuck];
         let Some(batch) = slot.batch.lock().clone() else {
@@ -279,8 +280,19 @@ impl<T> StandIn<T> {
             });
             return;
         };
-        if !relieve(stuck, batch, batches, free) {
+        // Started under the control lock, which shutdown takes to stop the watchdog: a
+        // stand-in either starts before the stop, and is joined, or not at all.
+        let mut control = self.control.lock();
+        if control.stopped {
             self.leave(free);
+            return;
+        }
+        match relieve(stuck, batch, batches, free) {
+            Some(thread) => {
+                control.threads.retain(|thread| !thread.is_finished());
+                control.threads.push(thread);
+            }
+            None => self.leave(free),
         }
     }
 
