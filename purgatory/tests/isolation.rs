@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, Sender};
-use purgatory::{Completion, DelayedOperation, Purgatory};
+use purgatory::{Completion, DelayedOperation, Purgatory, WatchOutcome};
 
 /// An operation whose `try_complete` blocks, when `gated`, until the test releases it
 /// with a verdict; it records how it completed.
@@ -512,4 +512,104 @@ fn probe_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
         std::thread::sleep(Duration::from_millis(1));
     }
     true
+}
+
+/// A key whose one armed copy's `Drop` blocks for a second.
+struct SlowDropKey {
+    id: u32,
+    slow: Option<Arc<AtomicBool>>,
+}
+
+impl Clone for SlowDropKey {
+    fn clone(&self) -> Self {
+        SlowDropKey {
+            id: self.id,
+            slow: None,
+        }
+    }
+}
+
+impl std::hash::Hash for SlowDropKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
+    }
+}
+
+impl PartialEq for SlowDropKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for SlowDropKey {}
+
+impl Drop for SlowDropKey {
+    fn drop(&mut self) {
+        if self.slow.as_ref().is_some_and(|slow| slow.load(SeqCst)) {
+            std::thread::sleep(Duration::from_secs(1));
+        }
+    }
+}
+
+/// A key whose `Drop` blocks while the reaper's purge drops its emptied list (user code in
+/// a round's hook, not in a callback) delays no timeout either: a stand-in runs the rounds
+/// meanwhile.
+#[test]
+fn a_key_drop_blocking_in_the_reapers_purge_delays_no_timeout() {
+    let purgatory: Purgatory<SlowDropKey, SlowAnswer> = purgatory::PurgatoryBuilder::new()
+        .name("slow-key-purge")
+        .purge_interval(1)
+        .build()
+        .unwrap();
+    let slow = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(Mutex::new(Vec::new()));
+    let op = |timeout: u64| SlowAnswer {
+        timeout: Duration::from_millis(timeout),
+        blocks: Duration::ZERO,
+        answered: Arc::clone(&answered),
+    };
+    // Twenty operations, one of them on the slow key, completed: their entries are
+    // stale, and with the ten below a purge is due (stale at least the interval and half
+    // of what is listed); the reaper's next purge drops the slow key.
+    let mut completed = Vec::new();
+    for id in 100..120 {
+        let slow = (id == 100).then(|| Arc::clone(&slow));
+        let WatchOutcome::Pending(handle) = purgatory
+            .watch(op(60_000), [SlowDropKey { id, slow }])
+            .unwrap()
+        else {
+            panic!("never ready");
+        };
+        completed.push(handle);
+    }
+    slow.store(true, SeqCst);
+    assert_eq!(purgatory.force_complete_batch(&completed), 20);
+    let started = Instant::now();
+    for id in 2..12 {
+        let other = SlowDropKey { id, slow: None };
+        assert!(!purgatory.try_complete_else_watch(op(50), [other]).unwrap());
+    }
+    assert!(probe_until(Duration::from_secs(5), || answered
+        .lock()
+        .unwrap()
+        .len()
+        == 30));
+    assert!(
+        probe_until(Duration::from_secs(5), || purgatory.stats().purged > 0),
+        "the purge ran"
+    );
+    let latest = answered
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(deadline, _)| *deadline == Duration::from_millis(50))
+        .map(|(_, at)| at.duration_since(started))
+        .max()
+        .unwrap();
+    assert!(
+        latest < Duration::from_millis(250),
+        "a 50 ms timeout answered after {latest:?}, behind a key's Drop in a purge"
+    );
+    slow.store(false, SeqCst);
+    purgatory.shutdown();
 }

@@ -432,8 +432,15 @@ impl<E: Expire> Shared<E> {
         // The whole round is this driver's expiry work: the owner's hooks may run user
         // code too (the purgatory completes there what a holder left, and purges keys).
         let _inside = ExpiringHere::enter(self);
-        caught("the expiry target's before_round panicked", || {
-            self.target.before_round()
+        // A driving thread's hooks are watched by the stand-in too (user code runs there).
+        let watched = match (&self.stand_in, &driving) {
+            (Some(stand_in), Some(driving)) => Some((stand_in, driving.slot)),
+            _ => None,
+        };
+        self.hook(watched, || {
+            caught("the expiry target's before_round panicked", || {
+                self.target.before_round()
+            });
         });
         let fired = self
             .target
@@ -458,10 +465,30 @@ impl<E: Expire> Shared<E> {
                 }
             }
         }
-        let next = caught("the expiry target's after_round panicked", || {
-            self.target.after_round()
+        let next = self.hook(watched, || {
+            caught("the expiry target's after_round panicked", || {
+                self.target.after_round()
+            })
         });
         (fired, next.unwrap_or(wait))
+    }
+
+    /// Runs a round's hook `f`, watched by the stand-in on slot `watched` (if any).
+    #[inline]
+    fn hook<R>(
+        self: &Arc<Self>,
+        watched: Option<(&StandIn<E::Task>, usize)>,
+        f: impl FnOnce() -> R,
+    ) -> R {
+        let Some((stand_in, slot)) = watched else {
+            return f();
+        };
+        if stand_in.begin_hook(slot) {
+            self.start_watchdog(stand_in);
+        }
+        let result = f();
+        stand_in.end_hook(slot);
+        result
     }
 
     /// Hands `batch` to the target, marking this thread as inside this driver's expiry
@@ -538,15 +565,15 @@ impl<E: Expire> Shared<E> {
         }
     }
 
-    /// Starts a stand-in in slot `free` for slot `stuck`, stuck in its `batches`-th
-    /// batch `batch`: it expires what is left of it, then runs rounds until that batch
-    /// ends. Returns its thread, or `None` if it could not start (the stuck thread keeps
-    /// it all).
+    /// Starts a stand-in in slot `free` for slot `stuck`, stuck in its `batches`-th batch
+    /// `batch` (or in a round's hook: `None`): it expires what is left of the batch, then
+    /// runs rounds until that batch or hook ends. Returns its thread, or `None` if it
+    /// could not start (the stuck thread keeps it all).
     fn relieve(
         self: &Arc<Self>,
         stand_in: &StandIn<E::Task>,
         stuck: usize,
-        batch: Arc<SharedBatch<E::Task>>,
+        batch: Option<Arc<SharedBatch<E::Task>>>,
         batches: u64,
         free: usize,
     ) -> Option<std::thread::JoinHandle<()>> {
@@ -557,12 +584,18 @@ impl<E: Expire> Shared<E> {
             .name(stand_in.thread_name())
             .spawn(move || {
                 let stand_in = shared.stand_in.as_ref().expect("started with one");
-                {
+                let batch = {
                     let _done = RoundDone(&shared);
-                    stand_in.begin(free, &batch);
-                    shared.expire_claimed(&batch);
-                    stand_in.end(free);
-                }
+                    match batch {
+                        Some(batch) => {
+                            stand_in.begin(free, &batch);
+                            shared.expire_claimed(&batch);
+                            stand_in.end(free);
+                            batch
+                        }
+                        None => Arc::new(SharedBatch::new()),
+                    }
+                };
                 let mut driving = Driving { slot: free, batch };
                 let mut buffer = Vec::new();
                 let mut wait = NextRound::at_most(Duration::ZERO);
@@ -654,10 +687,9 @@ fn reaper_loop<E: Expire>(shared: &Arc<Shared<E>>) {
         slot: 0,
         batch: Arc::new(SharedBatch::new()),
     };
-    let mut wait = caught("the expiry target's after_round panicked", || {
-        shared.target.after_round()
-    })
-    .unwrap_or(NextRound::at_most(Duration::MAX));
+    // The first round waits for nothing; its `after_round` (watched, like every hook of
+    // a round, see `Shared::hook`) says how long the next may wait.
+    let mut wait = NextRound::at_most(Duration::ZERO);
     while !shared.target.core().is_shutdown() {
         (_, wait) = shared.round(wait, &mut batch, Some(&mut driving));
     }

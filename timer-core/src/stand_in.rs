@@ -4,13 +4,16 @@
 //! code is quick.
 //!
 //! The reaper expires a batch inline, one task at a time, claiming each from a
-//! [`SharedBatch`]. A watchdog thread looks, every `bound` while expiry is going on, at
+//! [`SharedBatch`]; its round's hooks (the owner's `before_round` and `after_round`: the
+//! purgatory completes orphans, purges lists and drops their keys, publishes metrics
+//! there) are watched the same way, as a phase with no batch. A watchdog thread looks,
+//! every `bound` while such work is going on, at
 //! each driving thread's progress (its batches begun, and the claims made in the current
 //! one: no counter of its own, nothing more per task than the claim). One that is inside a
 //! batch and has not moved since the last look (`bound` or more) is stuck in one task's
-//! code: the watchdog starts a stand-in thread, which claims the rest of that batch and
-//! expires it, then runs the rounds (as the reaper would) until the stuck thread's batch
-//! ends. A stand-in that gets stuck itself is relieved the same way, up to
+//! code: the watchdog starts a stand-in thread, which claims the rest of that batch (if
+//! it was in one) and expires it, then runs the rounds (as the reaper would) until the
+//! stuck thread's batch or hook ends. A stand-in that gets stuck itself is relieved the same way, up to
 //! [`MAX_DRIVERS`] driving threads at once; past that, expiry waits for one of them.
 //!
 //! # Driving slots
@@ -20,9 +23,9 @@
 //! | field | written by | read by |
 //! |---|---|---|
 //! | `in_use` | the thread taking or leaving the slot | the watchdog, stand-in placement |
-//! | `batch` | its thread, at a batch's begin and end (under its lock) | the watchdog, to hand the batch to a stand-in |
-//! | `busy` | its thread: true from a batch's begin to its end | the watchdog; a stand-in, to know when to stop |
-//! | `batches` | its thread: +1 at a batch's begin | the watchdog (with the batch's claims, its progress); a stand-in, to know the stuck batch ended |
+//! | `batch` | its thread, at a batch's begin and end (under its lock); none in a hook | the watchdog, to hand the batch to a stand-in |
+//! | `busy` | its thread: true from a batch's (or a hook's) begin to its end | the watchdog; a stand-in, to know when to stop |
+//! | `batches` | its thread: +1 at a batch's or a hook's begin | the watchdog (with the batch's claims, its progress); a stand-in, to know the stuck batch or hook ended |
 //! | `relieved` | the watchdog (set), its thread at a batch's begin (cleared) | the watchdog: one stand-in per stuck batch |
 //!
 //! # Invariants
@@ -135,8 +138,26 @@ impl<T> StandIn<T> {
     /// Slot `index`'s thread begins expiring `batch`. Returns whether the watchdog must
     /// be started (the first batch ever).
     pub(crate) fn begin(&self, index: usize, batch: &Arc<SharedBatch<T>>) -> bool {
+        *self.slots[index].batch.lock() = Some(Arc::clone(batch));
+        self.begin_work(index)
+    }
+
+    /// Slot `index`'s thread begins a round's hook (user code, with no batch). Returns
+    /// whether the watchdog must be started. End it with [`end_hook`](Self::end_hook).
+    #[inline]
+    pub(crate) fn begin_hook(&self, index: usize) -> bool {
+        self.begin_work(index)
+    }
+
+    /// Slot `index`'s thread finished a round's hook.
+    #[inline]
+    pub(crate) fn end_hook(&self, index: usize) {
+        self.slots[index].busy.store(false, SeqCst);
+    }
+
+    /// A batch or a hook begins on slot `index`: watched from now on.
+    fn begin_work(&self, index: usize) -> bool {
         let slot = &self.slots[index];
-        *slot.batch.lock() = Some(Arc::clone(batch));
         slot.relieved.store(false, Relaxed);
         slot.batches.fetch_add(1, Relaxed);
         slot.busy.store(true, SeqCst);
@@ -202,11 +223,17 @@ impl<T> StandIn<T> {
     }
 
     /// The watchdog's loop: `relieve` is called with each stuck slot's index, its batch
-    /// and that batch's number, and a stand-in's slot, and starts the stand-in (its
-    /// thread's handle, or `None` if it could not start). Returns when shutdown stops it.
+    /// (`None` in a hook) and that batch's (or hook's) number, and a stand-in's slot, and
+    /// starts the stand-in (its thread's handle, or `None` if it could not start).
+    /// Returns when shutdown stops it.
     pub(crate) fn watch(
         &self,
-        mut relieve: impl FnMut(usize, Arc<SharedBatch<T>>, u64, usize) -> Option<JoinHandle<()>>,
+        mut relieve: impl FnMut(
+            usize,
+            Option<Arc<SharedBatch<T>>>,
+            u64,
+            usize,
+        ) -> Option<JoinHandle<()>>,
     ) {
         let mut seen = [(0u64, 0usize); MAX_DRIVERS];
         let mut quiet = 0;
@@ -259,18 +286,25 @@ impl<T> StandIn<T> {
         }
     }
 
-    /// Hands stuck slot `stuck`'s batch to a stand-in in a free slot, if its batch is
-    /// still under way and a slot is free.
+    /// Hands stuck slot `stuck`'s batch (if it is in one) to a stand-in in a free slot,
+    /// if it is still stuck and a slot is free.
     fn relieve_slot(
         &self,
         stuck: usize,
-        relieve: &mut impl FnMut(usize, Arc<SharedBatch<T>>, u64, usize) -> Option<JoinHandle<()>>,
+        relieve: &mut impl FnMut(
+            usize,
+            Option<Arc<SharedBatch<T>>>,
+            u64,
+            usize,
+        ) -> Option<JoinHandle<()>>,
     ) {
         let slot = &self.slots[stuck];
-        let Some(batch) = slot.batch.lock().clone() else {
-            return; // its batch ended meanwhile
-        };
+        // Its batch, or none if it is stuck in a round's hook.
+        let batch = slot.batch.lock().clone();
         let batches = slot.batches.load(Relaxed);
+        if !self.still_in(stuck, batches) {
+            return; // it moved on meanwhile
+        }
         let Some(free) = self.take_slot() else {
             crate::user_code::event(|| {
                 tracing::warn!(
