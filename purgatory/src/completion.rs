@@ -13,7 +13,10 @@
 //!   (`timer_core`'s `stand_in.rs`); a batch expired elsewhere (a pool, `advance_clock`,
 //!   shutdown) is completed 16 at a time.
 //! - An expiry handed over by an unlock (`watch.rs`, `check_and_complete`) is answered
-//!   at once by the thread that let go of the slot, under the driver's `expiry_work`.
+//!   at once by the thread that let go of the slot. Every operation taken out of its slot
+//!   outside a round (an event's, a force's, a watch's, a handed-over expiry) is answered
+//!   under the driver's `work`, taken before the take: a shutdown that begins after the
+//!   take waits for the answer.
 //! - A taken operation's armed timer is queued for cancelling (`cancels.rs`) and its
 //!   watcher entries are marked stale before its callbacks run.
 //! - Each completion is counted once, in the total of its outcome. An expiry by shutdown

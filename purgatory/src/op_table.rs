@@ -474,6 +474,20 @@ impl<O: DelayedOperation> OpTable<O> {
             })
     }
 
+    /// Locks the slot `op` names if its operation is still there and nobody holds it;
+    /// never waits. `Err(true)` while another thread holds it, `Err(false)` once the
+    /// operation is gone (in neither case was the slot held).
+    #[inline]
+    pub(crate) fn try_lock(&self, op: OpRef) -> Result<Locked<'_, O>, bool> {
+        let slot = &self.slot(op.index).slot;
+        slot.try_lock(op.generation)?;
+        Ok(Locked {
+            table: self,
+            slot,
+            op,
+        })
+    }
+
     /// Whether the operation `op` names is still waiting (not taken). Without the lock:
     /// may report "waiting" for a moment after it was taken, never the other way round.
     #[inline]
@@ -633,8 +647,8 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
 
 /// A slot still held whose operation's timeout fired while it was held: its holder's to
 /// expire. Kept apart from [`Locked`] so that the holder can first tell whoever waits for
-/// expiries in progress (a shutdown, `Driver::expiry_work`) and then take it: a shutdown
-/// that begins after the operation was taken out then waits for its answer.
+/// answers in progress (a shutdown, `Driver::work`) and then take it: a shutdown that
+/// begins after the operation was taken out then waits for its answer.
 #[must_use = "an expiry handed over is the holder's to answer"]
 pub(crate) struct HandedOver<'a, O: DelayedOperation>(Locked<'a, O>);
 

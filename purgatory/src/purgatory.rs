@@ -171,7 +171,7 @@ where
         // Collect the keys before taking any lock: the caller's iterator is user code.
         let keys: Keys<K> = keys.into_iter().collect();
         let state = self.state();
-        let result = state.settle(state.watch_one(op, keys), &self.driver);
+        let result = state.settle(state.watch_one(op, keys, &self.driver), &self.driver);
         state.after_call();
         result
     }
@@ -201,7 +201,7 @@ where
         let state = self.state();
         if staged.len() < SMALL_BATCH {
             for (op, keys) in staged {
-                results.push(state.settle(state.watch_one(op, keys), &self.driver));
+                results.push(state.settle(state.watch_one(op, keys, &self.driver), &self.driver));
             }
         } else {
             let mut staged = staged.into_iter();
@@ -260,7 +260,9 @@ where
                 continue;
             };
             if state.is_ready(&mut locked) {
-                // `take` releases the slot: callbacks run without it.
+                // Told before the take: a shutdown that begins after it waits for this
+                // answer. `take` releases the slot: callbacks run without it.
+                let _work = self.driver.work();
                 state.complete_one(locked.take(), Completion::Ready);
                 completed += 1;
             } else if let Err(handed_over) = locked.unlock() {
@@ -314,6 +316,11 @@ where
 
     /// Force-completes the operations of `chunk` still waiting; empties it and returns
     /// how many it completed.
+    ///
+    /// What it takes is answered under the driver's work (taken before the first take),
+    /// so a shutdown that begins after a take waits for the answer. It never waits for a
+    /// slot while it holds operations taken and not answered (that shutdown would wait for
+    /// another thread's `try_complete`): a slot found held, it answers what it took first.
     fn force_chunk(&self, chunk: &mut SmallVec<[OpRef; CHUNK]>) -> usize {
         let state = self.state();
         if chunk.len() > 1 {
@@ -321,15 +328,33 @@ where
         }
         let mut taken: SmallVec<[Taken<O>; CHUNK]> = SmallVec::new();
         let mut vacated = SmallVec::<[_; CHUNK]>::new();
+        let mut work = None;
+        let mut completed = 0;
         for op in chunk.drain(..) {
-            if let Some(locked) = state.table.lock(op) {
-                let (t, slot) = locked.take_deferred();
-                taken.push(t);
-                vacated.push(slot);
-            }
+            let locked = match state.table.try_lock(op) {
+                Ok(locked) => locked,
+                Err(false) => continue, // gone
+                Err(true) => {
+                    // Held by another thread: answer what this call took, then wait.
+                    state.table.vacate(&vacated);
+                    vacated.clear();
+                    completed += state.complete(&mut taken, Completion::Forced);
+                    work = None;
+                    match state.table.lock(op) {
+                        Some(locked) => locked,
+                        None => continue,
+                    }
+                }
+            };
+            work.get_or_insert_with(|| self.driver.work());
+            let (t, slot) = locked.take_deferred();
+            taken.push(t);
+            vacated.push(slot);
         }
         state.table.vacate(&vacated);
-        state.complete(&mut taken, Completion::Forced)
+        completed += state.complete(&mut taken, Completion::Forced);
+        drop(work);
+        completed
     }
 
     /// Takes the operation `handle` names back, uncompleted: its timeout is disarmed at

@@ -13,7 +13,8 @@
 //! 5. Arm its timeout and unlock it; if its timeout fired meanwhile, the unlock hands the
 //!    expiry over ([`HandedOver`]).
 //! 6. With no slot held: run the callbacks of what completed, or answer the expiry handed
-//!    over (first telling the driver, `Driver::expiry_work`, so a shutdown waits for it).
+//!    over. Either way the driver was told before the operation left its slot
+//!    (`Driver::work`), so a shutdown that begins after that waits for the answer.
 //!
 //! Steps 1 to 5 ([`State::watch_one`]) return before step 6 ([`State::settle`]) runs the
 //! callbacks, so an `on_complete` that watches again (and so on, many levels deep)
@@ -50,9 +51,9 @@
 //!   event whose check did not find the operation came before the listing, so before
 //!   that try, which sees it; an event whose check found it tries it under the slot.
 //! - An expiry handed over by an unlock is answered before any other operation's user
-//!   code runs on that thread, and under `Driver::expiry_work`, taken before the
-//!   operation is taken out of its slot: a shutdown that begins after that waits for the
-//!   answer.
+//!   code runs on that thread. Every operation a watch takes out of its slot (completed,
+//!   or expired while held) is answered under `Driver::work`, taken before the take: a
+//!   shutdown that begins after that waits for the answer.
 //! - Once listed, an operation's slot can be waited for by a checker; in a single watch
 //!   it waits at most until the watch is armed. A chunk's slots are held together only
 //!   over steps 1 to 3, which run no operation's user code.
@@ -66,7 +67,7 @@ use std::hash::Hash;
 use std::time::Duration;
 
 use smallvec::SmallVec;
-use timer_core::{AddError, Driver, TimerHandle};
+use timer_core::{AddError, Driver, DriverWork, TimerHandle};
 
 use crate::error::WatchError;
 use crate::handle::{OperationHandle, WatchOutcome};
@@ -89,10 +90,18 @@ pub(crate) type WatchResult<O> = Result<WatchOutcome<O>, WatchError<O>>;
 #[derive(Clone, Copy)]
 struct ArmedAt(#[cfg(feature = "metrics")] u64);
 
+/// The driver of a purgatory's state.
+type DriverOf<K, O> = Driver<State<K, O>>;
+
 /// What steps 1 to 5 of a single watch made of its operation, for step 6.
-pub(crate) enum Watched<'a, O: DelayedOperation> {
-    /// Ready at the first or second try: taken, its callbacks still to run.
-    Completed(Taken<O>),
+pub(crate) enum Watched<'a, K, O>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    O: DelayedOperation,
+{
+    /// Ready at the first or second try: taken (under the driver's work, so a shutdown
+    /// waits for the answer), its callbacks still to run.
+    Completed(Taken<O>, DriverWork<'a, State<K, O>>),
     /// Waiting on its keys and timeout, unless its timeout fired while the watch held
     /// it: then handed over, its slot still held, to be expired.
     Pending(OpRef, Option<HandedOver<'a, O>>),
@@ -153,10 +162,20 @@ where
         Err(refused)
     }
 
-    /// A single watch's steps 2 and 4: `try_complete`; if ready, the operation is taken.
+    /// A single watch's steps 2 and 4: `try_complete`; if ready, the operation is taken,
+    /// under the driver's work (taken first).
     #[inline]
-    fn try_member(&self, m: &mut Member<'_, K, O>) -> Option<(Taken<O>, Vacated)> {
-        self.is_ready(m.locked()).then(|| m.take())
+    fn try_member<'d>(
+        &self,
+        m: &mut Member<'_, K, O>,
+        driver: &'d DriverOf<K, O>,
+    ) -> Option<(Taken<O>, Vacated, DriverWork<'d, Self>)> {
+        if !self.is_ready(m.locked()) {
+            return None;
+        }
+        let work = driver.work();
+        let (taken, vacated) = m.take();
+        Some((taken, vacated, work))
     }
 
     /// After listing: a member `failures` of whose keys could not be listed (their
@@ -214,7 +233,12 @@ where
     ///
     /// [`settle`]: Self::settle
     #[inline(never)]
-    pub(crate) fn watch_one(&self, op: O, keys: Keys<K>) -> Watched<'_, O> {
+    pub(crate) fn watch_one<'a>(
+        &'a self,
+        op: O,
+        keys: Keys<K>,
+        driver: &'a DriverOf<K, O>,
+    ) -> Watched<'a, K, O> {
         let (op, timeout, keys) = match self.admit(self.timer.is_shutdown(), op, keys) {
             Ok(admitted) => admitted,
             Err(refused) => return Watched::Refused(refused),
@@ -227,11 +251,11 @@ where
             timeout,
         };
         let vacate = |vacated: Vacated| self.table.vacate(&[vacated]);
-        if let Some((taken, vacated)) = self.try_member(&mut m) {
+        if let Some((taken, vacated, work)) = self.try_member(&mut m, driver) {
             vacate(vacated);
             // Never listed: its keys are dropped here, through the door.
             self.user.drop_each(Site::KeyDrop, m.keys.drain(..));
-            return Watched::Completed(taken);
+            return Watched::Completed(taken, work);
         }
         let count = u32::try_from(m.keys.len()).unwrap_or(u32::MAX);
         m.locked().set_keys(count);
@@ -241,9 +265,9 @@ where
             vacate(vacated);
             return Watched::Refused(refused);
         }
-        if let Some((taken, vacated)) = self.try_member(&mut m) {
+        if let Some((taken, vacated, work)) = self.try_member(&mut m, driver) {
             vacate(vacated);
-            return Watched::Completed(taken);
+            return Watched::Completed(taken, work);
         }
         let arming = self.timer.add(m.timeout, Expiry(m.op));
         match self.armed(&mut m, arming, self.armed_at()) {
@@ -257,9 +281,13 @@ where
 
     /// Step 6 of a single watch: runs the callbacks of what completed, or answers the
     /// expiry handed over, with no slot held but that one, and gives the caller's result.
-    pub(crate) fn settle(&self, watched: Watched<'_, O>, driver: &Driver<Self>) -> WatchResult<O> {
+    pub(crate) fn settle(
+        &self,
+        watched: Watched<'_, K, O>,
+        driver: &Driver<Self>,
+    ) -> WatchResult<O> {
         match watched {
-            Watched::Completed(taken) => {
+            Watched::Completed(taken, _work) => {
                 self.complete_one(taken, Completion::Ready);
                 Ok(WatchOutcome::Completed)
             }
@@ -277,7 +305,7 @@ where
     /// that begins once the operation is out of its slot waits for this answer), then
     /// takes the operation and expires it, here and now.
     pub(crate) fn answer_handed_over(&self, handed_over: HandedOver<'_, O>, driver: &Driver<Self>) {
-        let _work = driver.expiry_work();
+        let _work = driver.work();
         self.complete_one(handed_over.take(), Completion::Expired);
     }
 
@@ -300,7 +328,7 @@ where
         let handed_over = self.arm_chunk(&mut members, &mut chunk);
         drop(members);
         if !handed_over.is_empty() {
-            let _work = driver.expiry_work();
+            let _work = driver.work();
             let mut expired: SmallVec<[Taken<O>; 1]> =
                 handed_over.into_iter().map(HandedOver::take).collect();
             self.complete(&mut expired, Completion::Expired);
@@ -421,6 +449,7 @@ where
                 continue; // completed, expired or cancelled since it was armed
             };
             if self.is_ready(&mut locked) {
+                let _work = driver.work();
                 #[cfg_attr(not(feature = "metrics"), allow(unused_mut))]
                 let mut taken = locked.take();
                 // Completed while being watched: it never waited (as a single watch's).

@@ -29,7 +29,8 @@
 //! operation is out waits for the answer. The models that reach it:
 //! - a check holding an operation when its timeout fires, and a shutdown on the expiring
 //!   thread: if the operation was out of its slot when the shutdown began, it is answered
-//!   when the shutdown returns;
+//!   when the shutdown returns (`Driver::work`, counted before the take);
+//! - a force racing a shutdown: the same for an operation the force took;
 //! - a watch chunk (under loom a batch of two is a chunk) whose operations' timeouts fire
 //!   while it holds their slots, at its unlocks after arming or around its tries: each
 //!   expires exactly once.
@@ -75,6 +76,9 @@ struct Outcome {
 
 struct Op {
     ready: Arc<AtomicBool>,
+    /// Set (a loom atomic) by `on_complete`, for a model whose assertion must be ordered
+    /// after the answer it checks (loom does not see the plain `Outcome`).
+    seen: Option<Arc<AtomicBool>>,
     outcome: std::sync::Arc<Outcome>,
     timeout: Duration,
 }
@@ -89,6 +93,9 @@ impl DelayedOperation for Op {
     }
 
     fn on_complete(&mut self, how: Completion) {
+        if let Some(seen) = &self.seen {
+            seen.store(true, SeqCst);
+        }
         self.outcome.completions.fetch_add(1, SeqCst);
         let code = match how {
             Completion::Ready => 1,
@@ -164,6 +171,7 @@ fn model() {
     let (event, expiry) = event_and_expiry(&purgatory, Arc::clone(&ready), clock);
     let op = Op {
         ready,
+        seen: None,
         outcome: std::sync::Arc::clone(&outcome),
         timeout: TIMEOUT,
     };
@@ -209,6 +217,7 @@ fn cancel_model() {
     let outcome = std::sync::Arc::new(Outcome::default());
     let op = Op {
         ready: Arc::clone(&ready),
+        seen: None,
         outcome: std::sync::Arc::clone(&outcome),
         timeout: TIMEOUT,
     };
@@ -287,6 +296,7 @@ fn stale_name_model(action: StaleAction) {
     let never = Arc::new(AtomicBool::new(false));
     let a = Op {
         ready: Arc::clone(&never),
+        seen: None,
         outcome: std::sync::Arc::clone(&a_outcome),
         timeout: Duration::from_secs(60),
     };
@@ -315,6 +325,7 @@ fn stale_name_model(action: StaleAction) {
     // B waits on another key, so a cancel of A's key never takes it.
     let b = Op {
         ready: never,
+        seen: None,
         outcome: std::sync::Arc::clone(&b_outcome),
         timeout: TIMEOUT,
     };
@@ -385,6 +396,7 @@ fn never_ready(timeout: Duration) -> (Op, std::sync::Arc<Outcome>) {
     let outcome = std::sync::Arc::new(Outcome::default());
     let op = Op {
         ready: Arc::new(AtomicBool::new(false)),
+        seen: None,
         outcome: std::sync::Arc::clone(&outcome),
         timeout,
     };
@@ -539,6 +551,41 @@ fn handed_over_check_and_shutdown_model() {
     shutdown.join().unwrap();
     assert_eq!(outcome.completions.load(SeqCst), 1, "answered exactly once");
     assert_eq!(outcome.how.load(SeqCst), 3, "expired");
+}
+
+/// A waiting operation is forced on one thread while another shuts the purgatory down. If
+/// the force had taken it out of its slot when the shutdown began, it was answered by the
+/// time the shutdown returned; either way it is answered exactly once (forced, or expired
+/// by the shutdown).
+fn force_and_shutdown_model() {
+    EXPLORED.fetch_add(1, SeqCst);
+    let clock = ManualClock::new();
+    let purgatory = purgatory(&clock);
+    let (mut op, outcome) = never_ready(Duration::from_secs(60));
+    let seen = Arc::new(AtomicBool::new(false));
+    op.seen = Some(Arc::clone(&seen));
+    let WatchOutcome::Pending(handle) = purgatory.watch(op, [KEY]).expect("accepted") else {
+        panic!("never ready");
+    };
+    let force = {
+        let purgatory = purgatory.clone();
+        spawn(move || purgatory.force_complete(&handle))
+    };
+    let out_before = purgatory.is_completed(&handle);
+    purgatory.shutdown();
+    if out_before {
+        assert!(
+            seen.load(SeqCst),
+            "taken by the force before the shutdown began, unanswered after it returned"
+        );
+    }
+    force.join().unwrap();
+    assert_eq!(outcome.completions.load(SeqCst), 1, "answered exactly once");
+}
+
+#[test]
+fn a_shutdown_waits_for_an_operation_a_force_took_before_it_began() {
+    explore("force and shutdown", force_and_shutdown_model);
 }
 
 /// A chunk of two never-ready operations is watched while their timeouts fire on another

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 
 use probe::{never, wait_until, within, Ledger, Probe, Rng};
 use purgatory::{
-    Clock, Completion, Purgatory, PurgatoryBuilder, SystemClock, TimerBuilder, WatchError,
+    Clock, Completion, DelayedOperation, Purgatory, PurgatoryBuilder, SystemClock, TimerBuilder,
+    WatchError, WatchOutcome,
 };
 
 const LONG: Duration = Duration::from_secs(200);
@@ -447,4 +448,72 @@ fn a_key_drop_that_panics_at_shutdown_is_caught_and_every_caller_returns() {
     assert_eq!(purgatory.stats().panicked, 1);
     assert_eq!(answered.load(SeqCst), 1, "the operation was answered");
     purgatory.shutdown();
+}
+
+/// Records its answer; the first one's `on_complete` blocks 300 ms.
+struct SlowFirst {
+    id: usize,
+    answered: Arc<std::sync::Mutex<Vec<(usize, Instant)>>>,
+    entered: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl DelayedOperation for SlowFirst {
+    fn timeout(&self) -> Duration {
+        Duration::from_secs(60)
+    }
+    fn try_complete(&mut self) -> bool {
+        false
+    }
+    fn on_complete(&mut self, _how: Completion) {
+        if let Some(entered) = self.entered.take() {
+            let _ = entered.send(());
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        self.answered
+            .lock()
+            .unwrap()
+            .push((self.id, Instant::now()));
+    }
+}
+
+/// Operations a force took out of their slots before shutdown began are answered before
+/// shutdown returns, even while the force is still running the first one's callback
+/// (a review found the second answered after shutdown returned).
+#[test]
+fn shutdown_waits_for_the_answers_of_operations_a_force_took_before_it_began() {
+    let purgatory: Purgatory<u32, SlowFirst> = Purgatory::new("forced-then-shut");
+    let answered = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (entered_tx, entered) = std::sync::mpsc::channel();
+    let handles: Vec<_> = (0..3)
+        .map(|id| {
+            let op = SlowFirst {
+                id,
+                answered: Arc::clone(&answered),
+                entered: (id == 0).then(|| entered_tx.clone()),
+            };
+            match purgatory.watch(op, [id as u32]).unwrap() {
+                WatchOutcome::Pending(handle) => handle,
+                WatchOutcome::Completed => panic!("never ready"),
+            }
+        })
+        .collect();
+    let forcer = {
+        let purgatory = purgatory.clone();
+        std::thread::spawn(move || purgatory.force_complete_batch(&handles))
+    };
+    entered.recv().unwrap();
+    purgatory.shutdown();
+    let returned = Instant::now();
+    let answered_by_then = answered.lock().unwrap().clone();
+    assert_eq!(
+        answered_by_then.len(),
+        3,
+        "answered when shutdown returned: {:?}",
+        answered_by_then
+            .iter()
+            .map(|(id, _)| id)
+            .collect::<Vec<_>>()
+    );
+    assert!(answered_by_then.iter().all(|(_, at)| *at <= returned));
+    assert_eq!(forcer.join().unwrap(), 3);
 }

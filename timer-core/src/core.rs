@@ -116,6 +116,13 @@ thread_local! {
     static THREAD_HINT: usize = NEXT_THREAD_HINT.fetch_add(1, Ordering::Relaxed);
 }
 
+/// A small number, different for threads that ask one after the other: picks a thread's
+/// shard (and its stripe of the driver's work counts).
+#[inline]
+pub(crate) fn thread_hint() -> usize {
+    THREAD_HINT.with(|hint| *hint)
+}
+
 /// After adds to a locked shard: if its earliest expiration moved earlier than the one
 /// published, publishes it and returns it, for the caller to wake the driver once the
 /// lock is released.
@@ -247,7 +254,7 @@ impl<T> TimerCore<T> {
     /// The shard the calling thread adds to.
     #[inline]
     fn local_shard(&self) -> usize {
-        let hint = THREAD_HINT.with(|hint| *hint);
+        let hint = thread_hint();
         let n = self.shards.len();
         if n.is_power_of_two() {
             hint & (n - 1)

@@ -20,12 +20,13 @@
 //! - With the inline executor, the reaper and its stand-ins expire a batch one task at a
 //!   time, each claimed from a [`SharedBatch`] exactly once, so that a stand-in can take
 //!   over the rest of a batch whose thread is stuck in one task's code.
-//! - `rounds` counts rounds in progress, pool batches not yet finished, stand-ins' stolen
-//!   batches, and owners' [`ExpiryWork`]. A round is counted before it takes anything out
-//!   of the core, a stolen batch before its stand-in is spawned, an owner's work before it
-//!   takes its task over; so a shutdown that sees the count at zero after closing the
-//!   core knows that every task fired before the close has been expired, and that nothing
-//!   fires after it.
+//! - `rounds` counts rounds in progress, pool batches not yet finished and stand-ins'
+//!   stolen batches; `work` (striped, `work.rs`) counts owners' [`DriverWork`]. A round is
+//!   counted before it takes anything out of the core, a stolen batch before its stand-in
+//!   is spawned, an owner's work before it takes its task over; so a shutdown that sees
+//!   both at zero after closing the core knows that every task fired before the close
+//!   has been expired (and every answer an owner took over made), and that nothing fires
+//!   after it.
 //! - A panic escaping the target's hooks (`expire`, `expire_one`, `before_round`,
 //!   `after_round`, `at_drop`) is caught, reported through `tracing` (target
 //!   `timer_core`) and the driver goes on; a driving thread never unwinds. (Owners catch
@@ -37,8 +38,8 @@
 //!
 //!   | caller | returns when | done by then |
 //!   |---|---|---|
-//!   | outside, first | the core is closed, the reaper, the watchdog and the stand-ins joined, every round and pool batch finished, and `finish` ran on what was pending | every task that fired ran; the pending went to `finish` |
-//!   | outside, while another call runs or after it | the first call's `finish` ran and every round and pool batch finished (a first caller inside a round could not wait for that round) | the same |
+//!   | outside, first | the core is closed, the reaper, the watchdog and the stand-ins joined, every round, pool batch and owner's work finished, and `finish` ran on what was pending | every task that fired ran; the pending went to `finish` |
+//!   | outside, while another call runs or after it | the first call's `finish` ran and every round, pool batch and owner's work finished (a first caller inside a round could not wait for that round) | the same |
 //!   | inside, first | the core is closed and `finish` ran on what was pending; rounds in progress, its own included, are not waited for, nor the driving threads joined (they stop by themselves; an outside call joins them) | the pending went to `finish`; the rest of the rounds in progress is done after it returns, before any outside call returns |
 //!   | inside, while another call runs | at once | nothing more: the running call waits for this expiry work, or is its caller up this stack |
 //!
@@ -56,6 +57,7 @@ use crate::shared_batch::SharedBatch;
 use crate::stand_in::{StandIn, DEFAULT_STAND_IN_BOUND};
 use crate::sync::{Condvar, Mutex};
 use crate::user_code::{caught, drop_each};
+use crate::work::WorkCounts;
 
 /// What a driver drives: a core, and what to do with the tasks that expire from it.
 pub trait Expire: Send + Sync + 'static {
@@ -200,6 +202,7 @@ impl DriverConfig {
             rounds: Mutex::new(0),
             rounds_done: Condvar::default(),
             stand_in,
+            work: WorkCounts::default(),
         });
         let reaper = if self.manual {
             None
@@ -238,6 +241,8 @@ struct Shared<E: Expire> {
     rounds_done: Condvar,
     /// With the inline executor and a reaper: the watchdog and stand-ins (`stand_in.rs`).
     stand_in: Option<StandIn<E::Task>>,
+    /// Owners' work outside the rounds ([`DriverWork`], `work.rs`).
+    work: WorkCounts,
 }
 
 #[cfg(not(loom))]
@@ -362,37 +367,51 @@ impl<E: Expire> Driver<E> {
 }
 
 impl<E: Expire> Driver<E> {
-    /// Marks work of this driver's expiry that runs outside a round, on the calling
-    /// thread, until the guard is dropped: an owner answering an expiry that fired while
-    /// it held the task (the purgatory's slot holder, whose unlock finds the expiry left
-    /// for it). Shutdown waits for it as for a round (unless called from inside it), and
-    /// the thread is inside this driver's expiry work meanwhile (a shutdown it calls does
-    /// not wait for itself). Take it before the owner takes the task over, so that a
-    /// shutdown that begins after the task was taken waits for its answer.
-    pub fn expiry_work(&self) -> ExpiryWork<'_, E> {
-        *self.shared.rounds.lock() += 1;
-        ExpiryWork {
-            _done: RoundDone(&self.shared),
+    /// Marks work that a shutdown must wait for, done outside a round on the calling
+    /// thread until the guard is dropped: an owner answering something it took over (the
+    /// purgatory: an expiry that fired while it held the operation, an operation an event
+    /// or a force took out of its slot). Shutdown waits for it as for a round (unless
+    /// called from inside it), and the thread is inside this driver's expiry work
+    /// meanwhile (a shutdown it calls does not wait for itself). Take it before taking the
+    /// thing over, so that a shutdown that begins after that waits for its answer. Cheap:
+    /// a count on the calling thread's stripe (`work.rs`), no lock.
+    #[inline]
+    pub fn work(&self) -> DriverWork<'_, E> {
+        let stripe = self.shared.work.begin();
+        DriverWork {
             _inside: ExpiringHere::enter(&self.shared),
+            shared: &self.shared,
+            stripe,
             _here: PhantomData,
         }
     }
 }
 
-/// Expiry work of a [`Driver`] outside its rounds, until dropped (see
-/// [`Driver::expiry_work`]). Dropped on the thread that took it.
+/// Work a [`Driver`]'s shutdown waits for, until dropped (see [`Driver::work`]). Dropped
+/// on the thread that took it.
 #[must_use = "the work ends when the guard is dropped"]
-pub struct ExpiryWork<'a, E: Expire> {
+pub struct DriverWork<'a, E: Expire> {
     // Field order is drop order: the thread stops being inside before the work ends.
     _inside: ExpiringHere,
-    _done: RoundDone<'a, E>,
+    shared: &'a Shared<E>,
+    stripe: usize,
     /// Not `Send`: the thread-local mark must be undone on its own thread.
     _here: PhantomData<*const ()>,
 }
 
-impl<E: Expire> std::fmt::Debug for ExpiryWork<'_, E> {
+impl<E: Expire> Drop for DriverWork<'_, E> {
+    fn drop(&mut self) {
+        if self.shared.work.end(self.stripe) {
+            // A shutdown waits: wake it (under its lock, see `work.rs`).
+            let _rounds = self.shared.rounds.lock();
+            self.shared.rounds_done.notify_all();
+        }
+    }
+}
+
+impl<E: Expire> std::fmt::Debug for DriverWork<'_, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ExpiryWork")
+        f.write_str("DriverWork")
     }
 }
 
@@ -621,9 +640,17 @@ impl<E: Expire> Shared<E> {
         }
     }
 
+    /// Waits until no round, pool batch, stolen batch or owner's work is in progress.
     fn wait_for_rounds(&self) {
         let mut rounds = self.rounds.lock();
-        while *rounds > 0 {
+        loop {
+            while *rounds > 0 {
+                rounds = self.rounds_done.wait_until(rounds, None);
+            }
+            // Held from this look to the wait: a worker's wake cannot fall in between.
+            if !self.work.wait_for_any() {
+                return;
+            }
             rounds = self.rounds_done.wait_until(rounds, None);
         }
     }
@@ -660,7 +687,7 @@ impl<E: Expire> Drop for StopDone<'_, E> {
     }
 }
 
-/// Ends one counted round or pool batch (or [`ExpiryWork`]) when dropped (also when
+/// Ends one counted round, pool batch or stolen batch when dropped (also when
 /// unwinding).
 struct RoundDone<'a, E: Expire>(&'a Shared<E>);
 

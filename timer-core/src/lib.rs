@@ -56,11 +56,12 @@ mod sync;
 mod timer;
 mod user_code;
 mod wheel;
+mod work;
 
 pub use builder::TimerBuilder;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use core::{TimerCore, TimerHandle, TimerStats};
-pub use driver::{Driver, DriverConfig, Expire, ExpiryWork, NextRound};
+pub use driver::{Driver, DriverConfig, DriverWork, Expire, NextRound};
 pub use error::{AddError, BuildError};
 pub use executor::Executor;
 pub use stand_in::DEFAULT_STAND_IN_BOUND;
