@@ -186,7 +186,9 @@ where
     /// any of them, then tries each once, under its own lock only: one operation's slow
     /// `try_complete` delays no other's timeout. An operation ready at once is listed and
     /// armed before it is found ready (its entries then go stale and its timer entry is
-    /// cancelled), which a single `watch`'s first try avoids.
+    /// cancelled), which a single `watch`'s first try avoids; and if its timeout passes
+    /// before its turn comes (behind an earlier operation's slow `try_complete`), it is
+    /// answered `Expired` without being tried.
     pub fn watch_batch<I, Ks>(&self, batch: I) -> Vec<Result<WatchOutcome<O>, WatchError<O>>>
     where
         I: IntoIterator<Item = (O, Ks)>,

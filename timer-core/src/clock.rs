@@ -24,6 +24,11 @@ use std::time::{Duration, Instant};
 use crate::user_code::caught;
 
 /// A monotonic time source: the time elapsed since the clock's own origin.
+///
+/// Readings are kept in nanoseconds and saturate at `u64::MAX` (about 584 years): a
+/// clock that reads that far (a broken one, `Duration::MAX`) makes every deadline
+/// saturate too, and a task added then fires only when the timer is shut down (it is
+/// handed back, or a purgatory's operation expired, then), never lost.
 pub trait Clock: Send + Sync + 'static {
     /// Time since this clock's origin. Never decreases.
     fn now(&self) -> Duration;
