@@ -10,7 +10,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
-use probe::{flags, manual_purgatory, never, Ledger, Probe};
+use probe::{flags, manual_purgatory, never, DropBomb, Ledger, Probe};
 use purgatory::{Completion, DelayedOperation, ManualClock, Purgatory, WatchError, WatchOutcome};
 
 /// A key whose `Hash` panics for `Key::HashBomb`, and whose `Eq` panics when it compares
@@ -245,62 +245,6 @@ fn checking_or_cancelling_a_hostile_key_panics_to_the_caller_and_changes_nothing
     let rest = purgatory.cancel_for_key(&Key::Colliding(1));
     assert_eq!(rest.iter().map(|op| op.id).collect::<Vec<_>>(), [1]);
     assert_eq!(ledger.violations(), 0);
-}
-
-/// A key whose one armed copy panics when dropped (once): the copy a watcher list keeps,
-/// so the panic comes wherever the purgatory drops a list (a purge, `cancel_for_key`, a
-/// check that empties it, shutdown).
-#[derive(Debug)]
-struct DropBomb {
-    id: u32,
-    armed: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
-}
-
-impl DropBomb {
-    fn plain(id: u32) -> Self {
-        DropBomb { id, armed: None }
-    }
-
-    fn armed(id: u32) -> (Self, std::sync::Arc<std::sync::atomic::AtomicBool>) {
-        let armed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
-        (
-            DropBomb {
-                id,
-                armed: Some(std::sync::Arc::clone(&armed)),
-            },
-            armed,
-        )
-    }
-}
-
-impl Clone for DropBomb {
-    fn clone(&self) -> Self {
-        DropBomb::plain(self.id)
-    }
-}
-
-impl Hash for DropBomb {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.id.hash(state);
-    }
-}
-
-impl PartialEq for DropBomb {
-    fn eq(&self, other: &Self) -> bool {
-        self.id == other.id
-    }
-}
-
-impl Eq for DropBomb {}
-
-impl Drop for DropBomb {
-    fn drop(&mut self) {
-        if let Some(armed) = &self.armed {
-            if armed.swap(false, SeqCst) && !std::thread::panicking() {
-                panic!("Drop of key {} (on purpose)", self.id);
-            }
-        }
-    }
 }
 
 /// Issue #27, finding 1: a key whose `Drop` panics while a purge drops its emptied list

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use probe::{never, wait_until, within, Ledger, Probe, Rng};
+use probe::{never, wait_until, within, DropBomb, Ledger, Probe, Rng};
 use purgatory::{
     Clock, Completion, DelayedOperation, Purgatory, PurgatoryBuilder, SystemClock, TimerBuilder,
     WatchError, WatchOutcome,
@@ -382,47 +382,15 @@ fn a_shutdown_from_inside_an_expiry_callback_does_not_hang() {
     }
 }
 
-/// A key whose drop panics once `armed`: shutdown drops the lists' keys.
-#[derive(Clone)]
-struct DropBomb {
-    id: u32,
-    armed: Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl PartialEq for DropBomb {
-    fn eq(&self, other: &Self) -> bool {
-        self.id == other.id
-    }
-}
-
-impl Eq for DropBomb {}
-
-impl std::hash::Hash for DropBomb {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.id.hash(state);
-    }
-}
-
-impl Drop for DropBomb {
-    fn drop(&mut self) {
-        if self.armed.swap(false, SeqCst) {
-            panic!("a key's drop panics (on purpose)");
-        }
-    }
-}
-
 /// Shutdown drops the lists' keys; one whose `Drop` panics is caught and counted (it used
 /// to reach the caller that shut down), and a concurrent shutdown returns too.
 #[test]
 fn a_key_drop_that_panics_at_shutdown_is_caught_and_every_caller_returns() {
     let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let purgatory: Purgatory<DropBomb, Counted> =
         PurgatoryBuilder::new().name("drop-bomb").build().unwrap();
-    let key = DropBomb {
-        id: 1,
-        armed: Arc::clone(&armed),
-    };
+    let (key, armed) = DropBomb::armed(1);
+    armed.store(false, SeqCst);
     let op = Counted {
         answered: Arc::clone(&answered),
     };

@@ -5,10 +5,13 @@
 //! Every contract test runs on a current-thread and a multi-thread runtime.
 #![cfg(feature = "tokio")]
 
+mod probe;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc};
 use std::time::Duration;
 
+use probe::DropBomb;
 use purgatory::{
     reply, Completion, DelayedOperation, Executor, Parked, Purgatory, PurgatoryBuilder, Reply,
     TimerBuilder, WatchOutcome,
@@ -731,44 +734,6 @@ fn a_waiting_parked_does_not_keep_its_purgatory_alive() {
     assert_eq!(parked.blocking_answer().unwrap().how, Completion::Expired);
 }
 
-/// A key whose one armed copy panics when dropped.
-#[derive(Debug)]
-struct DropBomb {
-    id: u32,
-    armed: bool,
-}
-
-impl Clone for DropBomb {
-    fn clone(&self) -> Self {
-        DropBomb {
-            id: self.id,
-            armed: false,
-        }
-    }
-}
-
-impl PartialEq for DropBomb {
-    fn eq(&self, other: &Self) -> bool {
-        self.id == other.id
-    }
-}
-
-impl Eq for DropBomb {}
-
-impl std::hash::Hash for DropBomb {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.id.hash(state);
-    }
-}
-
-impl Drop for DropBomb {
-    fn drop(&mut self) {
-        if self.armed && !std::thread::panicking() {
-            panic!("Drop of key {} (on purpose)", self.id);
-        }
-    }
-}
-
 /// Issue #27, finding 1 on tokio time: a key whose `Drop` panics in a purge run by the
 /// driving task must not end the task (which would shut the purgatory down, answering a
 /// 2 s operation at once and refusing every later watch).
@@ -781,9 +746,8 @@ async fn a_key_drop_that_panics_in_a_purge_does_not_end_the_driving_task() {
         .unwrap();
     let ready = Arc::new(AtomicBool::new(false));
     let (op, answer) = fetch(&ready, Duration::from_secs(60));
-    let first = p
-        .park(op, [DropBomb { id: 1, armed: true }], answer)
-        .unwrap();
+    let (bomb, _armed) = DropBomb::armed(1);
+    let first = p.park(op, [bomb], answer).unwrap();
     let handle = first.handle().unwrap();
     assert!(p.force_complete(&handle));
     // The driving task's next round purges the stale entry and drops the armed key.
@@ -792,16 +756,7 @@ async fn a_key_drop_that_panics_in_a_purge_does_not_end_the_driving_task() {
     assert!(!p.is_shutdown(), "the driving task goes on");
     let start = tokio::time::Instant::now();
     let (op, answer) = fetch(&ready, Duration::from_secs(2));
-    let parked = p
-        .park(
-            op,
-            [DropBomb {
-                id: 2,
-                armed: false,
-            }],
-            answer,
-        )
-        .expect("accepted");
+    let parked = p.park(op, [DropBomb::plain(2)], answer).expect("accepted");
     assert_eq!(parked.await.unwrap().how, Completion::Expired);
     let waited = start.elapsed();
     assert!(

@@ -18,12 +18,11 @@
 #[path = "support/injector.rs"]
 mod injector;
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
-use injector::{point, quiet, Fault, Kind, Run};
+use injector::{point, quiet, Fault, Kind, Run, Subscriber};
 use timer_core::{
     Clock, DriverConfig, Executor, Expire, ManualClock, Timer, TimerBuilder, TimerCore,
     TimerHandle, TimerTask,
@@ -78,25 +77,6 @@ impl Clock for FaultyClock {
         point(Kind::Clock);
         now
     }
-}
-
-/// A tracing subscriber wanting every event of the timer, each a fault point.
-struct Subscriber;
-
-impl tracing::Subscriber for Subscriber {
-    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
-        metadata.target().starts_with("timer_core")
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, _: &tracing::Event<'_>) {
-        point(Kind::Subscriber);
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
 }
 
 /// What the test knows became of a task.
@@ -156,14 +136,7 @@ impl World {
     }
 
     fn call<R>(&mut self, what: &'static str, f: impl FnOnce() -> R) -> Option<R> {
-        match catch_unwind(AssertUnwindSafe(f)) {
-            Ok(value) => Some(value),
-            Err(payload) => {
-                self.propagated.push(what);
-                quiet(|| drop(payload));
-                None
-            }
-        }
+        injector::call(&mut self.propagated, what, f)
     }
 
     fn handed_back(&mut self, task: Task) {

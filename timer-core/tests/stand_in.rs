@@ -30,6 +30,22 @@ impl TimerTask for Recorded {
     }
 }
 
+/// Adds a task due at `deadline` that blocks `blocks`, recording into `ran`.
+fn add(
+    timer: &Timer<Recorded>,
+    ran: &Arc<Mutex<Vec<(Duration, Instant)>>>,
+    deadline: Duration,
+    blocks: Duration,
+) {
+    let ran = Arc::clone(ran);
+    let task = Recorded {
+        deadline,
+        blocks,
+        ran,
+    };
+    timer.add(deadline, task).unwrap();
+}
+
 fn timer(stand_in: Option<Duration>) -> Timer<Recorded> {
     TimerBuilder::new().stand_in(stand_in).build().unwrap()
 }
@@ -44,18 +60,7 @@ fn latest_lateness(
 ) -> Duration {
     let ran = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
-    let add = |deadline: Duration, blocks: Duration| {
-        timer
-            .add(
-                deadline,
-                Recorded {
-                    deadline,
-                    blocks,
-                    ran: Arc::clone(&ran),
-                },
-            )
-            .unwrap();
-    };
+    let add = |deadline: Duration, blocks: Duration| add(timer, &ran, deadline, blocks);
     let (slow_at, later_at) = (Duration::from_millis(10), Duration::from_millis(40));
     add(slow_at, blocks);
     for _ in 0..same {
@@ -105,31 +110,19 @@ fn a_stuck_stand_in_is_relieved_in_turn() {
     let timer = timer(Some(Duration::from_millis(20)));
     let ran = Arc::new(Mutex::new(Vec::new()));
     let start = Instant::now();
-    for (at, blocks) in [(10, 500), (60, 500), (110, 500)] {
-        let deadline = Duration::from_millis(at);
-        timer
-            .add(
-                deadline,
-                Recorded {
-                    deadline,
-                    blocks: Duration::from_millis(blocks),
-                    ran: Arc::clone(&ran),
-                },
-            )
-            .unwrap();
+    let add = |at: u64, blocks: u64| {
+        add(
+            &timer,
+            &ran,
+            Duration::from_millis(at),
+            Duration::from_millis(blocks),
+        )
+    };
+    for at in [10, 60, 110] {
+        add(at, 500);
     }
     for at in (150..300).step_by(10) {
-        let deadline = Duration::from_millis(at);
-        timer
-            .add(
-                deadline,
-                Recorded {
-                    deadline,
-                    blocks: Duration::ZERO,
-                    ran: Arc::clone(&ran),
-                },
-            )
-            .unwrap();
+        add(at, 0);
     }
     std::thread::sleep(Duration::from_millis(400));
     let ran = ran.lock().unwrap().clone();

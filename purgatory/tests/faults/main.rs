@@ -44,8 +44,7 @@ use world::Published;
 fn install_globals() {
     static ONCE: OnceLock<()> = OnceLock::new();
     ONCE.get_or_init(|| {
-        tracing::subscriber::set_global_default(user_types::Subscriber)
-            .expect("the only subscriber");
+        tracing::subscriber::set_global_default(injector::Subscriber).expect("the only subscriber");
         #[cfg(feature = "metrics")]
         metrics::set_global_recorder(RECORDER.get_or_init(Default::default))
             .expect("the only recorder");

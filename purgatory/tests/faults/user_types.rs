@@ -99,25 +99,6 @@ impl Clock for FaultyClock {
     }
 }
 
-/// A tracing subscriber that wants every event of the two crates, each a fault point.
-pub struct Subscriber;
-
-impl tracing::Subscriber for Subscriber {
-    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
-        metadata.target().starts_with("purgatory") || metadata.target().starts_with("timer_core")
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, _: &tracing::Event<'_>) {
-        point(Kind::Subscriber);
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
-}
-
 /// A metrics recorder: a debugging recorder whose registrations, descriptions and
 /// handles' updates are fault points (feature `metrics`). Installed once for the process;
 /// each run swaps in a fresh debugging recorder ([`FaultyRecorder::fresh`]), so that a

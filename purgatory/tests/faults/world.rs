@@ -130,14 +130,7 @@ impl World {
         f: impl FnOnce(&Purgatory<Key, Faulty>) -> R,
     ) -> Option<R> {
         let purgatory = self.purgatory.as_ref().expect("not dropped yet");
-        match catch_unwind(AssertUnwindSafe(|| f(purgatory))) {
-            Ok(value) => Some(value),
-            Err(payload) => {
-                self.propagated.push(what);
-                quiet(|| drop(payload));
-                None
-            }
-        }
+        super::injector::call(&mut self.propagated, what, || f(purgatory))
     }
 
     /// Watches `op` on `keys`; the handle if it waits.

@@ -311,6 +311,62 @@ pub fn wait_until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
     }
 }
 
+/// A key whose one armed copy panics when dropped (once): the copy a watcher list keeps,
+/// so the panic comes wherever the purgatory drops a list (a purge, `cancel_for_key`, a
+/// check that empties it, shutdown). Clones are plain.
+#[derive(Debug)]
+pub struct DropBomb {
+    pub id: u32,
+    armed: Option<Arc<AtomicBool>>,
+}
+
+impl DropBomb {
+    /// A key that never panics.
+    pub fn plain(id: u32) -> Self {
+        DropBomb { id, armed: None }
+    }
+
+    /// A key whose drop panics while its flag (given back, and set) is set.
+    pub fn armed(id: u32) -> (Self, Arc<AtomicBool>) {
+        let armed = Arc::new(AtomicBool::new(true));
+        let key = DropBomb {
+            id,
+            armed: Some(Arc::clone(&armed)),
+        };
+        (key, armed)
+    }
+}
+
+impl Clone for DropBomb {
+    fn clone(&self) -> Self {
+        DropBomb::plain(self.id)
+    }
+}
+
+impl std::hash::Hash for DropBomb {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.id.hash(state);
+    }
+}
+
+impl PartialEq for DropBomb {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+    }
+}
+
+impl Eq for DropBomb {}
+
+impl Drop for DropBomb {
+    fn drop(&mut self) {
+        if let Some(armed) = &self.armed {
+            if armed.swap(false, SeqCst) && !std::thread::panicking() {
+                panic!("Drop of key {} (on purpose)", self.id);
+            }
+        }
+    }
+}
+
 /// A small, fast, seedable pseudo-random generator (xorshift64*), for reproducible chaos.
 pub struct Rng(u64);
 

@@ -238,6 +238,42 @@ impl Drop for Run {
     }
 }
 
+/// A tracing subscriber that wants every event of the two crates, each a fault point.
+pub struct Subscriber;
+
+impl tracing::Subscriber for Subscriber {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        metadata.target().starts_with("purgatory") || metadata.target().starts_with("timer_core")
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, _: &tracing::Event<'_>) {
+        point(Kind::Subscriber);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// Runs `f`, a call into the library, catching a panic that reaches the caller: recorded
+/// in `propagated` as `what`, its payload dropped without counting its drop.
+pub fn call<R>(
+    propagated: &mut Vec<&'static str>,
+    what: &'static str,
+    f: impl FnOnce() -> R,
+) -> Option<R> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(value) => Some(value),
+        Err(payload) => {
+            propagated.push(what);
+            quiet(|| drop(payload));
+            None
+        }
+    }
+}
+
 /// Installs, once, a panic hook that keeps injected panics quiet (thousands of them, each
 /// caught by the library) and reports every other panic as the default hook would.
 fn quiet_injected_panics() {
