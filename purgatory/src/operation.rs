@@ -75,7 +75,8 @@ pub trait DelayedOperation: Send + 'static {
     /// (`check_and_complete`, `force_complete`, `cancel`, `cancel_for_key`, `watch_batch`,
     /// or dropping a waiting `Parked` or an armed `CancelOnDrop`): two `try_complete`s
     /// that check each other's key would wait for each other forever (the locking rule
-    /// on [`Purgatory`](crate::Purgatory)).
+    /// on [`Purgatory`](crate::Purgatory)). Nor `shutdown`, which waits for callbacks in
+    /// progress, one of which may be waiting for this operation's lock.
     fn try_complete(&mut self) -> bool;
 
     /// Answers the request. Runs exactly once per accepted operation. A panic here is

@@ -67,8 +67,13 @@ const SMALL_BATCH: usize = 2;
 ///   `cancel_for_key`, `watch_batch`, or drop a waiting `Parked` or an armed
 ///   `CancelOnDrop`. Two `try_complete`s that check each other's key would wait for each
 ///   other forever; one that checks its own key waits for itself. `watch`,
-///   `try_complete_else_watch`, `is_completed`, `stats`, `advance_clock`, `purge` and
-///   `shutdown` never wait for another operation's lock and are safe there.
+///   `try_complete_else_watch`, `is_completed`, `stats`, `advance_clock` and `purge`
+///   never wait for another operation's lock and are safe there. `shutdown` is not: it
+///   waits for callbacks in progress, and one of them may be waiting for this
+///   operation's lock.
+///
+/// Callbacks (`on_complete`, `on_expiration`) run with no lock held and may call any
+/// method, `shutdown` included (see its doc for the one cycle to avoid).
 pub struct Purgatory<K, O>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
@@ -333,6 +338,9 @@ where
         let mut work = None;
         let mut completed = 0;
         for op in chunk.drain(..) {
+            // Counted before the slot is taken, so a shutdown that begins after this
+            // take waits for its answer.
+            work.get_or_insert_with(|| self.driver.work());
             let locked = match state.table.try_lock(op) {
                 Ok(locked) => locked,
                 Err(false) => continue, // gone
@@ -341,14 +349,16 @@ where
                     state.table.vacate(&vacated);
                     vacated.clear();
                     completed += state.complete(&mut taken, Completion::Forced);
+                    // Not counted while waiting: the holder may be shutting down.
                     work = None;
-                    match state.table.lock(op) {
+                    let locked = match state.table.lock(op) {
                         Some(locked) => locked,
                         None => continue,
-                    }
+                    };
+                    work = Some(self.driver.work());
+                    locked
                 }
             };
-            work.get_or_insert_with(|| self.driver.work());
             let (t, slot) = locked.take_deferred();
             taken.push(t);
             vacated.push(slot);
@@ -473,17 +483,25 @@ where
     /// last handle is dropped.
     ///
     /// Returns, to a caller outside this purgatory's callbacks, only when every operation
-    /// that was pending has had its callbacks, and every expiry in progress has finished:
-    /// a second, concurrent call waits for the first. A call from inside an expiry
-    /// callback of this purgatory (or from a callback that shutdown itself runs) cannot
-    /// wait for its own round: as the first call it expires what is pending and returns;
-    /// otherwise it returns at once. An operation whose `try_complete` is running on
-    /// another thread at that moment is answered by that thread when it returns (Expired,
-    /// or Ready if it said ready), possibly after `shutdown` returned. The whole table is
-    /// in `docs/purgatory.md` ("Shutdown"). An expiry such a thread has taken over before
-    /// this call began is answered before it returns. User code that shutdown runs (a
-    /// key's `Drop` as the lists are emptied) is caught like any other; nothing reaches
-    /// the caller.
+    /// that was pending has had its callbacks, every expiry in progress has finished,
+    /// and every answer another thread was making (an operation a check found ready, a
+    /// force took, a watch completed) has been made: a second, concurrent call waits for
+    /// the first. A call from inside a callback this purgatory runs (an expiry's, an
+    /// answer's as above, or one that shutdown itself runs) cannot wait for itself: as
+    /// the first call it expires what is pending and returns; otherwise it returns at
+    /// once. The whole table is in `docs/purgatory.md` ("Shutdown").
+    ///
+    /// One exception: an operation whose slot another thread holds when shutdown comes
+    /// (running its `try_complete`, arming it in a watch, or waiting to take it in a
+    /// force) is answered by that thread as it lets go (Expired, or Ready if it said
+    /// ready), possibly after `shutdown` returned. User code that shutdown runs (a key's
+    /// `Drop` as the lists are emptied) is caught like any other; nothing reaches the
+    /// caller.
+    ///
+    /// Since an outside call waits for callbacks in progress, do not call it where one of
+    /// them waits for you: from a `try_complete` (a callback on another thread may be
+    /// waiting for its slot), or from a callback of another purgatory that this one's
+    /// callbacks shut down in turn (each waits for the other's).
     pub fn shutdown(&self) {
         let state = self.state();
         self.driver

@@ -35,6 +35,8 @@ struct Log {
     setting_up: std::sync::atomic::AtomicBool,
     /// When an inside call to `shutdown` returned, and how many answers it saw.
     inside_returned: Mutex<Option<(Instant, usize)>>,
+    /// Set when the thread of a `MarkExitThenShutDown` callback has exited.
+    driving_thread_exited: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Log {
@@ -64,6 +66,25 @@ enum OnComplete {
     ShutDownThenSleep(Duration),
     /// Drops the handle it holds (the last one, in the tests that use it).
     DropHandle,
+    /// Leaves a mark that sets [`Log::driving_thread_exited`] as its thread exits (after
+    /// a pause), then shuts down as `ShutDownThenSleep`.
+    MarkExitThenShutDown,
+}
+
+/// Sets its flag when the thread that holds it exits, `EXIT_PAUSE` after the exit began.
+struct ExitMark(Arc<std::sync::atomic::AtomicBool>);
+
+const EXIT_PAUSE: Duration = Duration::from_millis(100);
+
+impl Drop for ExitMark {
+    fn drop(&mut self) {
+        std::thread::sleep(EXIT_PAUSE);
+        self.0.store(true, SeqCst);
+    }
+}
+
+thread_local! {
+    static EXIT_MARK: std::cell::RefCell<Option<ExitMark>> = const { std::cell::RefCell::new(None) };
 }
 
 struct Op {
@@ -99,6 +120,13 @@ impl DelayedOperation for Op {
         match self.on_complete {
             OnComplete::Record => {}
             OnComplete::Sleep(pause) => std::thread::sleep(pause),
+            OnComplete::MarkExitThenShutDown => {
+                let mark = ExitMark(Arc::clone(&self.log.driving_thread_exited));
+                EXIT_MARK.with(|slot| *slot.borrow_mut() = Some(mark));
+                self.log.purgatory.get().expect("set").shutdown();
+                *self.log.inside_returned.lock().unwrap() =
+                    Some((Instant::now(), self.log.answered()));
+            }
             OnComplete::ShutDownThenSleep(pause) => {
                 let purgatory = self.log.purgatory.get().expect("set before any expiry");
                 while self.log.setting_up.load(SeqCst) {
@@ -269,6 +297,33 @@ fn outside_after_an_inside_first_waits_for_its_round() {
         });
         assert_answered_before(&log, 40, Instant::now(), name);
     }
+}
+
+/// Rows "inside, first" then "outside": the outside call joins the driving thread the
+/// inside caller (a callback on it) could not join. Before, it returned while that thread
+/// was still exiting (its exit here takes `EXIT_PAUSE`).
+#[test]
+fn outside_after_an_inside_first_joins_the_driving_thread_it_left() {
+    let log = Arc::new(Log::default());
+    let purgatory = purgatory("joins-what-inside-left", Executor::Inline);
+    log.purgatory.set(purgatory.clone()).ok().unwrap();
+    let op = Op::new(
+        Duration::from_millis(1),
+        &log,
+        OnComplete::MarkExitThenShutDown,
+    );
+    assert!(purgatory.try_complete_else_watch(op, [0]).is_ok());
+    assert!(wait_until(Duration::from_secs(10), || {
+        log.inside_returned.lock().unwrap().is_some()
+    }));
+    let shut = purgatory.clone();
+    within(Duration::from_secs(10), "outside shutdown", move || {
+        shut.shutdown()
+    });
+    assert!(
+        log.driving_thread_exited.load(SeqCst),
+        "the outside shutdown returned before the thread the inside one left had exited"
+    );
 }
 
 /// Row "inside shutdown's own expiry of the pending": a callback that shutdown runs calls

@@ -32,9 +32,9 @@
 //!   `timer_core`) and the driver goes on; a driving thread never unwinds. (Owners catch
 //!   per task, so one panic does not skip the rest of a batch; this is the backstop.)
 //! - Shutdown is one protocol for every caller, by where the call comes from. "Inside"
-//!   means inside this driver's expiry work: a round on the driving thread (its hooks
-//!   included), a pool batch, or the first caller's `finish` (marked per thread while it
-//!   runs).
+//!   means inside this driver's expiry work: a round on a driving thread (its hooks
+//!   included), a pool batch, an owner's [`work`](Driver::work), or the first caller's
+//!   `finish` (marked per thread while it runs).
 //!
 //!   | caller | returns when | done by then |
 //!   |---|---|---|
@@ -319,7 +319,9 @@ impl<E: Expire> Driver<E> {
                 }
                 drop(stop);
                 // The first caller may have been inside a round or a pool batch, which it
-                // could not wait for: its round's remaining work is before this return.
+                // could not wait for: its round's remaining work is before this return,
+                // and the driving threads it left are joined here.
+                self.join_driving_threads();
                 self.shared.wait_for_rounds();
                 return None;
             }
@@ -335,22 +337,15 @@ impl<E: Expire> Driver<E> {
         // runs beside a reaper stuck in one task), which an inside call does not wait
         // for; they stop by themselves, and an outside call joins them.
         if !inside {
-            if let Some(reaper) = self.reaper.lock().take() {
-                if reaper.thread().id() != std::thread::current().id() {
-                    let _ = reaper.join();
-                }
-            }
+            // First, while the watchdog may still relieve a round stuck in user code.
+            self.join_reaper();
         }
         if let Some(stand_in) = &self.shared.stand_in {
             // No stand-in starts from now on.
-            let threads = stand_in.stop();
-            if !inside {
-                for thread in threads {
-                    let _ = thread.join();
-                }
-            }
+            stand_in.stop();
         }
         if !inside {
+            self.join_driving_threads();
             self.shared.wait_for_rounds();
         }
         let pending = core.drain();
@@ -359,6 +354,27 @@ impl<E: Expire> Driver<E> {
         // this call, its caller.
         let _inside = ExpiringHere::enter(&self.shared);
         Some(finish(pending))
+    }
+
+    /// Joins the reaper, the watchdog and the stand-ins, those no earlier call joined
+    /// (each stops after its round once the core is closed). Outside callers only.
+    fn join_driving_threads(&self) {
+        self.join_reaper();
+        if let Some(stand_in) = &self.shared.stand_in {
+            for thread in stand_in.take_threads() {
+                if thread.thread().id() != std::thread::current().id() {
+                    let _ = thread.join();
+                }
+            }
+        }
+    }
+
+    fn join_reaper(&self) {
+        if let Some(reaper) = self.reaper.lock().take() {
+            if reaper.thread().id() != std::thread::current().id() {
+                let _ = reaper.join();
+            }
+        }
     }
 
     fn is_expiring_here(&self) -> bool {
@@ -391,7 +407,8 @@ impl<E: Expire> Driver<E> {
 /// on the thread that took it.
 #[must_use = "the work ends when the guard is dropped"]
 pub struct DriverWork<'a, E: Expire> {
-    // Field order is drop order: the thread stops being inside before the work ends.
+    // `Drop::drop` ends the work (a waiting shutdown may go on) before the fields drop;
+    // then `_inside` unmarks the thread. Between the two it only returns.
     _inside: ExpiringHere,
     shared: &'a Shared<E>,
     stripe: usize,

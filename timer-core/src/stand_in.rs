@@ -201,17 +201,21 @@ impl<T> StandIn<T> {
         slot.busy.load(SeqCst) && slot.batches.load(Relaxed) == batches
     }
 
-    /// Stops the watchdog (no stand-in starts after this) and gives back every thread to
-    /// join: the watchdog's first, then the stand-ins'.
-    pub(crate) fn stop(&self) -> Vec<JoinHandle<()>> {
-        let mut control = self.control.lock();
-        control.stopped = true;
+    /// Stops the watchdog: no stand-in starts after this.
+    pub(crate) fn stop(&self) {
+        self.control.lock().stopped = true;
         self.wake.notify_all();
-        std::mem::take(&mut control.threads)
     }
 
-    /// Keeps a started thread's handle for shutdown, unless shutdown already took them
-    /// (then the thread is left detached: it stops on its own). Returns false then.
+    /// Gives back every thread to join, once: the watchdog's first, then the
+    /// stand-ins'. Called after [`stop`](Self::stop) by an outside shutdown; an inside
+    /// one leaves them for the next outside call.
+    pub(crate) fn take_threads(&self) -> Vec<JoinHandle<()>> {
+        std::mem::take(&mut self.control.lock().threads)
+    }
+
+    /// Keeps a started thread's handle for shutdown, unless shutdown has begun (then the
+    /// thread is left detached: it stops on its own). Returns false then.
     pub(crate) fn keep(&self, handle: JoinHandle<()>) -> bool {
         let mut control = self.control.lock();
         if control.stopped {
