@@ -147,66 +147,59 @@ impl std::fmt::Debug for ClockChoice {
 
 /// How a timer reads its clock (see the module doc): this crate's clocks directly, a user
 /// clock through the door, with its last good reading and its panics.
-pub(crate) enum TimerClock {
-    System(SystemClock),
-    Manual(ManualClock),
-    User {
-        clock: Arc<dyn Clock>,
-        /// The latest good reading (ns), which stands in when a read panics.
-        last: AtomicU64,
-        /// Reads that panicked.
-        panics: AtomicU64,
-    },
+pub(crate) struct TimerClock {
+    choice: ClockChoice,
+    /// A user clock's latest good reading (ns), which stands in when a read panics.
+    last: AtomicU64,
+    /// A user clock's reads that panicked.
+    panics: AtomicU64,
 }
 
 impl TimerClock {
     pub(crate) fn new(choice: ClockChoice) -> Self {
-        match choice {
-            ClockChoice::System(clock) => TimerClock::System(clock),
-            ClockChoice::Manual(clock) => TimerClock::Manual(clock),
-            ClockChoice::User(clock) => TimerClock::User {
-                clock,
-                last: AtomicU64::new(0),
-                panics: AtomicU64::new(0),
-            },
+        TimerClock {
+            choice,
+            last: AtomicU64::new(0),
+            panics: AtomicU64::new(0),
         }
     }
 
     /// Now, in nanoseconds since the clock's origin.
     #[inline]
     pub(crate) fn now_nanos(&self) -> u64 {
-        match self {
-            TimerClock::System(clock) => clock.now_nanos(),
-            TimerClock::Manual(clock) => clock.now_nanos(),
-            TimerClock::User {
-                clock,
-                last,
-                panics,
-            } => read_user_clock(&**clock, last, panics),
+        match &self.choice {
+            ClockChoice::System(clock) => clock.now_nanos(),
+            ClockChoice::Manual(clock) => clock.now_nanos(),
+            ClockChoice::User(clock) => self.read_user_clock(&**clock),
         }
     }
 
     /// Reads of a user clock that panicked (0 for this crate's clocks).
     pub(crate) fn panics(&self) -> u64 {
-        match self {
-            TimerClock::User { panics, .. } => panics.load(Ordering::Relaxed),
-            _ => 0,
-        }
+        self.panics.load(Ordering::Relaxed)
     }
-}
 
-/// Reads a user clock through the door: a panic is caught and counted, and the last good
-/// reading stands in; a reading earlier than the last good one is raised to it.
-#[inline(never)]
-fn read_user_clock(clock: &dyn Clock, last: &AtomicU64, panics: &AtomicU64) -> u64 {
-    match caught(
-        "the clock panicked; the last good reading stands in",
-        || clock.now_nanos(),
-    ) {
-        Some(now) => last.fetch_max(now, Ordering::Relaxed).max(now),
-        None => {
-            panics.fetch_add(1, Ordering::Relaxed);
-            last.load(Ordering::Relaxed)
+    /// Reads a user clock through the door: a panic is caught and counted, and the last
+    /// good reading stands in; a reading earlier than the last good one is raised to it.
+    /// (The shared `last` is written only by a reading that moves it forward.)
+    #[inline(never)]
+    fn read_user_clock(&self, clock: &dyn Clock) -> u64 {
+        match caught(
+            "the clock panicked; the last good reading stands in",
+            || clock.now_nanos(),
+        ) {
+            Some(now) => {
+                let seen = self.last.load(Ordering::Relaxed);
+                if now <= seen {
+                    seen
+                } else {
+                    self.last.fetch_max(now, Ordering::Relaxed).max(now)
+                }
+            }
+            None => {
+                self.panics.fetch_add(1, Ordering::Relaxed);
+                self.last.load(Ordering::Relaxed)
+            }
         }
     }
 }

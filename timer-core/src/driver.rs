@@ -67,17 +67,19 @@ pub trait Expire: Send + Sync + 'static {
     /// The core the driver advances.
     fn core(&self) -> &TimerCore<Self::Task>;
 
-    /// Handles a batch of expired tasks (leaving `expired` empty), inline on the driving
-    /// thread or on the pool. Catch panics per task here: a panic that escapes is caught
-    /// by the driver, but skips the rest of the batch.
+    /// Handles a batch of expired tasks (leaving `expired` empty): on the pool, in
+    /// `advance_clock`, and on a reaper without stand-ins. Catch panics per task here: a
+    /// panic that escapes is caught by the driver, and the tasks left in `expired` are
+    /// dropped unhandled (each through the driver's catch).
     fn expire(&self, expired: &mut Vec<Self::Task>);
 
     /// Handles one expired task, on a driving thread: a reaper with the inline executor
-    /// hands its batches out one task at a time, so that a stand-in can take over the
-    /// rest of a batch while one task's code runs long (`stand_in.rs`). Catch panics
-    /// here. The default hands `expire` a batch of one.
+    /// and stand-ins hands its batches out one task at a time, so that a stand-in can
+    /// take over the rest of a batch while one task's code runs long (`stand_in.rs`).
+    /// Catch panics here. The default hands `expire` a batch of one, with the same
+    /// backstop as for a batch.
     fn expire_one(&self, task: Self::Task) {
-        self.expire(&mut vec![task]);
+        expire_alone(self, task);
     }
 
     /// Runs at the start of every round, before the core is advanced.
@@ -93,6 +95,20 @@ pub trait Expire: Send + Sync + 'static {
     /// explicit shutdown: dropped unrun, unless the owner overrides this.
     fn at_drop(&self, pending: Vec<Self::Task>) {
         drop(pending);
+    }
+}
+
+/// [`Expire::expire_one`]'s default: `target.expire` on a batch of one. A panic that
+/// escapes it is caught, and the task, if it is still in the batch, dropped on its own
+/// catch (dropped while unwinding instead, a task whose `Drop` panicked too would abort
+/// the process).
+fn expire_alone<E: Expire + ?Sized>(target: &E, task: E::Task) {
+    let mut batch = vec![task];
+    let handled = caught("expiry handler panicked; its task is dropped", || {
+        target.expire(&mut batch)
+    });
+    if handled.is_none() {
+        drop_each("an expired task dropped after its handler panicked", batch);
     }
 }
 
@@ -214,6 +230,9 @@ impl DriverConfig {
                     .spawn(move || reaper_loop(&for_thread))?,
             )
         };
+        if let Some(stand_in) = &shared.stand_in {
+            shared.start_watchdog(stand_in);
+        }
         Ok(Driver {
             shared,
             reaper: parking_lot::Mutex::new(reaper),
@@ -519,9 +538,7 @@ impl<E: Expire> Shared<E> {
         let Some((stand_in, slot)) = watched else {
             return f();
         };
-        if stand_in.begin_hook(slot) {
-            self.start_watchdog(stand_in);
-        }
+        stand_in.begin_hook(slot);
         let result = f();
         stand_in.end_hook(slot);
         result
@@ -561,9 +578,7 @@ impl<E: Expire> Shared<E> {
             }
         }
         let slot = driving.slot;
-        if stand_in.begin(slot, &driving.batch) {
-            self.start_watchdog(stand_in);
-        }
+        stand_in.begin(slot, &driving.batch);
         self.expire_claimed(&driving.batch);
         stand_in.end(slot);
     }
@@ -580,7 +595,8 @@ impl<E: Expire> Shared<E> {
         while caught("expiry handler panicked; the batch goes on", all).is_none() {}
     }
 
-    /// Starts the watchdog thread (the first batch's begin asked for it).
+    /// Starts the watchdog thread, with the reaper. If it cannot start, the reaper runs
+    /// without stand-ins (reported).
     fn start_watchdog(self: &Arc<Self>, stand_in: &StandIn<E::Task>) {
         let shared = Arc::clone(self);
         let spawned = std::thread::Builder::new()
@@ -592,9 +608,7 @@ impl<E: Expire> Shared<E> {
                 });
             });
         match spawned {
-            Ok(thread) => {
-                stand_in.keep(thread);
-            }
+            Ok(thread) => stand_in.keep_watchdog(thread),
             Err(error) => crate::user_code::event(
                 || tracing::error!(target: "timer_core", %error, "the stand-in watchdog could not start"),
             ),
@@ -635,8 +649,15 @@ impl<E: Expire> Shared<E> {
                 let mut driving = Driving { slot: free, batch };
                 let mut buffer = Vec::new();
                 let mut wait = NextRound::at_most(Duration::ZERO);
+                // Its rounds wait at most a bound: it looks that often whether the stuck
+                // thread is back, and leaves soon after (not at the next deadline).
+                let bound = stand_in.bound();
                 while !shared.target.core().is_shutdown() && stand_in.still_in(stuck, batches) {
                     (_, wait) = shared.round(wait, &mut buffer, Some(&mut driving));
+                    wait = NextRound {
+                        queued: wait.queued.min(bound),
+                        empty: wait.empty.min(bound),
+                    };
                 }
                 stand_in.leave(free);
             });

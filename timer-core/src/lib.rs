@@ -69,6 +69,11 @@ pub use timer::Timer;
 pub use user_code::{drop_panic_payload, panic_message};
 pub use wheel::{SlotKey, Wheel};
 
+/// The loom-checked cell of both crates' hand-over protocols (this crate's shared
+/// batches, the purgatory's slots): not part of the API.
+#[doc(hidden)]
+pub use sync::UnsafeCell;
+
 /// The package README's examples, compiled and run as doctests so they stay true.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

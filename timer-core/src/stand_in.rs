@@ -1,7 +1,8 @@
 //! The stand-in: so that one expired task's slow or blocked code (a purgatory's
 //! `on_complete` that waits on a lock, a panic whose hook prints a backtrace for 100 ms)
-//! delays no other expiry, with the default inline executor and at no cost while expiry
-//! code is quick.
+//! delays no other expiry, with the default inline executor, at the cost of a watchdog
+//! thread that looks every `bound` while expiry is under way (measured in
+//! `docs/purgatory.md`, "Isolation").
 //!
 //! The reaper expires a batch inline, one task at a time, claiming each from a
 //! [`SharedBatch`]; its round's hooks (the owner's `before_round` and `after_round`: the
@@ -12,8 +13,8 @@
 //! one: no counter of its own, nothing more per task than the claim). One that is inside a
 //! batch and has not moved since the last look (`bound` or more) is stuck in one task's
 //! code: the watchdog starts a stand-in thread, which claims the rest of that batch (if
-//! it was in one) and expires it, then runs the rounds (as the reaper would) until the
-//! stuck thread's batch or hook ends. A stand-in that gets stuck itself is relieved the same way, up to
+//! it was in one) and expires it, then runs the rounds (as the reaper would, each waiting
+//! at most `bound`) until it finds the stuck thread's batch or hook ended. A stand-in that gets stuck itself is relieved the same way, up to
 //! [`MAX_DRIVERS`] driving threads at once; past that, expiry waits for one of them.
 //!
 //! # Driving slots
@@ -26,7 +27,7 @@
 //! | `batch` | its thread, at a batch's begin and end (under its lock); none in a hook | the watchdog, to hand the batch to a stand-in |
 //! | `busy` | its thread: true from a batch's (or a hook's) begin to its end | the watchdog; a stand-in, to know when to stop |
 //! | `batches` | its thread: +1 at a batch's or a hook's begin | the watchdog (with the batch's claims, its progress); a stand-in, to know the stuck batch or hook ended |
-//! | `relieved` | the watchdog (set), its thread at a batch's begin (cleared) | the watchdog: one stand-in per stuck batch |
+//! | `relieved` | the watchdog (set; cleared again if it could not relieve it), its thread at a batch's begin (cleared) | the watchdog: one stand-in per stuck batch |
 //!
 //! # Invariants
 //! - Every task of a batch is claimed exactly once, by its thread or a stand-in
@@ -42,10 +43,14 @@
 //!   under the control lock, after checking `Control::stopped` there, and its handle kept
 //!   under the same hold; shutdown sets `stopped` and takes the handles under that lock.
 //!   A stand-in running then stops after its round, and an outside shutdown joins it.
-//! - Idle costs nothing: with no batch under way for [`IDLE_AFTER`] looks, the watchdog
-//!   sleeps without a deadline until a batch begins (a `SeqCst` store of `busy` then load
-//!   of `idle` on one side, store of `idle` then load of `busy` on the other: one of the
-//!   two sees the other, so a batch never begins unwatched).
+//! - The watchdog starts with the reaper. With no batch or hook under way for
+//!   [`IDLE_AFTER`] looks, it sleeps without a deadline until one begins (a `SeqCst`
+//!   store of `busy` then load of `idle` on one side, store of `idle` then load of `busy`
+//!   on the other: one of the two sees the other, so a batch never begins unwatched).
+//!   Every round runs hooks, so a reaper that wakes often keeps it looking every bound;
+//!   one that sleeps lets it sleep too.
+//! - A stuck slot that could not be relieved (every slot taken, or a thread that could
+//!   not start) is looked at again at the next look: `relieved` is cleared again.
 
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::Arc;
@@ -96,12 +101,18 @@ impl<T> DrivingSlot<T> {
 
 /// What the control lock guards.
 struct Control {
-    /// The watchdog thread was started.
-    started: bool,
     /// Shutdown stopped the watchdog: no stand-in starts any more.
     stopped: bool,
     /// The watchdog's and the stand-ins' threads, for shutdown to join.
     threads: Vec<JoinHandle<()>>,
+}
+
+impl Control {
+    /// Keeps a started thread's handle for shutdown to join, forgetting those finished.
+    fn keep(&mut self, handle: JoinHandle<()>) {
+        self.threads.retain(|thread| !thread.is_finished());
+        self.threads.push(handle);
+    }
 }
 
 /// A driver's stand-in machinery (see the module doc).
@@ -112,6 +123,8 @@ pub(crate) struct StandIn<T> {
     wake: Condvar,
     /// The watchdog sleeps without a deadline (nothing under way).
     idle: AtomicBool,
+    /// Every driving slot was taken at the last attempt to relieve one (warned once).
+    saturated: AtomicBool,
     /// The name of the driver's threads, for the stand-ins'.
     name: String,
 }
@@ -125,28 +138,27 @@ impl<T> StandIn<T> {
             bound,
             slots,
             control: Mutex::new(Control {
-                started: false,
                 stopped: false,
                 threads: Vec::new(),
             }),
             wake: Condvar::default(),
             idle: AtomicBool::new(true),
+            saturated: AtomicBool::new(false),
             name,
         }
     }
 
-    /// Slot `index`'s thread begins expiring `batch`. Returns whether the watchdog must
-    /// be started (the first batch ever).
-    pub(crate) fn begin(&self, index: usize, batch: &Arc<SharedBatch<T>>) -> bool {
+    /// Slot `index`'s thread begins expiring `batch`.
+    pub(crate) fn begin(&self, index: usize, batch: &Arc<SharedBatch<T>>) {
         *self.slots[index].batch.lock() = Some(Arc::clone(batch));
-        self.begin_work(index)
+        self.begin_work(index);
     }
 
-    /// Slot `index`'s thread begins a round's hook (user code, with no batch). Returns
-    /// whether the watchdog must be started. End it with [`end_hook`](Self::end_hook).
+    /// Slot `index`'s thread begins a round's hook (user code, with no batch). End it
+    /// with [`end_hook`](Self::end_hook).
     #[inline]
-    pub(crate) fn begin_hook(&self, index: usize) -> bool {
-        self.begin_work(index)
+    pub(crate) fn begin_hook(&self, index: usize) {
+        self.begin_work(index);
     }
 
     /// Slot `index`'s thread finished a round's hook.
@@ -156,21 +168,21 @@ impl<T> StandIn<T> {
     }
 
     /// A batch or a hook begins on slot `index`: watched from now on.
-    fn begin_work(&self, index: usize) -> bool {
+    fn begin_work(&self, index: usize) {
         let slot = &self.slots[index];
         slot.relieved.store(false, Relaxed);
         slot.batches.fetch_add(1, Relaxed);
         slot.busy.store(true, SeqCst);
         if self.idle.load(SeqCst) {
-            let mut control = self.control.lock();
+            let _control = self.control.lock();
             self.idle.store(false, SeqCst);
             self.wake.notify_all();
-            if !control.started && !control.stopped {
-                control.started = true;
-                return true;
-            }
         }
-        false
+    }
+
+    /// How long one task's code may run before a stand-in takes over.
+    pub(crate) fn bound(&self) -> Duration {
+        self.bound
     }
 
     /// Slot `index`'s thread finished its batch (every task claimed).
@@ -214,16 +226,10 @@ impl<T> StandIn<T> {
         std::mem::take(&mut self.control.lock().threads)
     }
 
-    /// Keeps a started thread's handle for shutdown, unless shutdown has begun (then the
-    /// thread is left detached: it stops on its own). Returns false then.
-    pub(crate) fn keep(&self, handle: JoinHandle<()>) -> bool {
-        let mut control = self.control.lock();
-        if control.stopped {
-            return false;
-        }
-        control.threads.retain(|thread| !thread.is_finished());
-        control.threads.push(handle);
-        true
+    /// Keeps the watchdog's handle for shutdown (started with the driver, before
+    /// anyone can shut it down).
+    pub(crate) fn keep_watchdog(&self, handle: JoinHandle<()>) {
+        self.control.lock().keep(handle);
     }
 
     /// The watchdog's loop: `relieve` is called with each stuck slot's index, its batch
@@ -309,15 +315,21 @@ impl<T> StandIn<T> {
         if !self.still_in(stuck, batches) {
             return; // it moved on meanwhile
         }
+        // Not relieved after all: the next look tries again (a slot may be free then).
+        let not_relieved = || slot.relieved.store(false, SeqCst);
         let Some(free) = self.take_slot() else {
-            crate::user_code::event(|| {
-                tracing::warn!(
-                    target: "timer_core",
-                    "expiry code stuck on every driving thread ({MAX_DRIVERS}); expiry waits for one"
-                )
-            });
+            not_relieved();
+            if !self.saturated.swap(true, Relaxed) {
+                crate::user_code::event(|| {
+                    tracing::warn!(
+                        target: "timer_core",
+                        "expiry code stuck on every driving thread ({MAX_DRIVERS}); expiry waits for one"
+                    )
+                });
+            }
             return;
         };
+        self.saturated.store(false, Relaxed);
         // Started under the control lock, which shutdown takes to stop the watchdog: a
         // stand-in either starts before the stop, and is joined, or not at all.
         let mut control = self.control.lock();
@@ -326,11 +338,11 @@ impl<T> StandIn<T> {
             return;
         }
         match relieve(stuck, batch, batches, free) {
-            Some(thread) => {
-                control.threads.retain(|thread| !thread.is_finished());
-                control.threads.push(thread);
+            Some(thread) => control.keep(thread),
+            None => {
+                self.leave(free);
+                not_relieved();
             }
-            None => self.leave(free),
         }
     }
 

@@ -102,7 +102,8 @@ mod imp {
 pub use imp::*;
 
 /// A value whose accesses the caller makes exclusive by its own protocol (a claimed task
-/// of a shared batch, `shared_batch.rs`); loom checks that they are.
+/// of a shared batch, `shared_batch.rs`; the purgatory's slot, under its lock bit); loom
+/// checks that they are.
 #[derive(Debug)]
 pub struct UnsafeCell<T>(
     #[cfg(not(loom))] std::cell::UnsafeCell<T>,

@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use injector::{point, quiet, Fault, Kind, Run, Subscriber};
 use timer_core::{
-    Clock, DriverConfig, Executor, Expire, ManualClock, Timer, TimerBuilder, TimerCore,
-    TimerHandle, TimerTask,
+    Clock, Executor, Expire, ManualClock, SystemClock, Timer, TimerBuilder, TimerCore, TimerHandle,
+    TimerTask,
 };
 
 const MS: Duration = Duration::from_millis(1);
@@ -79,6 +79,18 @@ impl Clock for FaultyClock {
     }
 }
 
+/// The system clock, every read a fault point (for the scenarios with a reaper).
+#[derive(Clone, Copy)]
+struct FaultySystemClock(SystemClock);
+
+impl Clock for FaultySystemClock {
+    fn now(&self) -> Duration {
+        let now = self.0.now();
+        point(Kind::Clock);
+        now
+    }
+}
+
 /// What the test knows became of a task.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Fate {
@@ -120,6 +132,30 @@ impl World {
             .shards(2)
             .clock(FaultyClock(self.clock.clone()))
             .reaper(false)
+    }
+
+    /// A timer driven by its reaper on the system clock, with stand-ins that relieve it
+    /// after 1 ms (so that an injected stall hands work to a stand-in).
+    fn reaper_builder(&self) -> TimerBuilder {
+        TimerBuilder::new()
+            .shards(2)
+            .clock(FaultySystemClock(SystemClock::default()))
+            .stand_in(Some(MS))
+    }
+
+    /// Waits (at most 5 s) until every task added was run or dropped by the timer.
+    fn settled(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        let settled = || {
+            self.fate.iter().enumerate().all(|(id, fate)| {
+                *fate != Fate::Added
+                    || self.ledger.runs[id].load(SeqCst) > 0
+                    || self.ledger.drops[id].load(SeqCst) > 0
+            })
+        };
+        while !settled() && std::time::Instant::now() < deadline {
+            std::thread::sleep(MS);
+        }
     }
 
     fn task(&mut self) -> Task {
@@ -359,16 +395,54 @@ fn owners_target(name: String) -> World {
     let mut w = World::new(name);
     w.unrun_allowed = true;
     let (core, config) = w.builder().build_parts::<Task>().expect("valid");
-    let driver = DriverConfig::new()
-        .reaper(false)
+    let driver = config
         .start(Target { core }, "unused")
         .expect("no thread to spawn");
     for delay in [1, 1, 2, 60_000] {
         w.add(&driver.target().core, delay * MS);
     }
-    let _ = config;
     w.clock.advance(2 * MS);
     w.call("advance_clock", || driver.advance_clock(Duration::ZERO));
+    w.call("drop", move || drop(driver));
+    w
+}
+
+/// A timer driven by its reaper (with stand-ins): tasks are handed out one at a time
+/// (`Timer`'s `expire_one`), and its rounds' clock reads are faults too.
+fn on_the_reaper(name: String) -> World {
+    let mut w = World::new(name);
+    let timer: Timer<Task> = w.reaper_builder().build().expect("valid");
+    for delay in [1, 1, 1, 2, 3] {
+        w.add(&timer, delay * MS);
+    }
+    w.settled();
+    w.add(&timer, Duration::from_secs(60));
+    if let Some(pending) = w.call("shutdown", || timer.shutdown()) {
+        for task in pending {
+            w.handed_back(task);
+        }
+    }
+    w.count(timer.stats());
+    w.call("drop", move || drop(timer));
+    w
+}
+
+/// An owner's target without `expire_one`, driven by a reaper with stand-ins: the
+/// default `expire_one` hands `expire` a batch of one, and a panic escaping it leaves
+/// the task to be dropped through the driver's catch.
+fn owners_target_on_a_reaper(name: String) -> World {
+    let mut w = World::new(name);
+    w.unrun_allowed = true;
+    let (core, config) = w.reaper_builder().build_parts::<Task>().expect("valid");
+    let driver = config
+        .start(Target { core }, "faults-reaper")
+        .expect("a reaper");
+    for delay in [1, 1, 2] {
+        w.add(&driver.target().core, delay * MS);
+    }
+    w.settled();
+    // Pending at the drop: dropped unrun, through the door.
+    w.add(&driver.target().core, Duration::from_secs(60));
     w.call("drop", move || drop(driver));
     w
 }
@@ -381,6 +455,8 @@ const SCENARIOS: &[(&str, Scenario)] = &[
     ("pool", on_a_pool),
     ("wake-hook", wake_hook),
     ("owners-target", owners_target),
+    ("reaper", on_the_reaper),
+    ("owners-target-on-a-reaper", owners_target_on_a_reaper),
 ];
 
 #[test]

@@ -204,3 +204,116 @@ fn every_driving_thread_stuck_loses_nothing_and_shutdown_waits_for_all() {
         "every task ran or came back"
     );
 }
+
+/// A task whose `Drop` panics, for an owner's target whose `expire` panics before it
+/// takes its batch.
+struct Bomb(Arc<AtomicUsize>);
+
+impl Drop for Bomb {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, SeqCst);
+        // Also while unwinding: where the library drops a task then, this aborts.
+        panic!("a task's Drop (on purpose)");
+    }
+}
+
+/// An owner's target without `expire_one` (the default hands `expire` a batch of one),
+/// whose `expire` panics with the task still in the batch.
+struct PanickingTarget {
+    core: timer_core::TimerCore<Bomb>,
+}
+
+impl timer_core::Expire for PanickingTarget {
+    type Task = Bomb;
+
+    fn core(&self) -> &timer_core::TimerCore<Bomb> {
+        &self.core
+    }
+
+    fn expire(&self, _expired: &mut Vec<Bomb>) {
+        panic!("an owner's expire (on purpose)");
+    }
+}
+
+/// On a reaper with stand-ins, the default `expire_one` drops the task its panicking
+/// `expire` left behind through the driver's catch, on its own: the task's `Drop`
+/// panicking too is caught. Before, the task was dropped while the first panic unwound,
+/// and the second panic aborted the process.
+#[test]
+fn the_default_expire_one_drops_what_a_panicking_expire_left_through_the_door() {
+    let (core, config) = TimerBuilder::new().build_parts::<Bomb>().unwrap();
+    let driver = config
+        .start(PanickingTarget { core }, "expire-one-default")
+        .unwrap();
+    let dropped = Arc::new(AtomicUsize::new(0));
+    for delay in [1, 1, 5] {
+        driver
+            .target()
+            .core
+            .add(Duration::from_millis(delay), Bomb(Arc::clone(&dropped)))
+            .unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while dropped.load(SeqCst) < 3 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(
+        dropped.load(SeqCst),
+        3,
+        "every task dropped once, the reaper alive"
+    );
+    drop(driver);
+}
+
+/// Threads of this process named `name` (Linux: `/proc/self/task/*/comm`, names cut at 15
+/// bytes); `None` where that cannot be read.
+fn threads_named(name: &str) -> Option<usize> {
+    let tasks = std::fs::read_dir("/proc/self/task").ok()?;
+    Some(
+        tasks
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+            .filter(|comm| comm.trim_end() == name)
+            .count(),
+    )
+}
+
+/// A stand-in leaves soon after the batch it relieved ends, even when the next deadline
+/// is far away. Before, it slept in its round until that deadline (or an earlier add),
+/// holding its slot.
+#[test]
+fn a_stand_in_leaves_soon_after_the_stuck_batch_ends() {
+    let timer: Timer<Recorded> = TimerBuilder::new()
+        .thread_name("lv")
+        .stand_in(Some(Duration::from_millis(10)))
+        .build()
+        .unwrap();
+    let Some(0) = threads_named("lv-stand-in") else {
+        return; // no /proc here
+    };
+    let ran = Arc::new(Mutex::new(Vec::new()));
+    add(
+        &timer,
+        &ran,
+        Duration::from_millis(1),
+        Duration::from_millis(200),
+    );
+    add(&timer, &ran, Duration::from_millis(1), Duration::ZERO);
+    add(&timer, &ran, Duration::from_secs(600), Duration::ZERO);
+    let started = Instant::now();
+    let mut seen = 0;
+    while started.elapsed() < Duration::from_millis(150) {
+        seen = seen.max(threads_named("lv-stand-in").unwrap());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(seen >= 1, "a stand-in relieved the blocked task's batch");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while threads_named("lv-stand-in").unwrap() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        threads_named("lv-stand-in").unwrap(),
+        0,
+        "a stand-in stayed after the blocked task returned"
+    );
+    drop(timer);
+}
