@@ -16,7 +16,9 @@
 //!   at once by the thread that let go of the slot. Every operation taken out of its slot
 //!   outside a round (an event's, a force's, a watch's, a handed-over expiry) is answered
 //!   under the driver's `work`, taken before the take: a shutdown that begins after the
-//!   take waits for the answer.
+//!   take waits for the answer. (An orphan, the expiry of a slot released by unwinding
+//!   through the purgatory's own code, is answered by the next round, shutdown or the
+//!   drop instead: `op_table.rs`.)
 //! - A taken operation's armed timer is queued for cancelling (`cancels.rs`) and its
 //!   watcher entries are marked stale before its callbacks run.
 //! - Each completion is counted once, in the total of its outcome. An expiry by shutdown

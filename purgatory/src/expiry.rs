@@ -98,9 +98,11 @@ impl<K, O: DelayedOperation> State<K, O> {
 impl<K, O: DelayedOperation> Drop for State<K, O> {
     /// The purgatory's memory is freed: an expiry that only an unwinding holder saw after
     /// shutdown had expired what was pending (no round runs any more to complete it, see
-    /// `op_table.rs`) is completed now.
+    /// `op_table.rs`) is completed now, and the keys a watch racing shutdown listed after
+    /// it emptied the lists are dropped through the door (not with the lists).
     fn drop(&mut self) {
         self.expire_orphans();
+        self.watchers.clear(&self.user);
         #[cfg(feature = "metrics")]
         self.metrics.release(&self.user);
     }

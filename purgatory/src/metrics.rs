@@ -151,7 +151,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
         let Some(mut publisher) = self.metrics.publisher.try_lock() else {
             return wait;
         };
-        if publisher.finished {
+        if publisher.finished.is_some() {
             return wait; // shut down: only a later change publishes again
         }
         match publisher.next {
@@ -165,8 +165,12 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
     /// Publishes the figures and registers the histograms again, with the current
     /// recorder.
     fn publish_now(&self, publisher: &mut Publisher) {
+        self.publish_stats(publisher, self.stats());
+    }
+
+    /// [`publish_now`](Self::publish_now) with the figures `stats`.
+    fn publish_stats(&self, publisher: &mut Publisher, stats: PurgatoryStats) {
         let label = &publisher.label;
-        let stats = self.stats();
         self.user.call(Site::Recorder, || {
             publish(&label.value, &stats);
             self.metrics.reregister(&label.value);
@@ -178,16 +182,18 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
     /// publishes again.
     pub(crate) fn publish_final(&self) {
         let mut publisher = self.metrics.publisher.lock();
-        publisher.finished = true;
         let stats = self.stats();
+        publisher.finished = Some(stats);
         let label = &publisher.label;
         self.user
             .call(Site::Recorder, || publish(&label.value, &stats));
     }
 
     /// After a call that may have changed the figures: if shutdown already published its
-    /// final figures, publishes them again, so that an answer made after shutdown (a
-    /// `try_complete` that was running then, or a completion racing it) reaches them.
+    /// final figures and they have changed since the last publish, publishes them again,
+    /// so that an answer made after shutdown (a `try_complete` that was running then, or
+    /// a completion racing it) reaches them. A call that changed nothing publishes
+    /// nothing.
     ///
     /// Why nothing slips through: every count is a `SeqCst` read-modify-write made before
     /// this reads `closed` (`SeqCst`), and shutdown closes (`SeqCst`) before it reads the
@@ -205,8 +211,13 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
     #[inline(never)]
     fn publish_late(&self) {
         let mut publisher = self.metrics.publisher.lock();
-        if publisher.finished {
-            self.publish_now(&mut publisher);
+        let Some(last) = publisher.finished else {
+            return; // the final publish, still to come, reads this call's counts
+        };
+        let stats = self.stats();
+        if stats != last {
+            publisher.finished = Some(stats);
+            self.publish_stats(&mut publisher, stats);
         }
     }
 }

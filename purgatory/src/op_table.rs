@@ -41,8 +41,9 @@
 //!   never runs concurrently with itself or after the operation was taken.
 //! - An expiry never waits for a holder (its `try_complete` is user code, which may
 //!   block): it leaves the expiry in the slot's word, and the holder's unlock, which must
-//!   compare-and-swap that same word, finds it and hands the operation to its caller to
-//!   complete as expired ([`Locked::unlock`] returns it). Every holder holds the slot
+//!   compare-and-swap that same word, finds it and hands the expiry over to its caller
+//!   ([`Locked::unlock`] returns a [`HandedOver`], the slot still held until the caller
+//!   takes the operation out to expire it). Every holder holds the slot
 //!   under its occupant's name, so every request is honoured: never none.
 //! - A [`Locked`] dropped without `take` or `unlock` still releases the slot, and an
 //!   expiry that came meanwhile is kept among the table's orphans
@@ -50,8 +51,8 @@
 //!   completes, or shutdown, or the purgatory's drop (if no round runs any more). Every
 //!   path consumes its `Locked`, and every user panic that could unwind while a slot is
 //!   held is caught (`try_complete` and its payload's drop, a key's `Hash`, `Eq` and
-//!   `Drop` while listing), so this is reached only by a panic of the purgatory's own
-//!   code, or of the `tracing` subscriber it reports to.
+//!   `Drop` while listing, the `tracing` subscriber), so this is reached only by a panic
+//!   of the purgatory's own code.
 //! - `state.timer` is the operation's armed timeout; it is taken with the operation, so
 //!   the taker (and only it) disarms the timer. The watcher arms the timer while holding
 //!   the slot, so a completion can never miss a timer armed after it.
@@ -61,10 +62,10 @@
 //!   `k` holds `FIRST_SEGMENT << k` slots), so the table's memory is its peak number of
 //!   operations in flight (give or take the few slots freed on another thread at the
 //!   moment an allocation skipped that thread's list as empty).
-//! - No slot is waited for ([`OpTable::lock`]) while another is held, except by a batch
-//!   watch on slots it has just allocated (see `watch.rs`), which nobody else can be
-//!   waiting for; the free-list locks are leaves, taken with slots held and never the
-//!   other way round.
+//! - No slot is waited for ([`OpTable::lock`]) while another is held (a batch watch
+//!   tries its operations one slot at a time, after releasing them all, see `watch.rs`);
+//!   the free-list locks are leaves, taken with slots held and never the other way
+//!   round.
 
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicU32 as StdAtomicU32, AtomicU8, Ordering};
@@ -474,20 +475,6 @@ impl<O: DelayedOperation> OpTable<O> {
             })
     }
 
-    /// Locks the slot `op` names if its operation is still there and nobody holds it;
-    /// never waits. `Err(true)` while another thread holds it, `Err(false)` once the
-    /// operation is gone (in neither case was the slot held).
-    #[inline]
-    pub(crate) fn try_lock(&self, op: OpRef) -> Result<Locked<'_, O>, bool> {
-        let slot = &self.slot(op.index).slot;
-        slot.try_lock(op.generation)?;
-        Ok(Locked {
-            table: self,
-            slot,
-            op,
-        })
-    }
-
     /// Whether the operation `op` names is still waiting (not taken). Without the lock:
     /// may report "waiting" for a moment after it was taken, never the other way round.
     #[inline]
@@ -528,16 +515,14 @@ impl<O: DelayedOperation> OpTable<O> {
     pub(crate) fn take_for_expiry(&self, op: OpRef) -> Option<Taken<O>> {
         let slot = &self.slot(op.index).slot;
         match slot.lock_or_request_expiry(op.generation) {
-            ExpiryAttempt::Locked => {
-                let mut taken = Locked {
+            ExpiryAttempt::Locked => Some(
+                HandedOver(Locked {
                     table: self,
                     slot,
                     op,
-                }
-                .take();
-                taken.timer = None;
-                Some(taken)
-            }
+                })
+                .take(),
+            ),
             ExpiryAttempt::Requested | ExpiryAttempt::Gone => None,
         }
     }

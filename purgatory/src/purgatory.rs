@@ -36,7 +36,7 @@ use crate::operation::{Completion, DelayedOperation};
 use crate::state::State;
 use crate::stats::PurgatoryStats;
 use crate::user_code::report;
-use crate::watch::{Keys, CHUNK};
+use crate::watch::{Keys, Tried, CHUNK};
 
 /// Batches of fewer operations than this are watched one by one: the chunk's passes and
 /// buffers cost more than the locks it shares among that few (callgrind, 3 keys an
@@ -258,7 +258,7 @@ where
                 dead += 1;
                 continue;
             }
-            let Some(mut locked) = state.table.lock_found(found) else {
+            let Some(locked) = state.table.lock_found(found) else {
                 // Gone since the snapshot, or a stale entry its tag could not tell apart
                 // (a retired slot's, or one whose tag matches a later generation). Counted
                 // only if the list filter below would drop it: a tag collision it keeps
@@ -266,15 +266,10 @@ where
                 dead += usize::from(!state.table.is_waiting_by_tag(op));
                 continue;
             };
-            if state.is_ready(&mut locked) {
-                // Told before the take: a shutdown that begins after it waits for this
-                // answer. `take` releases the slot: callbacks run without it.
-                let _work = self.driver.work();
-                state.complete_one(locked.take(), Completion::Ready);
-                completed += 1;
-            } else if let Err(handed_over) = locked.unlock() {
-                state.answer_handed_over(handed_over, &self.driver);
-                expired += 1;
+            match state.try_held(locked, &self.driver, false) {
+                Tried::Completed => completed += 1,
+                Tried::Expired => expired += 1,
+                Tried::Waiting => {}
             }
         }
         let gone = dead + completed + expired;
@@ -324,49 +319,30 @@ where
     /// Force-completes the operations of `chunk` still waiting; empties it and returns
     /// how many it completed.
     ///
-    /// What it takes is answered under the driver's work (taken before the first take),
-    /// so a shutdown that begins after a take waits for the answer. It never waits for a
-    /// slot while it holds operations taken and not answered (that shutdown would wait for
-    /// another thread's `try_complete`): a slot found held, it answers what it took first.
+    /// What it takes is answered under the driver's work, taken before the first take,
+    /// so a shutdown that begins after a take waits for the answer. It may wait for a
+    /// slot meanwhile (another thread's `try_complete`, or a watch arming it): the
+    /// shutdown then waits for that too, as it waits for any answer in progress.
     fn force_chunk(&self, chunk: &mut SmallVec<[OpRef; CHUNK]>) -> usize {
+        if chunk.is_empty() {
+            return 0;
+        }
         let state = self.state();
         if chunk.len() > 1 {
             state.table.prepare(chunk.iter().copied());
         }
+        let _work = self.driver.work();
         let mut taken: SmallVec<[Taken<O>; CHUNK]> = SmallVec::new();
         let mut vacated = SmallVec::<[_; CHUNK]>::new();
-        let mut work = None;
-        let mut completed = 0;
         for op in chunk.drain(..) {
-            // Counted before the slot is taken, so a shutdown that begins after this
-            // take waits for its answer.
-            work.get_or_insert_with(|| self.driver.work());
-            let locked = match state.table.try_lock(op) {
-                Ok(locked) => locked,
-                Err(false) => continue, // gone
-                Err(true) => {
-                    // Held by another thread: answer what this call took, then wait.
-                    state.table.vacate(&vacated);
-                    vacated.clear();
-                    completed += state.complete(&mut taken, Completion::Forced);
-                    // Not counted while waiting: the holder may be shutting down.
-                    work = None;
-                    let locked = match state.table.lock(op) {
-                        Some(locked) => locked,
-                        None => continue,
-                    };
-                    work = Some(self.driver.work());
-                    locked
-                }
-            };
-            let (t, slot) = locked.take_deferred();
-            taken.push(t);
-            vacated.push(slot);
+            if let Some(locked) = state.table.lock(op) {
+                let (t, slot) = locked.take_deferred();
+                taken.push(t);
+                vacated.push(slot);
+            }
         }
         state.table.vacate(&vacated);
-        completed += state.complete(&mut taken, Completion::Forced);
-        drop(work);
-        completed
+        state.complete(&mut taken, Completion::Forced)
     }
 
     /// Takes the operation `handle` names back, uncompleted: its timeout is disarmed at
@@ -492,9 +468,9 @@ where
     /// once. The whole table is in `docs/purgatory.md` ("Shutdown").
     ///
     /// One exception: an operation whose slot another thread holds when shutdown comes
-    /// (running its `try_complete`, arming it in a watch, or waiting to take it in a
-    /// force) is answered by that thread as it lets go (Expired, or Ready if it said
-    /// ready), possibly after `shutdown` returned. User code that shutdown runs (a key's
+    /// (running its `try_complete`, or arming it in a watch) is answered by that thread
+    /// as it lets go (Expired, or Ready if it said ready), possibly after `shutdown`
+    /// returned. User code that shutdown runs (a key's
     /// `Drop` as the lists are emptied) is caught like any other; nothing reaches the
     /// caller.
     ///

@@ -30,6 +30,7 @@ use std::time::Instant;
 use ::metrics::{Histogram, Label, Unit};
 
 use crate::counters::{stripe_index, Count, STRIPES};
+use crate::stats::PurgatoryStats;
 use crate::user_code::{Site, UserCode};
 
 /// The histogram of wait times.
@@ -81,9 +82,9 @@ pub(crate) struct Publisher {
     pub(crate) label: SeriesLabel,
     /// When the reaper's rounds publish next (`None`: at the next round).
     pub(crate) next: Option<Instant>,
-    /// Shutdown published the final figures: from then on only a change made after it
-    /// publishes again (`metrics.rs`, `publish_if_closed`).
-    pub(crate) finished: bool,
+    /// Once shutdown published its final figures, the figures last published: from
+    /// then on only a change to them publishes again (`metrics.rs`, `publish_if_closed`).
+    pub(crate) finished: Option<PurgatoryStats>,
 }
 
 pub(crate) struct Series {
@@ -105,7 +106,7 @@ impl Series {
             publisher: parking_lot::Mutex::new(Publisher {
                 label,
                 next: None,
-                finished: false,
+                finished: None,
             }),
             waits: std::array::from_fn(|_| WaitStripe(parking_lot::Mutex::new(waits.clone()))),
         }

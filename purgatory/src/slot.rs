@@ -27,7 +27,7 @@
 //! | from                           | to                          | by |
 //! |--------------------------------|-----------------------------|----|
 //! | free `g`                       | locked `g`                  | the allocator ([`Slot::occupy`]): nobody else can name `g` yet |
-//! | waiting `g`                    | locked `g`                  | [`Slot::lock`], [`Slot::try_lock`] or [`Slot::lock_or_request_expiry`] naming `g` |
+//! | waiting `g`                    | locked `g`                  | [`Slot::lock`] or [`Slot::lock_or_request_expiry`] naming `g` |
 //! | locked `g`                     | locked `g` + `PARKED`       | [`Slot::lock`] naming `g`, before it sleeps |
 //! | locked `g`                     | locked `g` + `EXPIRED`      | [`Slot::lock_or_request_expiry`] naming `g` (an expiry never waits) |
 //! | locked `g`, no `EXPIRED`       | waiting `g`                 | the holder ([`Slot::unlock`]) |
@@ -216,21 +216,6 @@ impl<S> Slot<S> {
             parker.park(&self.word, !EXPIRED, asleep);
             spin = SpinWait::new();
             word = self.word.load(Relaxed);
-        }
-    }
-
-    /// Locks the slot if its generation is `generation` and nobody holds it; never waits.
-    /// `Err(true)` while another thread holds it under that generation, `Err(false)` once
-    /// the generation is another (in neither case was the slot held).
-    #[inline]
-    pub(crate) fn try_lock(&self, generation: u32) -> Result<(), bool> {
-        let free = unlocked(generation);
-        match self
-            .word
-            .compare_exchange(free, free | LOCKED, Acquire, Relaxed)
-        {
-            Ok(_) => Ok(()),
-            Err(word) => Err(generation_of(word) == generation),
         }
     }
 

@@ -35,36 +35,8 @@ impl<T> Mutex<T> {
 }
 
 /// A value whose accesses the caller makes exclusive by its own protocol (the slot
-/// word, `slot.rs`); loom checks that they are.
-#[derive(Debug)]
-pub(crate) struct UnsafeCell<T>(
-    #[cfg(not(loom))] std::cell::UnsafeCell<T>,
-    #[cfg(loom)] loom::cell::UnsafeCell<T>,
-);
-
-impl<T> UnsafeCell<T> {
-    pub(crate) fn new(value: T) -> Self {
-        #[cfg(not(loom))]
-        return UnsafeCell(std::cell::UnsafeCell::new(value));
-        #[cfg(loom)]
-        return UnsafeCell(loom::cell::UnsafeCell::new(value));
-    }
-
-    /// Runs `f` on the value.
-    ///
-    /// # Safety
-    /// The caller has exclusive access to the value for the whole call (it holds the
-    /// protocol's lock).
-    #[inline]
-    pub(crate) unsafe fn with_mut<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
-        #[cfg(not(loom))]
-        // SAFETY: exclusive access, by the caller's contract.
-        return f(unsafe { &mut *self.0.get() });
-        #[cfg(loom)]
-        // SAFETY: exclusive access, by the caller's contract (and loom checks it).
-        return self.0.with_mut(|p| f(unsafe { &mut *p }));
-    }
-}
+/// word, `slot.rs`): the timer's cell, which loom checks under `--cfg loom`.
+pub(crate) use timer_core::UnsafeCell;
 
 /// Where threads wait for a word to change: `park` sleeps while the word still reads as
 /// the caller saw it, `unpark_all` wakes every thread parked on that word. A thread that

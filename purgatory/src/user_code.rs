@@ -140,12 +140,7 @@ pub(crate) fn to_caller<R>(_site: Site, f: impl FnOnce() -> R) -> R {
 /// is caught too (its payload dropped, the report lost).
 fn report_panic(what: &str, payload: &(dyn std::any::Any + Send)) {
     let message = timer_core::panic_message(payload);
-    let reported = catch_unwind(AssertUnwindSafe(|| {
-        tracing::error!(target: "purgatory", panic = message, "{what}");
-    }));
-    if let Err(again) = reported {
-        timer_core::drop_panic_payload(again);
-    }
+    emit(|| tracing::error!(target: "purgatory", panic = message, "{what}"));
 }
 
 /// Reports a slot released by unwinding (see `op_table.rs`), through the door: a
@@ -153,20 +148,27 @@ fn report_panic(what: &str, payload: &(dyn std::any::Any + Send)) {
 /// but the purgatory's own).
 #[cold]
 pub(crate) fn report_orphan() {
-    let reported = catch_unwind(|| {
+    emit(|| {
         tracing::error!(target: "purgatory", "a slot was released by unwinding; its operation's expiry is completed by the next reaper round");
     });
-    if let Err(again) = reported {
+}
+
+/// Emits a report whose subscriber's panic is lost, not counted (a report of a panic
+/// already counted, or of the purgatory's own).
+fn emit(event: impl FnOnce()) {
+    if let Err(again) = catch_unwind(AssertUnwindSafe(event)) {
         timer_core::drop_panic_payload(again);
     }
 }
 
-/// A `tracing` event of the purgatory (target `purgatory`), through the door: nothing at
-/// all when no subscriber wants it, and a subscriber that panics loses that event only
-/// (caught, counted by `$user`, a [`UserCode`]).
+/// A `tracing` event of the purgatory (target `purgatory`), through the door: nothing
+/// but a static check when the level is off everywhere, and a subscriber that panics
+/// (asked whether it wants the event, or given it) loses that event only (caught,
+/// counted by `$user`, a [`UserCode`]).
 macro_rules! report {
     ($user:expr, $level:ident, $($event:tt)+) => {
-        if tracing::enabled!(target: "purgatory", tracing::Level::$level) {
+        // Calls no subscriber: the global maximum level only.
+        if tracing::level_enabled!(tracing::Level::$level) {
             $user.call($crate::user_code::Site::Subscriber, || {
                 tracing::event!(target: "purgatory", tracing::Level::$level, $($event)+)
             });

@@ -28,12 +28,13 @@
 //! 3. Arm them all (one `add_batch`), and unlock every slot. No user code of an
 //!    operation has run yet while another's slot was held: a chunk holds its slots only
 //!    around its keys' `Hash` and `Eq` and the clock.
-//! 4. Answer at once the expiries handed over by those unlocks.
+//! 4. Free the slots of the operations refused on the way, and answer at once the
+//!    expiries handed over by those unlocks.
 //! 5. For each operation still waiting, in order: lock its slot (waiting for a holder),
 //!    `try_complete` (once: every key is listed already, see below), and take it if
 //!    ready (answered at once), or unlock it (an expiry handed over is answered at once,
 //!    before the next operation's `try_complete`).
-//! 6. Free the slots emptied on the way, and give the results in input order.
+//! 6. Give the results in input order.
 //!
 //! So one operation's slow `try_complete` in a batch holds up no other operation's
 //! timeout: every timeout of the chunk is armed, and every slot released, before the
@@ -92,6 +93,17 @@ struct ArmedAt(#[cfg(feature = "metrics")] u64);
 
 /// The driver of a purgatory's state.
 type DriverOf<K, O> = Driver<State<K, O>>;
+
+/// What became of an operation tried once ([`State::try_held`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Tried {
+    /// Ready: taken and answered.
+    Completed,
+    /// Not ready, and still waiting.
+    Waiting,
+    /// Not ready, and its timeout fired while it was held: answered as expired.
+    Expired,
+}
 
 /// What steps 1 to 5 of a single watch made of its operation, for step 6.
 pub(crate) enum Watched<'a, K, O>
@@ -327,11 +339,12 @@ where
         self.list_chunk(&mut members, &mut chunk);
         let handed_over = self.arm_chunk(&mut members, &mut chunk);
         drop(members);
-        if !handed_over.is_empty() {
-            let _work = driver.work();
-            let mut expired: SmallVec<[Taken<O>; 1]> =
-                handed_over.into_iter().map(HandedOver::take).collect();
-            self.complete(&mut expired, Completion::Expired);
+        // No slot of the chunk is held any more: free the ones emptied on the way.
+        if !chunk.vacated.is_empty() {
+            self.table.vacate(&chunk.vacated);
+        }
+        for handed_over in handed_over {
+            self.answer_handed_over(handed_over, driver);
         }
         self.try_chunk(&mut chunk, driver);
         self.settle_chunk(&mut chunk, results);
@@ -376,12 +389,12 @@ where
         let mut entries: Vec<(Option<K>, OpRef)> = Vec::with_capacity(total);
         let mut owner: Vec<u32> = Vec::with_capacity(total);
         for (j, m) in members.iter_mut().enumerate() {
-            if let Some(locked) = m.locked.as_mut() {
-                locked.set_keys(u32::try_from(m.keys.len()).unwrap_or(u32::MAX));
-                owner.extend(std::iter::repeat_n(j as u32, m.keys.len()));
-                let op = m.op;
-                entries.extend(m.keys.drain(..).map(|key| (Some(key), op)));
-            }
+            // Every member is held here: nothing of a chunk is tried before it is listed.
+            let keys = u32::try_from(m.keys.len()).unwrap_or(u32::MAX);
+            m.locked().set_keys(keys);
+            owner.extend(std::iter::repeat_n(j as u32, m.keys.len()));
+            let op = m.op;
+            entries.extend(m.keys.drain(..).map(|key| (Some(key), op)));
         }
         // Every key is taken out of `entries` (listed, or dropped through the door).
         let unlisted = self.watchers.watch_many(&mut entries, &self.user);
@@ -445,32 +458,47 @@ where
             let Some(Ok(WatchOutcome::Pending(handle))) = &chunk.out[position] else {
                 continue;
             };
-            let Some(mut locked) = self.table.lock(handle.op) else {
+            let Some(locked) = self.table.lock(handle.op) else {
                 continue; // completed, expired or cancelled since it was armed
             };
-            if self.is_ready(&mut locked) {
-                let _work = driver.work();
-                #[cfg_attr(not(feature = "metrics"), allow(unused_mut))]
-                let mut taken = locked.take();
-                // Completed while being watched: it never waited (as a single watch's).
-                #[cfg(feature = "metrics")]
-                {
-                    taken.since = crate::op_table::NOT_ARMED;
-                }
-                self.complete_one(taken, Completion::Ready);
+            // Completed now, it never waited (as a single watch's at its tries).
+            if self.try_held(locked, driver, true) == Tried::Completed {
                 chunk.out[position] = Some(Ok(WatchOutcome::Completed));
-            } else if let Err(handed_over) = locked.unlock() {
-                self.answer_handed_over(handed_over, driver);
             }
         }
     }
 
-    /// Step 6 for a chunk, once no slot of it is held: frees the emptied slots and
-    /// appends the results in input order.
-    fn settle_chunk(&self, chunk: &mut Chunk<O>, results: &mut Vec<WatchResult<O>>) {
-        if !chunk.vacated.is_empty() {
-            self.table.vacate(&chunk.vacated);
+    /// Tries a held operation once, as an event's check does: if ready, takes it (under
+    /// the driver's work, taken first) and answers it; if not, lets go of it, answering
+    /// at once an expiry the unlock hands over. `never_waited`: a completion is not
+    /// sampled as a wait (feature `metrics`).
+    #[inline]
+    pub(crate) fn try_held(
+        &self,
+        mut locked: Locked<'_, O>,
+        driver: &Driver<Self>,
+        #[cfg_attr(not(feature = "metrics"), allow(unused_variables))] never_waited: bool,
+    ) -> Tried {
+        if self.is_ready(&mut locked) {
+            let _work = driver.work();
+            #[cfg_attr(not(feature = "metrics"), allow(unused_mut))]
+            let mut taken = locked.take();
+            #[cfg(feature = "metrics")]
+            if never_waited {
+                taken.since = crate::op_table::NOT_ARMED;
+            }
+            self.complete_one(taken, Completion::Ready);
+            Tried::Completed
+        } else if let Err(handed_over) = locked.unlock() {
+            self.answer_handed_over(handed_over, driver);
+            Tried::Expired
+        } else {
+            Tried::Waiting
         }
+    }
+
+    /// Step 6 for a chunk: appends the results in input order.
+    fn settle_chunk(&self, chunk: &mut Chunk<O>, results: &mut Vec<WatchResult<O>>) {
         report!(self.user, DEBUG, purgatory = %self.name, operations = chunk.out.len(), "watch");
         results.extend(
             chunk
@@ -487,7 +515,7 @@ struct Chunk<O> {
     out: SmallVec<[Option<WatchResult<O>>; CHUNK]>,
     /// The input position of each admitted member, in member order.
     positions: SmallVec<[usize; CHUNK]>,
-    /// Slots emptied while other slots of the chunk are held.
+    /// Slots of refused members, emptied while other slots of the chunk are held.
     vacated: SmallVec<[Vacated; CHUNK]>,
 }
 

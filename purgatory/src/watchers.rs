@@ -188,6 +188,19 @@ impl<K> Watchers<K> {
         let removed = removed as i64;
         self.counts.add(-removed, -removed);
     }
+
+    /// Empties every list (at shutdown, when every operation has been taken, and at the
+    /// state's drop); the keys are dropped through `user`, one at a time.
+    pub(crate) fn clear(&self, user: &UserCode) {
+        for shard in self.shards.iter() {
+            let mut shard = shard.state.lock();
+            let removed = std::mem::take(&mut shard.entries);
+            let lists = std::mem::take(&mut shard.lists);
+            drop(shard);
+            self.removed_stale(removed);
+            user.drop_each(Site::KeyDrop, lists.into_iter().map(|list| list.key));
+        }
+    }
 }
 
 impl<K: Hash + Eq> Watchers<K> {
@@ -566,19 +579,6 @@ impl<K: Hash + Eq> Watchers<K> {
         self.removed_stale(removed);
         user.drop_each(Site::KeyDrop, emptied.into_iter().map(|list| list.key));
         (removed, next)
-    }
-
-    /// Empties every list (used at shutdown, when every operation has been taken); the
-    /// keys are dropped through `user`, one at a time.
-    pub(crate) fn clear(&self, user: &UserCode) {
-        for shard in self.shards.iter() {
-            let mut shard = shard.state.lock();
-            let removed = std::mem::take(&mut shard.entries);
-            let lists = std::mem::take(&mut shard.lists);
-            drop(shard);
-            self.removed_stale(removed);
-            user.drop_each(Site::KeyDrop, lists.into_iter().map(|list| list.key));
-        }
     }
 
     /// Total watcher entries (Kafka's `PurgatorySize`).

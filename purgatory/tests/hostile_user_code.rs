@@ -8,6 +8,7 @@ mod probe;
 use std::hash::{Hash, Hasher};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering::SeqCst;
+use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use probe::{flags, manual_purgatory, never, DropBomb, Ledger, Probe};
@@ -426,4 +427,83 @@ fn a_clock_that_panics_on_the_reaper_never_stops_expiry() {
     assert_eq!(ledger.count(Completion::Expired), 3);
     assert_eq!(purgatory.stats().panicked, 1);
     assert_eq!(ledger.violations(), 0);
+}
+
+/// A key whose first `Hash` (when a gate is set) waits for the test to let it go, and
+/// whose `Drop` panics (as [`DropBomb`]).
+#[derive(Clone, Debug)]
+struct GatedKey {
+    bomb: DropBomb,
+    gate: Option<Arc<Gate>>,
+}
+
+#[derive(Debug)]
+struct Gate {
+    first: std::sync::atomic::AtomicBool,
+    entered: Barrier,
+    released: Barrier,
+}
+
+impl Hash for GatedKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        if let Some(gate) = &self.gate {
+            if gate.first.swap(false, SeqCst) {
+                gate.entered.wait();
+                gate.released.wait();
+            }
+        }
+        self.bomb.hash(state);
+    }
+}
+
+impl PartialEq for GatedKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.bomb == other.bomb
+    }
+}
+
+impl Eq for GatedKey {}
+
+/// A watch racing shutdown lists its key after shutdown emptied the lists (its arming is
+/// then refused). That key stays listed until the purgatory's memory is freed, and is
+/// dropped there through the door: its `Drop` panicking is caught. Before, it went down
+/// with the lists, and its panic reached whoever dropped the last handle (a second such
+/// key would have aborted the process).
+#[test]
+fn a_key_listed_by_a_watch_racing_shutdown_is_dropped_through_the_door() {
+    let purgatory: Purgatory<GatedKey, Probe> = purgatory::PurgatoryBuilder::new()
+        .name("listed-after-shutdown")
+        .build()
+        .unwrap();
+    let ledger = Ledger::new(1);
+    let gate = Arc::new(Gate {
+        first: std::sync::atomic::AtomicBool::new(true),
+        entered: Barrier::new(2),
+        released: Barrier::new(2),
+    });
+    let (bomb, armed) = DropBomb::armed(1);
+    let key = GatedKey {
+        bomb,
+        gate: Some(Arc::clone(&gate)),
+    };
+    let watcher = {
+        let purgatory = purgatory.clone();
+        let op = Probe::new(0, LONG, &ledger, &never());
+        std::thread::spawn(move || purgatory.watch(op, [key]).map(|_| ()))
+    };
+    gate.entered.wait();
+    purgatory.shutdown();
+    gate.released.wait();
+    match watcher.join().expect("the watch returns") {
+        Err(WatchError::Shutdown(op)) => drop(op),
+        other => panic!("expected the watch refused by shutdown, got {other:?}"),
+    }
+    assert!(armed.load(SeqCst), "the key is still listed");
+    let dropped = catch_unwind(AssertUnwindSafe(move || drop(purgatory)));
+    assert!(
+        dropped.is_ok(),
+        "the key's panic reached the last handle's drop"
+    );
+    assert!(!armed.load(SeqCst), "the key was dropped");
+    assert_eq!(ledger.total_completions(), 0);
 }

@@ -658,3 +658,30 @@ fn answers_made_after_shutdown_reach_the_published_figures() {
         );
     }
 }
+
+/// After shutdown's final publish, a call publishes again only if it changed the
+/// figures: calls refused or changing nothing (a service still sending events to a
+/// purgatory it shut down) publish nothing, where each used to publish everything again.
+#[test]
+fn calls_after_shutdown_that_change_nothing_publish_nothing() {
+    global();
+    let name = "after-shutdown-quiet";
+    let purgatory: Purgatory<u32, Flagged> = Purgatory::new(name);
+    let never = Arc::new(AtomicBool::new(false));
+    purgatory.shutdown();
+    let count = publishes(name);
+    assert!(count > 0, "shutdown published its final figures");
+    for key in 0..100 {
+        let refused =
+            purgatory.try_complete_else_watch(Flagged::new(&never, Duration::from_secs(60)), [key]);
+        assert!(refused.is_err());
+        assert_eq!(purgatory.check_and_complete(&key), 0);
+        assert!(purgatory.cancel_for_key(&key).is_empty());
+        purgatory.purge();
+    }
+    assert_eq!(
+        publishes(name),
+        count,
+        "calls that changed nothing published again"
+    );
+}
