@@ -217,6 +217,17 @@ impl World {
         );
     }
 
+    /// Shuts `timer` down (its pending tasks handed back), counts its panics, drops it.
+    fn shut_down_and_drop(&mut self, timer: Timer<Task>) {
+        if let Some(pending) = self.call("shutdown", || timer.shutdown()) {
+            for task in pending {
+                self.handed_back(task);
+            }
+        }
+        self.count(timer.stats());
+        self.call("drop", move || drop(timer));
+    }
+
     fn count(&mut self, stats: timer_core::TimerStats) {
         self.counted = Some((stats.panicked, stats.clock_panics));
     }
@@ -330,13 +341,7 @@ fn on_a_pool(name: String) -> World {
     }
     w.clock.advance(MS);
     w.call("advance_clock", || timer.advance_clock(Duration::ZERO));
-    if let Some(pending) = w.call("shutdown", || timer.shutdown()) {
-        for task in pending {
-            w.handed_back(task);
-        }
-    }
-    w.count(timer.stats());
-    w.call("drop", move || drop(timer));
+    w.shut_down_and_drop(timer);
     w
 }
 
@@ -417,13 +422,7 @@ fn on_the_reaper(name: String) -> World {
     }
     w.settled();
     w.add(&timer, Duration::from_secs(60));
-    if let Some(pending) = w.call("shutdown", || timer.shutdown()) {
-        for task in pending {
-            w.handed_back(task);
-        }
-    }
-    w.count(timer.stats());
-    w.call("drop", move || drop(timer));
+    w.shut_down_and_drop(timer);
     w
 }
 
