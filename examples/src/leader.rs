@@ -22,7 +22,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use purgatory::{Answer, Completion, DelayedOperation, Parked, Purgatory, PurgatoryStats};
+use purgatory::{
+    Answer, Completion, DelayedOperation, Parked, Purgatory, PurgatoryStats, WatchErrorKind,
+};
 
 use crate::delayed_fetch::{BytesWait, DelayedFetch, FetchCompletion};
 use crate::delayed_produce::{DelayedProduce, ProduceCompletion, ReplicaWait};
@@ -75,7 +77,11 @@ fn park<O: AnswerNow, T>(
         Err(refused) => {
             // Shut down (or nothing to wait on): answer with the state as it is.
             let (refused, answer) = refused.into_parts();
-            refused.into_operation().answer_now(Completion::Expired);
+            let how = match refused.kind() {
+                WatchErrorKind::Shutdown => Completion::Shutdown,
+                _ => Completion::Expired,
+            };
+            refused.into_operation().answer_now(how);
             Parked::settled(answer)
         }
     }

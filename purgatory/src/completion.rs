@@ -21,10 +21,12 @@
 //!   drop instead: `op_table.rs`.)
 //! - A taken operation's armed timer is queued for cancelling (`cancels.rs`) and its
 //!   watcher entries are marked stale before its callbacks run.
-//! - Each completion is counted once, in the total of its outcome. An expiry by shutdown
-//!   (what it drains from the timer, an orphan once the timer is closed, an expiry a
-//!   slot's holder answers once it is closed) is counted apart from timeouts, though the
-//!   operation sees `Completion::Expired` either way.
+//! - Each completion is counted once, in the total of its outcome, and the operation is
+//!   told the same outcome: an expiry by shutdown (what it drains from the timer, an
+//!   orphan once the timer is closed, an expiry a slot's holder answers once it is
+//!   closed) is counted apart from timeouts and answered `Completion::Shutdown`; a
+//!   round's expiry is a timeout (`Completion::Expired`) even if shutdown began while the
+//!   round ran, since its deadline had passed.
 
 use smallvec::SmallVec;
 use timer_core::TimerHandle;
@@ -51,11 +53,12 @@ impl<K, O: DelayedOperation> State<K, O> {
         taken: &mut SmallVec<[Taken<O>; N]>,
         how: Completion,
     ) -> usize {
-        self.complete_as(taken, how, self.count_of(how))
+        let (how, count) = self.outcome(how);
+        self.complete_as(taken, how, count)
     }
 
-    /// [`complete`](Self::complete), counted as `count` (an expiry by shutdown is
-    /// answered as any expiry, but counted apart).
+    /// [`complete`](Self::complete), as `how` counted as `count` (the pair from
+    /// [`outcome`](Self::outcome), or a round's or shutdown's own).
     fn complete_as<const N: usize>(
         &self,
         taken: &mut SmallVec<[Taken<O>; N]>,
@@ -88,7 +91,8 @@ impl<K, O: DelayedOperation> State<K, O> {
     /// Completes one taken operation: [`complete`](Self::complete) for a batch of one,
     /// without the batch's buffers.
     pub(crate) fn complete_one(&self, taken: Taken<O>, how: Completion) {
-        self.complete_one_as(taken, how, self.count_of(how));
+        let (how, count) = self.outcome(how);
+        self.complete_one_as(taken, how, count);
     }
 
     /// Expires the operation `expiry` names if it is still in the table (a round's expiry
@@ -118,22 +122,26 @@ impl<K, O: DelayedOperation> State<K, O> {
     fn record(&self, n: usize, keys: u32, how: Completion, count: Count) {
         self.watchers.mark_stale(keys);
         self.counters.add(count, n as u64);
-        if how != Completion::Expired {
+        if !how.is_expiry() {
             report!(self.user, DEBUG, purgatory = %self.name, ?how, completed = n, "complete");
         }
     }
 
-    /// The total a completion `how` counts in. An expiry that a holder of the
-    /// operation's slot completes after the purgatory closed counts as shutdown's: the
-    /// request may be shutdown's, and a timeout that came while the slot was held is
-    /// answered after shutdown began either way.
+    /// What a completion `how` outside a round is answered as, and the total it counts
+    /// in. An expiry that a holder of the operation's slot (or the orphans' sweep)
+    /// completes after the purgatory closed is shutdown's: the request may be
+    /// shutdown's, and a timeout that came while the slot was held is answered after
+    /// shutdown began either way.
     #[inline]
-    fn count_of(&self, how: Completion) -> Count {
+    fn outcome(&self, how: Completion) -> (Completion, Count) {
         match how {
-            Completion::Ready => Count::Completed,
-            Completion::Forced => Count::Forced,
-            Completion::Expired if self.timer.is_shutdown() => Count::ShutdownExpired,
-            Completion::Expired => Count::Expired,
+            Completion::Ready => (how, Count::Completed),
+            Completion::Forced => (how, Count::Forced),
+            Completion::Expired if self.timer.is_shutdown() => {
+                (Completion::Shutdown, Count::ShutdownExpired)
+            }
+            Completion::Expired => (how, Count::Expired),
+            Completion::Shutdown => (how, Count::ShutdownExpired),
         }
     }
 
@@ -143,18 +151,24 @@ impl<K, O: DelayedOperation> State<K, O> {
     /// for: the holder's unlock hands it to the holder to expire, unless the holder
     /// completed it (see `slot.rs`).
     pub(crate) fn expire_all(&self, expired: impl IntoIterator<Item = Expiry>) -> usize {
-        self.expire_as(expired, Count::Expired)
+        self.expire_as(expired, Completion::Expired, Count::Expired)
     }
 
     /// Shutdown's expiry of what was still pending (`pending`, drained from the timer)
     /// and of the orphans: [`expire_all`](Self::expire_all), counted as expired by
-    /// shutdown (`PurgatoryStats::expired_at_shutdown`), not as timeouts. Returns how
-    /// many it expired.
+    /// shutdown (`PurgatoryStats::expired_at_shutdown`) and answered
+    /// `Completion::Shutdown`, not as timeouts. Returns how many it expired.
     pub(crate) fn expire_at_shutdown(&self, pending: Vec<Expiry>) -> usize {
-        self.expire_as(pending, Count::ShutdownExpired) + self.expire_orphans()
+        self.expire_as(pending, Completion::Shutdown, Count::ShutdownExpired)
+            + self.expire_orphans()
     }
 
-    fn expire_as(&self, expired: impl IntoIterator<Item = Expiry>, count: Count) -> usize {
+    fn expire_as(
+        &self,
+        expired: impl IntoIterator<Item = Expiry>,
+        how: Completion,
+        count: Count,
+    ) -> usize {
         let mut taken: SmallVec<[Taken<O>; 16]> = SmallVec::new();
         let mut done = 0;
         for expiry in expired {
@@ -162,11 +176,11 @@ impl<K, O: DelayedOperation> State<K, O> {
                 t.timer = None;
                 taken.push(t);
                 if taken.len() == taken.inline_size() {
-                    done += self.complete_as(&mut taken, Completion::Expired, count);
+                    done += self.complete_as(&mut taken, how, count);
                 }
             }
         }
-        done += self.complete_as(&mut taken, Completion::Expired, count);
+        done += self.complete_as(&mut taken, how, count);
         if done > 0 {
             report!(self.user, DEBUG, purgatory = %self.name, count = done, "expire");
         }
@@ -183,7 +197,7 @@ impl<K, O: DelayedOperation> State<K, O> {
         if orphans.is_empty() {
             return 0;
         }
-        // Counted by `count_of`: as shutdown's once the timer is closed.
+        // Answered and counted by `outcome`: as shutdown's once the timer is closed.
         self.complete(
             &mut SmallVec::<[Taken<O>; 1]>::from_vec(orphans),
             Completion::Expired,
@@ -192,11 +206,12 @@ impl<K, O: DelayedOperation> State<K, O> {
 }
 
 impl<K, O: DelayedOperation> State<K, O> {
-    /// Runs `on_complete` (and `on_expiration` for an expiry), then drops the operation,
-    /// each through the door (a panic of one skips none of the others).
+    /// Runs `on_complete` (and `on_expiration` for an expiry, by timeout or shutdown),
+    /// then drops the operation, each through the door (a panic of one skips none of the
+    /// others).
     fn run_callbacks(&self, mut op: O, how: Completion) {
         self.user.call(Site::OnComplete, || op.on_complete(how));
-        if how == Completion::Expired {
+        if how.is_expiry() {
             self.user.call(Site::OnExpiration, || op.on_expiration());
         }
         self.user.drop(Site::OperationDrop, op);

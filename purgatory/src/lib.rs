@@ -51,7 +51,8 @@
 //!     fn on_complete(&mut self, how: Completion) {
 //!         let _ = self.reply.send(match how {
 //!             Completion::Expired => "request timed out",
-//!             _ => "acknowledged",
+//!             Completion::Shutdown => "broker shutting down",
+//!             Completion::Ready | Completion::Forced => "acknowledged",
 //!         });
 //!     }
 //! }

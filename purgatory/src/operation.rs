@@ -9,7 +9,10 @@
 //!   It does not run for an operation handed back by `cancel_for_key` or refused with an
 //!   error: the caller owns answering those.
 //! - `on_expiration` runs in addition, right after `on_complete`, exactly when the timeout
-//!   (or shutdown) completed the operation.
+//!   or shutdown completed the operation (`Completion::Expired` or `Completion::Shutdown`).
+//! - `Completion::Shutdown` is given exactly to the operations counted in
+//!   `PurgatoryStats::expired_at_shutdown`, `Completion::Expired` exactly to those counted
+//!   in `expired`: the callback, the stats and the metrics never disagree.
 //! - Right after its callbacks the operation value is dropped, so whatever it holds (a
 //!   request payload, a response sender) is freed at completion, not at the next purge.
 //! - No purgatory lock (watcher shard or timer) is held while any of these run.
@@ -23,8 +26,28 @@ pub enum Completion {
     Ready,
     /// [`Purgatory::force_complete`](crate::Purgatory::force_complete) completed it.
     Forced,
-    /// Its timeout passed (or the purgatory shut down) first.
+    /// Its timeout passed first.
     Expired,
+    /// The purgatory shut down (or its last handle was dropped) before its timeout or an
+    /// event completed it. Answered like a timeout (`on_expiration` runs too), but told
+    /// apart so a service can answer "shutting down" (a 503) rather than "nothing came"
+    /// (a 204). Counted in `PurgatoryStats::expired_at_shutdown`.
+    ///
+    /// One edge: an operation whose `try_complete` was still running (on a thread
+    /// calling `check_and_complete`, say) when its timeout came is answered by that
+    /// thread once `try_complete` returns; if that is after shutdown began, it is told
+    /// `Shutdown` (and counted so) though its timeout had passed.
+    Shutdown,
+}
+
+impl Completion {
+    /// Whether the operation completed without being ready: its timeout
+    /// ([`Expired`](Self::Expired)) or shutdown ([`Shutdown`](Self::Shutdown)), the
+    /// completions after which `on_expiration` runs.
+    #[inline]
+    pub fn is_expiry(self) -> bool {
+        matches!(self, Completion::Expired | Completion::Shutdown)
+    }
 }
 
 /// A request that cannot be answered yet: a produce waiting for replicas, a fetch waiting
@@ -83,6 +106,7 @@ pub trait DelayedOperation: Send + 'static {
     /// caught and reported; the operation still counts as completed.
     fn on_complete(&mut self, how: Completion);
 
-    /// Runs after `on_complete` when the timeout completed the operation (metrics, logs).
+    /// Runs after `on_complete` when the timeout or shutdown completed the operation
+    /// ([`Completion::is_expiry`]; metrics, logs).
     fn on_expiration(&mut self) {}
 }

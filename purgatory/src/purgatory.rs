@@ -453,7 +453,7 @@ where
 
     /// Stops the reaper (promptly) and joins it, waits for expirations already running
     /// (inline or on the pool), then expires every operation still pending, on the
-    /// calling thread (`on_complete` with [`Completion::Expired`], then
+    /// calling thread (`on_complete` with [`Completion::Shutdown`], then
     /// `on_expiration`), so every waiting request gets an answer. Later calls to `watch`
     /// and its kin return [`WatchError::Shutdown`] with the operation. Also run when the
     /// last handle is dropped.
@@ -469,7 +469,7 @@ where
     ///
     /// One exception: an operation whose slot another thread holds when shutdown comes
     /// (running its `try_complete`, or arming it in a watch) is answered by that thread
-    /// as it lets go (Expired, or Ready if it said ready), possibly after `shutdown`
+    /// as it lets go (`Shutdown`, or `Ready` if it said ready), possibly after `shutdown`
     /// returned. User code that shutdown runs (a key's
     /// `Drop` as the lists are emptied) is caught like any other; nothing reaches the
     /// caller.

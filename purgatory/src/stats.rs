@@ -24,8 +24,8 @@ pub struct PurgatoryStats {
     /// Operations completed by their timeout.
     pub expired: u64,
     /// Operations expired by shutdown (or the drop of the last handle) before their
-    /// timeout: answered with [`Completion::Expired`](crate::Completion::Expired) like a
-    /// timeout, but counted here, not in `expired`.
+    /// timeout: answered with [`Completion::Shutdown`](crate::Completion::Shutdown), and
+    /// counted here, not in `expired`.
     pub expired_at_shutdown: u64,
     /// Operations handed back by `cancel` or `cancel_for_key`.
     pub cancelled: u64,

@@ -208,7 +208,7 @@ fn a_key_whose_drop_panics_while_its_operation_is_listed_is_contained() {
     purgatory.shutdown();
     assert_eq!(
         ledger.how(0),
-        Some(Completion::Expired),
+        Some(Completion::Shutdown),
         "answered at shutdown"
     );
     assert_eq!(ledger.violations(), 0);

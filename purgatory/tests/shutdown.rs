@@ -20,6 +20,37 @@ use purgatory::{
 
 const LONG: Duration = Duration::from_secs(200);
 
+/// Issue #28, finding 1: a service answers a timeout (204) and a shutdown (503)
+/// differently, so the operation is told which, and what it is told is what was counted.
+#[test]
+fn an_operation_is_told_a_shutdown_from_a_timeout_as_the_stats_count_them() {
+    let clock = purgatory::ManualClock::new();
+    let purgatory: Purgatory<&str, Probe> = probe::manual_purgatory(&clock);
+    let ledger = Ledger::new(2);
+    let no = never();
+    assert!(!purgatory
+        .try_complete_else_watch(
+            Probe::new(0, Duration::from_millis(10), &ledger, &no),
+            ["a"]
+        )
+        .unwrap());
+    assert!(!purgatory
+        .try_complete_else_watch(Probe::new(1, LONG, &ledger, &no), ["a"])
+        .unwrap());
+    clock.advance(Duration::from_millis(20));
+    assert_eq!(purgatory.advance_clock(Duration::ZERO), 1);
+    purgatory.shutdown();
+    assert_eq!(ledger.how(0), Some(Completion::Expired));
+    assert_eq!(ledger.how(1), Some(Completion::Shutdown));
+    // on_expiration follows both: neither was ready.
+    assert_eq!((ledger.expirations(0), ledger.expirations(1)), (1, 1));
+    let stats = purgatory.stats();
+    assert_eq!((stats.expired, stats.expired_at_shutdown), (1, 1));
+    assert!(Completion::Shutdown.is_expiry() && Completion::Expired.is_expiry());
+    assert!(!Completion::Ready.is_expiry() && !Completion::Forced.is_expiry());
+    assert_eq!(ledger.violations(), 0);
+}
+
 #[test]
 fn shutdown_expires_every_pending_operation_promptly() {
     let purgatory: Purgatory<&str, Probe> = Purgatory::new("shutdown");
@@ -44,7 +75,7 @@ fn shutdown_expires_every_pending_operation_promptly() {
 
     assert!(purgatory.is_shutdown());
     for id in 0..3 {
-        assert_eq!(ledger.how(id), Some(Completion::Expired));
+        assert_eq!(ledger.how(id), Some(Completion::Shutdown));
         assert_eq!(ledger.completions(id), 1);
         assert_eq!(ledger.expirations(id), 1);
         assert_eq!(ledger.drops(id), 1);
@@ -123,7 +154,7 @@ fn dropping_the_purgatory_expires_pending_operations() {
         .unwrap());
     within(Duration::from_secs(10), "drop", move || drop(purgatory));
     for id in 0..2 {
-        assert_eq!(ledger.how(id), Some(Completion::Expired));
+        assert_eq!(ledger.how(id), Some(Completion::Shutdown));
         assert_eq!(ledger.expirations(id), 1);
         assert_eq!(ledger.drops(id), 1);
     }
@@ -165,7 +196,7 @@ fn shutdown_never_waits_for_the_reaper_to_wake_by_itself() {
             "round {round}: shutdown took {took:?}"
         );
         if round % 2 == 1 {
-            assert_eq!(ledger.how(round), Some(Completion::Expired));
+            assert_eq!(ledger.how(round), Some(Completion::Shutdown));
         }
     }
     assert_eq!(ledger.violations(), 0);

@@ -115,7 +115,7 @@ impl DelayedOperation for Op {
     }
 
     fn on_complete(&mut self, how: Completion) {
-        assert_eq!(how, Completion::Expired);
+        assert!(how.is_expiry(), "{how:?}");
         let started = Instant::now();
         match self.on_complete {
             OnComplete::Record => {}

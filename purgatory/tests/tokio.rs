@@ -170,7 +170,7 @@ fn every_callback_path_runs_in_the_runtimes_context() {
             std::thread::spawn(move || outside.shutdown())
                 .join()
                 .unwrap();
-            assert_eq!(f.answer("shutdown").await, (6, Completion::Expired));
+            assert_eq!(f.answer("shutdown").await, (6, Completion::Shutdown));
             assert_eq!(p.stats().panicked, 0, "{flavour}");
 
             // An expiry on a pool thread, and the last handle dropped on a plain thread.
@@ -184,7 +184,7 @@ fn every_callback_path_runs_in_the_runtimes_context() {
             assert_eq!(f.answer("expiry on a pool").await, (7, Completion::Expired));
             pooled.try_complete_else_watch(f.op(8, long), [8]).unwrap();
             std::thread::spawn(move || drop(pooled)).join().unwrap();
-            assert_eq!(f.answer("last drop").await, (8, Completion::Expired));
+            assert_eq!(f.answer("last drop").await, (8, Completion::Shutdown));
         });
     }
 }
@@ -620,7 +620,7 @@ fn a_purgatory_on_tokio_time_shuts_down_with_its_runtime() {
         drop(runtime);
         assert!(p.is_shutdown(), "{flavour}");
         assert_eq!(p.stats().expired_at_shutdown, 1, "{flavour}");
-        assert_eq!(parked.blocking_answer().unwrap().how, Completion::Expired);
+        assert_eq!(parked.blocking_answer().unwrap().how, Completion::Shutdown);
         let (op, answer) = fetch(&ready, Duration::from_secs(1));
         assert!(p.park(op, [1], answer).is_err(), "{flavour}: refused");
     }
@@ -731,7 +731,7 @@ fn a_waiting_parked_does_not_keep_its_purgatory_alive() {
         1,
         "answered by the shutdown"
     );
-    assert_eq!(parked.blocking_answer().unwrap().how, Completion::Expired);
+    assert_eq!(parked.blocking_answer().unwrap().how, Completion::Shutdown);
 }
 
 /// Issue #27, finding 1 on tokio time: a key whose `Drop` panics in a purge run by the

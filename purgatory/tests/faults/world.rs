@@ -364,7 +364,8 @@ impl World {
             (
                 stats.completed,
                 stats.forced,
-                stats.expired + stats.expired_at_shutdown,
+                stats.expired,
+                stats.expired_at_shutdown,
                 stats.cancelled,
                 stats.panicked,
             ),
@@ -372,6 +373,7 @@ impl World {
                 ledger.count(Completion::Ready),
                 ledger.count(Completion::Forced),
                 ledger.count(Completion::Expired),
+                ledger.count(Completion::Shutdown),
                 cancelled,
                 u64::from(injected),
             ),

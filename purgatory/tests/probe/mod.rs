@@ -30,6 +30,7 @@ fn code(how: Completion) -> u8 {
         Completion::Ready => 1,
         Completion::Forced => 2,
         Completion::Expired => 3,
+        Completion::Shutdown => 4,
     }
 }
 
@@ -38,6 +39,7 @@ fn decode(code: u8) -> Option<Completion> {
         1 => Some(Completion::Ready),
         2 => Some(Completion::Forced),
         3 => Some(Completion::Expired),
+        4 => Some(Completion::Shutdown),
         _ => None,
     }
 }
@@ -104,9 +106,12 @@ impl Ledger {
 
     fn expire(&self, id: usize) {
         let slot = &self.slots[id];
-        if slot.completions.load(SeqCst) != 1 || slot.how.load(SeqCst) != code(Completion::Expired)
-        {
-            self.violation(id, "on_expiration without a preceding on_complete(Expired)");
+        let how = decode(slot.how.load(SeqCst));
+        if slot.completions.load(SeqCst) != 1 || !how.is_some_and(Completion::is_expiry) {
+            self.violation(
+                id,
+                "on_expiration without a preceding on_complete(Expired|Shutdown)",
+            );
         }
         if slot.expirations.fetch_add(1, SeqCst) > 0 {
             self.violation(id, "on_expiration ran twice");

@@ -129,6 +129,11 @@ impl DelayedOperation for LoadOp {
                 self.ctx.lateness.record(late);
                 self.ctx.expired.0.fetch_add(1, Ordering::Relaxed);
             }
+            // The tool shuts a target down after its run: what it still held counts as
+            // expired, with no lateness (its deadline had not passed).
+            Completion::Shutdown => {
+                self.ctx.expired.0.fetch_add(1, Ordering::Relaxed);
+            }
             Completion::Ready | Completion::Forced => {
                 self.ctx.completed.0.fetch_add(1, Ordering::Relaxed);
             }
