@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use purgatory::{Answer, Completion, DelayedOperation, Reply};
+use purgatory::{Completion, DelayedOperation, Reply};
 
 use crate::partition::{Partition, PartitionKey};
 
@@ -62,19 +62,19 @@ pub struct DelayedFetch {
 
 impl DelayedFetch {
     /// A fetch waiting up to `max_wait` for `min_bytes` over `waits`.
+    /// It answers through `reply` (made by `Purgatory::park_with`).
     pub fn new(
         max_wait: Duration,
         min_bytes: u64,
         waits: Vec<BytesWait>,
-    ) -> (DelayedFetch, Answer<FetchCompletion>) {
-        let (reply, answer) = purgatory::reply();
-        let op = DelayedFetch {
+        reply: Reply<FetchCompletion>,
+    ) -> DelayedFetch {
+        DelayedFetch {
             max_wait,
             min_bytes,
             waits,
             reply,
-        };
-        (op, answer)
+        }
     }
 
     /// The keys to watch it on (each partition once).

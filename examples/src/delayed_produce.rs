@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use purgatory::{Answer, Completion, DelayedOperation, Reply};
+use purgatory::{Completion, DelayedOperation, Reply};
 
 use crate::partition::{Partition, PartitionKey};
 
@@ -54,19 +54,18 @@ pub struct DelayedProduce {
 }
 
 impl DelayedProduce {
-    /// A produce that waits up to `timeout` for `waits`; its answer comes to the
-    /// [`Answer`] (give it to `Purgatory::park`).
+    /// A produce that waits up to `timeout` for `waits`, answering through `reply` (made
+    /// by `Purgatory::park_with`).
     pub fn new(
         timeout: Duration,
         waits: Vec<ReplicaWait>,
-    ) -> (DelayedProduce, Answer<ProduceCompletion>) {
-        let (reply, answer) = purgatory::reply();
-        let op = DelayedProduce {
+        reply: Reply<ProduceCompletion>,
+    ) -> DelayedProduce {
+        DelayedProduce {
             timeout,
             waits,
             reply,
-        };
-        (op, answer)
+        }
     }
 
     /// The keys to watch it on (each partition once).

@@ -13,7 +13,7 @@
 //!   then the produce purgatory is checked for that partition, and, if the high watermark
 //!   moved, the fetch purgatory too.
 //! - a produce or fetch that cannot be answered yet is handed to its purgatory with
-//!   `Purgatory::park`; its answer arrives through the operation's `Reply`, from
+//!   `Purgatory::park_with`; its answer arrives through the operation's `Reply`, from
 //!   whichever thread completed it (an event, the reaper on timeout, or this call). The
 //!   caller holds the [`Parked`] future: dropping it unanswered (the client left) cancels
 //!   the operation.
@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use purgatory::{
-    Answer, Completion, DelayedOperation, Parked, Purgatory, PurgatoryStats, WatchErrorKind,
+    Completion, DelayedOperation, Parked, Purgatory, PurgatoryStats, Reply, WatchErrorKind,
 };
 
 use crate::delayed_fetch::{BytesWait, DelayedFetch, FetchCompletion};
@@ -42,37 +42,29 @@ pub type FetchAnswer = Parked<PartitionKey, DelayedFetch, FetchCompletion>;
 
 /// An operation that can answer at once, without the purgatory.
 trait AnswerNow: DelayedOperation + Sized {
-    fn keys(&self) -> Vec<PartitionKey>;
     fn answer_now(self, how: Completion);
 }
 
 impl AnswerNow for DelayedProduce {
-    fn keys(&self) -> Vec<PartitionKey> {
-        DelayedProduce::keys(self)
-    }
     fn answer_now(self, how: Completion) {
         DelayedProduce::answer_now(self, how);
     }
 }
 
 impl AnswerNow for DelayedFetch {
-    fn keys(&self) -> Vec<PartitionKey> {
-        DelayedFetch::keys(self)
-    }
     fn answer_now(self, how: Completion) {
         DelayedFetch::answer_now(self, how);
     }
 }
 
-/// Hands `op` to `purgatory`; the answer comes through `answer`, and dropping the result
-/// unanswered cancels the operation.
+/// Hands the operation `make` builds around its reply to `purgatory`, watched on `keys`;
+/// dropping the result unanswered cancels the operation.
 fn park<O: AnswerNow, T>(
     purgatory: &Purgatory<PartitionKey, O>,
-    op: O,
-    answer: Answer<T>,
+    keys: Vec<PartitionKey>,
+    make: impl FnOnce(Reply<T>) -> O,
 ) -> Parked<PartitionKey, O, T> {
-    let keys = op.keys();
-    match purgatory.park(op, keys, answer) {
+    match purgatory.park_with(keys, make) {
         Ok(parked) => parked,
         Err(refused) => {
             // Shut down (or nothing to wait on): answer with the state as it is.
@@ -185,8 +177,10 @@ impl Leader {
     /// every in-sync replica. The answer comes through the returned [`ProduceAnswer`];
     /// dropping it unanswered cancels the wait (the records stay appended).
     pub fn wait_for_replicas(&self, timeout: Duration, waits: Vec<ReplicaWait>) -> ProduceAnswer {
-        let (op, answer) = DelayedProduce::new(timeout, waits);
-        park(&self.events.produce, op, answer)
+        let keys = PartitionKey::distinct(waits.iter().map(|w| w.key));
+        park(&self.events.produce, keys, |reply| {
+            DelayedProduce::new(timeout, waits, reply)
+        })
     }
 
     /// Waits (up to `max_wait`) until `min_bytes` of committed data lie past the fetch
@@ -198,8 +192,10 @@ impl Leader {
         min_bytes: u64,
         waits: Vec<BytesWait>,
     ) -> FetchAnswer {
-        let (op, answer) = DelayedFetch::new(max_wait, min_bytes, waits);
-        park(&self.events.fetch, op, answer)
+        let keys = PartitionKey::distinct(waits.iter().map(|w| w.key));
+        park(&self.events.fetch, keys, |reply| {
+            DelayedFetch::new(max_wait, min_bytes, waits, reply)
+        })
     }
 
     /// Counters of both purgatories.
@@ -321,7 +317,7 @@ mod tests {
         };
         let second = leader.wait_for_bytes(Duration::from_secs(60), 1, vec![beyond]);
         leader.shutdown();
-        assert_eq!(second.blocking_answer().unwrap().how, Completion::Expired);
+        assert_eq!(second.blocking_answer().unwrap().how, Completion::Shutdown);
         let fetch = leader.stats().fetch;
         assert_eq!((fetch.expired, fetch.expired_at_shutdown), (0, 1));
     }

@@ -8,7 +8,7 @@
 //!   (`try_complete_else_watch`, `check_and_complete`, `cancel_for_key`) over a
 //!   hierarchical timing wheel ([`timer_core`]).
 //! - On tokio (cargo feature `tokio`): callbacks in the runtime's context on every path,
-//!   `Purgatory::park` (the future of an operation's answer, cancelling it when
+//!   `Purgatory::park_with` (the future of an operation's answer, cancelling it when
 //!   dropped), `shutdown_async`, a last drop that does not block a worker, and a clock
 //!   that follows tokio's paused time: the chapter `purgatory::with_tokio`.
 //!
@@ -108,7 +108,10 @@ pub use guard::CancelOnDrop;
 pub use handle::{OperationHandle, WatchOutcome};
 pub use operation::{Completion, DelayedOperation};
 #[cfg(feature = "tokio")]
-pub use parked::{reply, Answer, Answered, Parked, Refused, Reply, Unanswered};
+#[allow(deprecated)]
+pub use parked::reply;
+#[cfg(feature = "tokio")]
+pub use parked::{Answer, Answered, Parked, Refused, Reply, Unanswered};
 pub use purgatory::Purgatory;
 pub use stats::PurgatoryStats;
 pub use timer_core::{Clock, Executor, ManualClock, SystemClock, TimerBuilder};

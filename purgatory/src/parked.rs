@@ -1,6 +1,6 @@
 //! Awaiting a parked operation (cargo feature `tokio`): the [`Reply`] an operation
 //! answers through, and [`Parked`], the future of that answer, which cancels the
-//! operation when dropped unanswered.
+//! operation when dropped unanswered. `Purgatory::park_with` makes the two as a pair.
 //!
 //! # States of a `Parked`
 //!
@@ -44,7 +44,21 @@ use crate::user_code::Site;
 /// A reply channel for one operation: the [`Reply`] goes into the operation, which
 /// answers through it from `on_complete`; the [`Answer`] goes to
 /// [`Purgatory::park`], which returns the future of the answer.
+///
+/// Deprecated with `park`: [`Purgatory::park_with`] makes the pair itself, so that the
+/// operation and its future cannot be mismatched (and no function named `reply` is
+/// shadowed by the field an operation keeps it in). For an operation answered outside
+/// a purgatory, [`Reply::channel`] makes the same pair.
+#[deprecated(
+    since = "0.2.0",
+    note = "use `Purgatory::park_with`, or `Reply::channel` outside a purgatory"
+)]
 pub fn reply<T>() -> (Reply<T>, Answer<T>) {
+    reply_pair()
+}
+
+/// The pair behind `park_with`, `reply` and `Reply::channel`.
+fn reply_pair<T>() -> (Reply<T>, Answer<T>) {
     let (sender, receiver) = oneshot::channel();
     (
         Reply {
@@ -61,6 +75,13 @@ pub struct Reply<T> {
 }
 
 impl<T> Reply<T> {
+    /// A reply and the [`Answer`] it reaches, for an operation answered outside a
+    /// purgatory (a test, or a request answered at once). To park an operation, use
+    /// [`Purgatory::park_with`], which makes the pair.
+    pub fn channel() -> (Reply<T>, Answer<T>) {
+        reply_pair()
+    }
+
     /// Sends the answer; returns whether it reached a waiting [`Parked`] (false if it was
     /// dropped, its client gone, or if this reply was already used).
     pub fn send(&mut self, how: Completion, answer: T) -> bool {
@@ -85,11 +106,10 @@ impl<T> std::fmt::Debug for Reply<T> {
     }
 }
 
-/// The receiving half of [`reply`], before it is parked: give it to
-/// [`Purgatory::park`] with the operation holding the [`Reply`]. Awaited on its own, it
-/// gives the answer without cancelling anything when dropped (for an operation answered
-/// outside a purgatory).
-#[must_use = "an answer nobody awaits is dropped; give it to Purgatory::park"]
+/// The receiving half of a [`Reply`], waiting on no purgatory: what
+/// [`Reply::channel`] makes, what [`Parked::detach`] and [`Refused::into_parts`] give.
+/// Awaited, it gives the answer; dropped, it cancels nothing.
+#[must_use = "an answer nobody awaits is dropped"]
 pub struct Answer<T> {
     receiver: oneshot::Receiver<Answered<T>>,
 }
@@ -137,7 +157,7 @@ impl std::error::Error for Unanswered {}
 /// A purgatory held without keeping it alive.
 type WeakPurgatory<K, O> = Weak<Driver<State<K, O>>>;
 
-/// [`Purgatory::park`] refused the operation (see [`WatchError`]): the operation is in
+/// [`Purgatory::park_with`] refused the operation (see [`WatchError`]): the operation is in
 /// the error, the answer is given back with it, so the caller can answer the refused
 /// request through the operation's own [`Reply`] and still await it
 /// ([`Parked::settled`]).
@@ -179,7 +199,7 @@ impl<O, T> std::fmt::Display for Refused<O, T> {
 
 impl<O, T> std::error::Error for Refused<O, T> {}
 
-/// The future answer of an operation parked in a purgatory ([`Purgatory::park`]).
+/// The future answer of an operation parked in a purgatory ([`Purgatory::park_with`]).
 /// Resolves to how it completed and what it answered. Dropped while the operation still
 /// waits (its client left, its task ended), it cancels the operation: the timeout is
 /// disarmed and the operation dropped at once, with no callback (see the module doc for
@@ -345,12 +365,57 @@ where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     O: DelayedOperation,
 {
+    /// Builds an operation around a new [`Reply`] (`make`), [`watch`](Self::watch)es it
+    /// on `keys`, and returns the future of its answer, which cancels the operation if
+    /// dropped while it waits. The operation and the future are paired by construction:
+    /// the operation answers through the `Reply` it was given, from `on_complete`, and
+    /// the `Parked` resolves to that answer. Feature `tokio`.
+    ///
+    /// Refused as `watch` is: the [`Refused`] gives the operation back (holding its
+    /// `Reply`) with its answer, so the caller can answer the request through the
+    /// operation and still await it ([`Parked::settled`]). `make` runs on the calling
+    /// thread before anything is watched: a panic in it reaches the caller, with nothing
+    /// watched.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use purgatory::{Completion, DelayedOperation, Purgatory, Reply};
+    ///
+    /// struct Fetch { reply: Reply<&'static str> }
+    /// impl DelayedOperation for Fetch {
+    ///     fn timeout(&self) -> Duration { Duration::from_millis(5) }
+    ///     fn try_complete(&mut self) -> bool { false }
+    ///     fn on_complete(&mut self, how: Completion) {
+    ///         self.reply.send(how, "empty fetch");
+    ///     }
+    /// }
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let fetches: Purgatory<u32, Fetch> = Purgatory::new("fetch");
+    /// let parked = fetches.park_with([7], |reply| Fetch { reply }).unwrap();
+    /// let answered = parked.await.unwrap();
+    /// assert_eq!((answered.how, answered.answer), (Completion::Expired, "empty fetch"));
+    /// # });
+    /// ```
+    pub fn park_with<I, T, F>(&self, keys: I, make: F) -> Result<Parked<K, O, T>, Refused<O, T>>
+    where
+        I: IntoIterator<Item = K>,
+        F: FnOnce(Reply<T>) -> O,
+    {
+        let (reply, answer) = reply_pair();
+        #[allow(deprecated)]
+        self.park(make(reply), keys, answer)
+    }
+
     /// [`watch`](Self::watch)es `op` (which holds the [`Reply`] of `answer`: the pair
     /// that one [`reply()`] call made; with another `Answer`, the future never hears of
     /// the operation) and returns the future of its answer, which cancels the operation
     /// if dropped while it waits.
     /// Refused as `watch` is, with the operation and the answer given back in
     /// [`Refused`]. Feature `tokio`.
+    ///
+    /// Deprecated: an `Answer` from another `reply()` compiles and its future never
+    /// resolves. [`park_with`](Self::park_with) pairs them by construction.
     ///
     /// ```
     /// # use std::time::Duration;
@@ -367,12 +432,18 @@ where
     ///
     /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
     /// let fetches: Purgatory<u32, Fetch> = Purgatory::new("fetch");
+    /// # #[allow(deprecated)]
     /// let (reply, answer) = reply();
+    /// # #[allow(deprecated)]
     /// let parked = fetches.park(Fetch { reply }, [7], answer).unwrap();
     /// let answered = parked.await.unwrap();
     /// assert_eq!((answered.how, answered.answer), (Completion::Expired, "empty fetch"));
     /// # });
     /// ```
+    #[deprecated(
+        since = "0.2.0",
+        note = "use `park_with(keys, |reply| op)`, which pairs the operation with its answer"
+    )]
     pub fn park<I, T>(
         &self,
         op: O,

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use probe::DropBomb;
 use purgatory::{
-    reply, Completion, DelayedOperation, Executor, Parked, Purgatory, PurgatoryBuilder, Reply,
+    Completion, DelayedOperation, Executor, Parked, Purgatory, PurgatoryBuilder, Reply,
     TimerBuilder, WatchOutcome,
 };
 use tokio::runtime::Runtime;
@@ -237,15 +237,24 @@ impl DelayedOperation for Fetch {
     }
 }
 
-fn fetch(ready: &Arc<AtomicBool>, timeout: Duration) -> (Fetch, purgatory::Answer<u32>) {
-    let (reply, answer) = reply();
-    let op = Fetch {
-        ready: Arc::clone(ready),
+/// What `park_with` builds a fetch with: one waiting up to `timeout` for `ready`.
+fn fetch(ready: &Arc<AtomicBool>, timeout: Duration) -> impl FnOnce(Reply<u32>) -> Fetch {
+    fetch_counted(ready, timeout, &Arc::new(AtomicU64::new(0)))
+}
+
+/// [`fetch`], counting its `on_complete`s in `completions`.
+fn fetch_counted(
+    ready: &Arc<AtomicBool>,
+    timeout: Duration,
+    completions: &Arc<AtomicU64>,
+) -> impl FnOnce(Reply<u32>) -> Fetch {
+    let (ready, completions) = (Arc::clone(ready), Arc::clone(completions));
+    move |reply| Fetch {
+        ready,
         timeout,
         reply,
-        completions: Arc::new(AtomicU64::new(0)),
-    };
-    (op, answer)
+        completions,
+    }
 }
 
 #[test]
@@ -256,8 +265,9 @@ fn a_parked_operation_is_awaited_to_its_answer_on_every_outcome() {
             let ready = Arc::new(AtomicBool::new(false));
 
             // Ready on an event.
-            let (op, answer) = fetch(&ready, Duration::from_secs(60));
-            let parked = p.park(op, [1], answer).unwrap();
+            let parked = p
+                .park_with([1], fetch(&ready, Duration::from_secs(60)))
+                .unwrap();
             assert!(parked.handle().is_some());
             ready.store(true, Ordering::Release);
             p.check_and_complete(&1);
@@ -265,42 +275,75 @@ fn a_parked_operation_is_awaited_to_its_answer_on_every_outcome() {
             assert_eq!((answered.how, answered.answer), (Completion::Ready, 42));
 
             // Ready at once: settled, nothing to cancel.
-            let (op, answer) = fetch(&ready, Duration::from_secs(60));
-            let parked = p.park(op, [1], answer).unwrap();
+            let parked = p
+                .park_with([1], fetch(&ready, Duration::from_secs(60)))
+                .unwrap();
             assert!(parked.handle().is_none());
             assert_eq!(parked.await.unwrap().how, Completion::Ready);
             ready.store(false, Ordering::Release);
 
             // Expired on the reaper.
-            let (op, answer) = fetch(&ready, Duration::from_millis(5));
-            let parked = p.park(op, [1], answer).unwrap();
+            let parked = p
+                .park_with([1], fetch(&ready, Duration::from_millis(5)))
+                .unwrap();
             assert_eq!(parked.await.unwrap().how, Completion::Expired);
 
             // Forced.
-            let (op, answer) = fetch(&ready, Duration::from_secs(60));
-            let parked = p.park(op, [1], answer).unwrap();
+            let parked = p
+                .park_with([1], fetch(&ready, Duration::from_secs(60)))
+                .unwrap();
             assert!(p.force_complete(&parked.handle().unwrap()));
             assert_eq!(parked.await.unwrap().how, Completion::Forced);
 
             // Handed back by cancel_for_key and dropped: unanswered.
-            let (op, answer) = fetch(&ready, Duration::from_secs(60));
-            let parked = p.park(op, [9], answer).unwrap();
+            let parked = p
+                .park_with([9], fetch(&ready, Duration::from_secs(60)))
+                .unwrap();
             drop(p.cancel_for_key(&9));
             assert_eq!(parked.await, Err(purgatory::Unanswered));
 
             // Refused after shutdown: the operation and the answer come back; the caller
             // answers through the operation's reply and awaits as usual.
             p.shutdown();
-            let (op, answer) = fetch(&ready, Duration::from_secs(60));
-            let refused = p.park(op, [1], answer).expect_err("shut down");
+            let refused = p
+                .park_with([1], fetch(&ready, Duration::from_secs(60)))
+                .expect_err("shut down");
             assert_eq!(refused.kind(), purgatory::WatchErrorKind::Shutdown);
             let (error, answer) = refused.into_parts();
             let mut op = error.into_operation();
-            op.on_complete(Completion::Expired);
+            op.on_complete(Completion::Shutdown);
             let answered = Parked::<u32, Fetch, u32>::settled(answer).await.unwrap();
-            assert_eq!((answered.how, answered.answer), (Completion::Expired, 42));
+            assert_eq!((answered.how, answered.answer), (Completion::Shutdown, 42));
         });
     }
+}
+
+/// `make` runs before anything is watched: its panic reaches the caller and leaves
+/// nothing behind. The deprecated `park` with its own `reply()` pair still works.
+#[test]
+fn park_with_pairs_the_operation_and_a_panic_in_make_watches_nothing() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let p: Purgatory<u32, Fetch> = Purgatory::new("park_with");
+        let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            p.park_with([1], |_reply: Reply<u32>| -> Fetch { panic!("make panics") })
+        }));
+        assert!(made.is_err());
+        let stats = p.stats();
+        assert_eq!((stats.pending, stats.watched, stats.panicked), (0, 0, 0));
+
+        let ready = Arc::new(AtomicBool::new(false));
+        #[allow(deprecated)]
+        let parked = {
+            let (reply, answer) = purgatory::reply();
+            p.park(fetch(&ready, Duration::from_millis(5))(reply), [1], answer)
+                .unwrap()
+        };
+        assert_eq!(parked.await.unwrap().how, Completion::Expired);
+    });
 }
 
 #[test]
@@ -309,17 +352,22 @@ fn dropping_or_cancelling_a_parked_operation_takes_it_back_without_callbacks() {
         runtime.block_on(async {
             let p: Purgatory<u32, Fetch> = Purgatory::new(flavour);
             let ready = Arc::new(AtomicBool::new(false));
-            let (op, answer) = fetch(&ready, Duration::from_secs(60));
-            let completions = Arc::clone(&op.completions);
-            let parked = p.park(op, [1], answer).unwrap();
+            let completions = Arc::new(AtomicU64::new(0));
+            let parked = p
+                .park_with(
+                    [1],
+                    fetch_counted(&ready, Duration::from_secs(60), &completions),
+                )
+                .unwrap();
             let handle = parked.handle().unwrap();
             drop(parked);
             assert!(p.is_completed(&handle));
             assert_eq!(p.stats().cancelled, 1);
             assert_eq!(completions.load(Ordering::Relaxed), 0);
 
-            let (op, answer) = fetch(&ready, Duration::from_secs(60));
-            let mut parked = p.park(op, [1], answer).unwrap();
+            let mut parked = p
+                .park_with([1], fetch(&ready, Duration::from_secs(60)))
+                .unwrap();
             let back = parked.try_cancel().expect("it waited");
             assert_eq!(back.completions.load(Ordering::Relaxed), 0);
             assert_eq!(p.stats().cancelled, 2);
@@ -327,8 +375,10 @@ fn dropping_or_cancelling_a_parked_operation_takes_it_back_without_callbacks() {
             assert_eq!(parked.await, Err(purgatory::Unanswered));
 
             // Detached: its drop cancels nothing; the answer still comes.
-            let (op, answer) = fetch(&ready, Duration::from_millis(5));
-            let detached = p.park(op, [1], answer).unwrap().detach();
+            let detached = p
+                .park_with([1], fetch(&ready, Duration::from_millis(5)))
+                .unwrap()
+                .detach();
             assert_eq!(detached.await.unwrap().how, Completion::Expired);
             assert_eq!(p.stats().cancelled, 2);
         });
@@ -358,9 +408,8 @@ fn a_cancel_racing_a_completion_ends_each_operation_exactly_once() {
             };
             let (mut answered_after_try, mut taken_back) = (0, 0);
             for round in 0..ROUNDS {
-                let (mut op, answer) = fetch(&ready, Duration::from_secs(60));
-                op.completions = Arc::clone(&completions);
-                let mut parked = p.park(op, [round as u32 % 64], answer).unwrap();
+                let op = fetch_counted(&ready, Duration::from_secs(60), &completions);
+                let mut parked = p.park_with([round as u32 % 64], op).unwrap();
                 handles.send(parked.handle().unwrap()).unwrap();
                 if round % 2 == 0 {
                     tokio::task::yield_now().await;
@@ -398,8 +447,9 @@ fn a_cancel_racing_a_completion_ends_each_operation_exactly_once() {
 fn a_parked_answer_is_read_without_awaiting_too() {
     let p: Purgatory<u32, Fetch> = Purgatory::new("sync");
     let ready = Arc::new(AtomicBool::new(false));
-    let (op, answer) = fetch(&ready, Duration::from_secs(60));
-    let mut parked = p.park(op, [1], answer).unwrap();
+    let mut parked = p
+        .park_with([1], fetch(&ready, Duration::from_secs(60)))
+        .unwrap();
     assert!(parked.try_answer().is_none(), "it waits");
     let handle = parked.handle().unwrap();
     assert!(p.force_complete(&handle));
@@ -411,8 +461,9 @@ fn a_parked_answer_is_read_without_awaiting_too() {
     drop(parked);
     assert_eq!(p.stats().cancelled, 0);
 
-    let (op, answer) = fetch(&ready, Duration::from_millis(5));
-    let parked = p.park(op, [1], answer).unwrap();
+    let parked = p
+        .park_with([1], fetch(&ready, Duration::from_millis(5)))
+        .unwrap();
     let answered = std::thread::spawn(move || parked.blocking_answer())
         .join()
         .unwrap();
@@ -529,8 +580,9 @@ async fn paused_time_auto_advances_to_an_expiry() {
     let p: Purgatory<u32, Fetch> = PurgatoryBuilder::new().follow_tokio_time().build().unwrap();
     let ready = Arc::new(AtomicBool::new(false));
     let start = tokio::time::Instant::now();
-    let (op, answer) = fetch(&ready, Duration::from_secs(30));
-    let parked = p.park(op, [1], answer).unwrap();
+    let parked = p
+        .park_with([1], fetch(&ready, Duration::from_secs(30)))
+        .unwrap();
     assert_eq!(parked.await.unwrap().how, Completion::Expired);
     let waited = start.elapsed();
     assert!(
@@ -539,8 +591,9 @@ async fn paused_time_auto_advances_to_an_expiry() {
     );
 
     // A task sleeping an hour: the expiry comes at 10 s of it.
-    let (op, answer) = fetch(&ready, Duration::from_secs(10));
-    let parked = p.park(op, [1], answer).unwrap();
+    let parked = p
+        .park_with([1], fetch(&ready, Duration::from_secs(10)))
+        .unwrap();
     let start = tokio::time::Instant::now();
     let expired_at = tokio::spawn(async move {
         parked.await.unwrap();
@@ -558,8 +611,9 @@ async fn paused_time_auto_advances_to_an_expiry() {
 async fn paused_time_moves_with_advance() {
     let p: Purgatory<u32, Fetch> = PurgatoryBuilder::new().follow_tokio_time().build().unwrap();
     let ready = Arc::new(AtomicBool::new(false));
-    let (op, answer) = fetch(&ready, Duration::from_secs(10));
-    let mut parked = p.park(op, [1], answer).unwrap();
+    let mut parked = p
+        .park_with([1], fetch(&ready, Duration::from_secs(10)))
+        .unwrap();
     let handle = parked.handle().unwrap();
     tokio::time::advance(Duration::from_secs(9)).await;
     for _ in 0..10 {
@@ -615,14 +669,18 @@ fn a_purgatory_on_tokio_time_shuts_down_with_its_runtime() {
         let p: Purgatory<u32, Fetch> = runtime
             .block_on(async { PurgatoryBuilder::new().follow_tokio_time().build().unwrap() });
         let ready = Arc::new(AtomicBool::new(false));
-        let (op, answer) = fetch(&ready, Duration::from_secs(3600));
-        let parked = p.park(op, [1], answer).unwrap();
+        let parked = p
+            .park_with([1], fetch(&ready, Duration::from_secs(3600)))
+            .unwrap();
         drop(runtime);
         assert!(p.is_shutdown(), "{flavour}");
         assert_eq!(p.stats().expired_at_shutdown, 1, "{flavour}");
         assert_eq!(parked.blocking_answer().unwrap().how, Completion::Shutdown);
-        let (op, answer) = fetch(&ready, Duration::from_secs(1));
-        assert!(p.park(op, [1], answer).is_err(), "{flavour}: refused");
+        assert!(
+            p.park_with([1], fetch(&ready, Duration::from_secs(1)))
+                .is_err(),
+            "{flavour}: refused"
+        );
     }
 }
 
@@ -636,8 +694,9 @@ fn blocking_answer_on_a_runtime_thread_panics_and_still_cancels() {
         .unwrap();
     let p: Purgatory<u32, Fetch> = runtime.block_on(async { Purgatory::new("blocking") });
     let ready = Arc::new(AtomicBool::new(false));
-    let (op, answer) = fetch(&ready, Duration::from_secs(3600));
-    let parked = p.park(op, [1], answer).unwrap();
+    let parked = p
+        .park_with([1], fetch(&ready, Duration::from_secs(3600)))
+        .unwrap();
     let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         runtime.block_on(async move { parked.blocking_answer() })
     }));
@@ -686,14 +745,14 @@ fn a_cancelled_operation_is_dropped_in_the_runtimes_context() {
         .build()
         .unwrap();
     let in_context = Arc::new(AtomicU64::new(0));
-    let (reply_to, answer) = reply();
-    let op = DropsInContext {
-        in_context: Arc::clone(&in_context),
-        reply: reply_to,
-    };
-    let parked = p.park(op, [1], answer).unwrap();
+    let parked = p
+        .park_with([1], |reply| DropsInContext {
+            in_context: Arc::clone(&in_context),
+            reply,
+        })
+        .unwrap();
     std::thread::spawn(move || drop(parked)).join().unwrap();
-    let (reply_to, _answer) = reply();
+    let (reply_to, _answer) = Reply::channel();
     let op = DropsInContext {
         in_context: Arc::clone(&in_context),
         reply: reply_to,
@@ -710,8 +769,9 @@ fn a_cancelled_operation_is_dropped_in_the_runtimes_context() {
 fn try_answer_after_the_answer_was_taken_gives_nothing() {
     let p: Purgatory<u32, Fetch> = Purgatory::new("taken");
     let ready = Arc::new(AtomicBool::new(true));
-    let (op, answer) = fetch(&ready, Duration::from_secs(60));
-    let mut parked = p.park(op, [1], answer).unwrap();
+    let mut parked = p
+        .park_with([1], fetch(&ready, Duration::from_secs(60)))
+        .unwrap();
     assert_eq!(parked.try_answer().unwrap().unwrap().how, Completion::Ready);
     assert!(parked.try_answer().is_none());
 }
@@ -722,9 +782,13 @@ fn try_answer_after_the_answer_was_taken_gives_nothing() {
 fn a_waiting_parked_does_not_keep_its_purgatory_alive() {
     let p: Purgatory<u32, Fetch> = Purgatory::new("weak");
     let ready = Arc::new(AtomicBool::new(false));
-    let (op, answer) = fetch(&ready, Duration::from_secs(3600));
-    let completions = Arc::clone(&op.completions);
-    let parked = p.park(op, [1], answer).unwrap();
+    let completions = Arc::new(AtomicU64::new(0));
+    let parked = p
+        .park_with(
+            [1],
+            fetch_counted(&ready, Duration::from_secs(3600), &completions),
+        )
+        .unwrap();
     drop(p);
     assert_eq!(
         completions.load(Ordering::Relaxed),
@@ -745,9 +809,10 @@ async fn a_key_drop_that_panics_in_a_purge_does_not_end_the_driving_task() {
         .build()
         .unwrap();
     let ready = Arc::new(AtomicBool::new(false));
-    let (op, answer) = fetch(&ready, Duration::from_secs(60));
     let (bomb, _armed) = DropBomb::armed(1);
-    let first = p.park(op, [bomb], answer).unwrap();
+    let first = p
+        .park_with([bomb], fetch(&ready, Duration::from_secs(60)))
+        .unwrap();
     let handle = first.handle().unwrap();
     assert!(p.force_complete(&handle));
     // The driving task's next round purges the stale entry and drops the armed key.
@@ -755,8 +820,9 @@ async fn a_key_drop_that_panics_in_a_purge_does_not_end_the_driving_task() {
     assert_eq!(p.stats().panicked, 1, "the purge dropped the key");
     assert!(!p.is_shutdown(), "the driving task goes on");
     let start = tokio::time::Instant::now();
-    let (op, answer) = fetch(&ready, Duration::from_secs(2));
-    let parked = p.park(op, [DropBomb::plain(2)], answer).expect("accepted");
+    let parked = p
+        .park_with([DropBomb::plain(2)], fetch(&ready, Duration::from_secs(2)))
+        .expect("accepted");
     assert_eq!(parked.await.unwrap().how, Completion::Expired);
     let waited = start.elapsed();
     assert!(

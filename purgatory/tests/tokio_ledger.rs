@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use probe::{Ledger, Probe, Readiness, Rng};
-use purgatory::{reply, Completion, DelayedOperation, Purgatory, Reply};
+use purgatory::{Completion, DelayedOperation, Purgatory, Reply};
 
 /// Operation ids available to one run (a task stops parking when they run out).
 const IDS: usize = 400_000;
@@ -75,14 +75,10 @@ async fn client(p: Purgatory<u64, Op>, run: Arc<Run>, seed: u64, until: Instant)
         if id >= IDS {
             break;
         }
-        let (reply_to, answer) = reply();
         let timeout = Duration::from_millis(rng.below(30));
-        let op = Op {
-            probe: Probe::new(id, timeout, &run.ledger, &run.readiness),
-            reply: reply_to,
-        };
+        let probe = Probe::new(id, timeout, &run.ledger, &run.readiness);
         let key = rng.below(KEYS);
-        match p.park(op, [key, (key + 1) % KEYS], answer) {
+        match p.park_with([key, (key + 1) % KEYS], |reply| Op { probe, reply }) {
             Ok(parked) => {
                 let action = rng.below(5);
                 let wait = Duration::from_micros(rng.below(20_000));

@@ -238,9 +238,10 @@ fn parked(name: String) -> World {
     for k in 0..3u32 {
         let op = w.op(if k == 2 { MS } else { LONG });
         let id = op.0.id;
-        let (_reply, answer) = purgatory::reply::<()>();
         let keys = vec![Key(k)];
-        match w.call("park", |p| p.park(op, keys, answer)) {
+        match w.call("park", |p| {
+            p.park_with(keys, |_reply: purgatory::Reply<()>| op)
+        }) {
             Some(Ok(p)) => {
                 w.answered_or_cancelled(id);
                 parked.push(Some(p));
