@@ -46,6 +46,7 @@
 //!   complete. A key's `Drop` that panics is caught wherever the lists drop a key, and
 //!   whatever the call was doing goes on.
 
+use std::borrow::Borrow;
 use std::hash::{BuildHasher, Hash};
 use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 
@@ -73,9 +74,15 @@ struct ShardState<K> {
 
 impl<K: Eq> ShardState<K> {
     /// Where the list of `key` (with hash `hash`) is; runs `Eq` on keys of equal hash.
-    fn find(&self, hash: u64, key: &K) -> Option<usize> {
+    /// `key` may be a borrowed form of the keys (`&str` for `String`), as a `HashMap`
+    /// lookup allows: `Borrow` promises that both hash and compare alike.
+    fn find<Q>(&self, hash: u64, key: &Q) -> Option<usize>
+    where
+        K: Borrow<Q>,
+        Q: Eq + ?Sized,
+    {
         self.lists
-            .find_bucket_index(hash, |list| list.hash == hash && list.key == *key)
+            .find_bucket_index(hash, |list| list.hash == hash && list.key.borrow() == key)
     }
 
     /// Removes the list at `bucket`, giving back table capacity once the table is mostly
@@ -223,8 +230,9 @@ impl<K: Hash + Eq> Watchers<K> {
         self.shards.len()
     }
 
-    /// Hashes `key` (user code: call with no lock held).
-    fn hash(&self, key: &K) -> u64 {
+    /// Hashes `key`, a key or a borrowed form of one (user code: call with no lock
+    /// held).
+    fn hash<Q: Hash + ?Sized>(&self, key: &Q) -> u64 {
         self.hasher.hash_one(key)
     }
 
@@ -436,7 +444,11 @@ impl<K: Hash + Eq> Watchers<K> {
     ///
     /// `key` is the caller's: its `Hash` or `Eq` panicking reaches the caller, before
     /// anything changed.
-    pub(crate) fn snapshot<const N: usize>(&self, key: &K, out: &mut SmallVec<[OpRef; N]>) {
+    pub(crate) fn snapshot<Q, const N: usize>(&self, key: &Q, out: &mut SmallVec<[OpRef; N]>)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let hash = to_caller(Site::KeyHash, || self.hash(key));
         let shard = self.shard(hash).state.lock();
         let Some(bucket) = to_caller(Site::KeyEq, || shard.find(hash, key)) else {
@@ -469,12 +481,16 @@ impl<K: Hash + Eq> Watchers<K> {
     /// `key` is the caller's (its `Hash` or `Eq` panicking reaches the caller, with only
     /// dead entries dropped so far); the stored key of a list it empties is dropped
     /// through `user`.
-    pub(crate) fn drop_completed(
+    pub(crate) fn drop_completed<Q>(
         &self,
-        key: &K,
+        key: &Q,
         waiting: impl Fn(OpRef) -> bool,
         user: &UserCode,
-    ) -> usize {
+    ) -> usize
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let hash = to_caller(Site::KeyHash, || self.hash(key));
         let mut flags = Flags::new();
         let mut removed = 0;
@@ -509,7 +525,11 @@ impl<K: Hash + Eq> Watchers<K> {
     /// returned whatever its drop did.
     ///
     /// [`mark_stale`]: Self::mark_stale
-    pub(crate) fn take(&self, key: &K, user: &UserCode) -> OpList {
+    pub(crate) fn take<Q>(&self, key: &Q, user: &UserCode) -> OpList
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
         let hash = to_caller(Site::KeyHash, || self.hash(key));
         let mut shard = self.shard(hash).state.lock();
         let Some(bucket) = to_caller(Site::KeyEq, || shard.find(hash, key)) else {
