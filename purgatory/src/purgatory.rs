@@ -113,9 +113,11 @@ where
             .expect("the default configuration is valid; spawning the reaper failed")
     }
 
-    /// A builder for a configured purgatory: `Purgatory::<K, O>::builder()`, the same as
-    /// [`PurgatoryBuilder::new()`](crate::PurgatoryBuilder::new).
-    pub fn builder() -> crate::PurgatoryBuilder {
+    /// A builder for a configured purgatory, the same as
+    /// [`PurgatoryBuilder::new()`](crate::PurgatoryBuilder::new): `K` and `O` come from
+    /// `Purgatory::<K, O>::builder()` or from the annotation of what `build` returns,
+    /// `let p: Purgatory<u32, Op> = Purgatory::builder().build()?;`.
+    pub fn builder() -> crate::PurgatoryBuilder<K, O> {
         crate::PurgatoryBuilder::new()
     }
 

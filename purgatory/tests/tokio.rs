@@ -576,9 +576,9 @@ async fn paused_time_moves_with_advance() {
 
 #[test]
 fn following_tokio_time_needs_a_runtime() {
-    let built = PurgatoryBuilder::new()
+    let built = PurgatoryBuilder::<u32, Fetch>::new()
         .follow_tokio_time()
-        .build::<u32, Fetch>();
+        .build();
     assert!(matches!(built, Err(purgatory::BuildError::NoRuntime)));
 }
 
@@ -599,10 +599,10 @@ fn following_tokio_time_needs_the_runtimes_time_driver() {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    let built = PurgatoryBuilder::new()
+    let built = Purgatory::<u32, Fetch>::builder()
         .runtime(runtime.handle().clone())
         .follow_tokio_time()
-        .build::<u32, Fetch>();
+        .build();
     assert!(matches!(built, Err(purgatory::BuildError::NoRuntime)));
 }
 
