@@ -168,6 +168,14 @@ impl<K, O> PurgatoryBuilder<K, O> {
     /// (feature `tokio`; see
     /// [`with_tokio`](crate::with_tokio)). Without it, `build` takes the runtime it is
     /// called in, if any.
+    ///
+    /// Built with neither, the purgatory has no runtime (its callbacks cannot
+    /// `tokio::spawn`): `build` logs a warning that says so and
+    /// [`Purgatory::runtime`](crate::Purgatory::runtime) is `None`, but it is no error:
+    /// features are additive, and a program that never uses tokio may get this one
+    /// through another crate (the argument is in `runtime.rs`). Pass the handle for a
+    /// purgatory built before the runtime runs or outside it (a `static`, a synchronous
+    /// `main`).
     #[cfg(feature = "tokio")]
     pub fn runtime(mut self, handle: tokio::runtime::Handle) -> Self {
         self.runtime = Some(handle);
@@ -233,6 +241,11 @@ where
         let reaper = format!("{}-reaper", state.name);
         let driver = driver.start(state, &reaper).map_err(BuildError::Spawn)?;
         let purgatory = Purgatory::from_driver(driver);
+        #[cfg(feature = "tokio")]
+        {
+            let state = purgatory.state();
+            state.runtime.warn_if_none(&state.name, &state.user);
+        }
         #[cfg(feature = "tokio")]
         if self.tokio_time {
             crate::tokio_time::spawn_driver(&purgatory);

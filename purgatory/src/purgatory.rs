@@ -151,6 +151,32 @@ where
         &self.state().name
     }
 
+    /// The tokio runtime whose context this purgatory's callbacks run in: the one given
+    /// to [`PurgatoryBuilder::runtime`](crate::PurgatoryBuilder::runtime), else the one
+    /// `build` ran in. `None` if neither: its callbacks then run in no runtime's context
+    /// (`tokio::spawn` there panics, caught and counted), and `build` logged a warning.
+    /// Assert it where a service builds its purgatories. Feature `tokio`.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use purgatory::{Completion, DelayedOperation, Purgatory};
+    /// # struct Op;
+    /// # impl DelayedOperation for Op {
+    /// #     fn timeout(&self) -> Duration { Duration::from_secs(1) }
+    /// #     fn try_complete(&mut self) -> bool { false }
+    /// #     fn on_complete(&mut self, _: Completion) {}
+    /// # }
+    /// let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    /// let inside: Purgatory<u32, Op> = runtime.block_on(async { Purgatory::new("fetch") });
+    /// assert!(inside.runtime().is_some());
+    /// let outside: Purgatory<u32, Op> = Purgatory::new("orphan"); // warns
+    /// assert!(outside.runtime().is_none());
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub fn runtime(&self) -> Option<&tokio::runtime::Handle> {
+        self.state().runtime.handle()
+    }
+
     /// Tries to complete `op`; if it cannot yet, watches it on every key of `keys` and
     /// arms its timeout. Returns `Ok(true)` if this call completed it (`on_complete` has
     /// run), `Ok(false)` if it now waits.
