@@ -469,7 +469,9 @@ where
         state.timer.len()
     }
 
-    /// Watcher entries (Kafka's `PurgatorySize`).
+    /// Watcher entries (Kafka's `PurgatorySize`), those of operations already answered
+    /// or cancelled and not yet dropped by a check or a purge included; the entries of
+    /// waiting operations alone are [`PurgatoryStats::watched_live`].
     pub fn watched(&self) -> usize {
         self.state().watchers.entries()
     }

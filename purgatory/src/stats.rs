@@ -18,9 +18,19 @@ use crate::state::State;
 pub struct PurgatoryStats {
     /// Operations waiting for their timeout (armed timers).
     pub pending: usize,
-    /// Watcher entries, including completed operations not yet dropped from their lists
-    /// (Kafka's `PurgatorySize`).
+    /// Watcher entries, including those of operations already answered or cancelled
+    /// that no check of their key or purge has dropped yet (Kafka's `PurgatorySize`).
+    /// Those linger on a quiet purgatory: a purge waits for at least the purge interval
+    /// of them (1,000 by default), so a burst of cancels on an idle service can leave
+    /// hundreds with nothing pending. For the entries of waiting operations alone, read
+    /// [`watched_live`](Self::watched_live).
     pub watched: usize,
+    /// Watcher entries of operations still waiting: `watched` less the entries of
+    /// operations already taken (completed, expired or cancelled) and not yet dropped.
+    /// 0 when nothing waits, whether or not a purge has run. It subtracts a count the
+    /// lists keep anyway (the one that decides when to purge), read apart from
+    /// `watched`: exact on a quiet purgatory, a recent estimate while calls run.
+    pub watched_live: usize,
     /// Keys with a watcher list.
     pub keys: usize,
     /// Operations completed because `try_complete` returned true (on watch or on an event).
@@ -51,9 +61,14 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
     pub(crate) fn stats(&self) -> PurgatoryStats {
         self.cancels.flush(&self.timer);
         let totals = self.counters.totals();
+        let watched = self.watchers.entries();
+        // The stale count may dip below zero for a moment, or exceed `watched` read a
+        // moment before (see `watchers.rs`): clamped, a recent estimate.
+        let stale = usize::try_from(self.watchers.stale()).unwrap_or(0);
         PurgatoryStats {
             pending: self.timer.len(),
-            watched: self.watchers.entries(),
+            watched,
+            watched_live: watched.saturating_sub(stale),
             keys: self.watchers.keys(),
             completed: totals.completed,
             forced: totals.forced,
@@ -75,6 +90,7 @@ mod tests {
         let stats = PurgatoryStats {
             pending: 1,
             watched: 2,
+            watched_live: 11,
             keys: 3,
             completed: 4,
             forced: 5,
@@ -88,7 +104,7 @@ mod tests {
         assert_eq!(
             json,
             serde_json::json!({
-                "pending": 1, "watched": 2, "keys": 3, "completed": 4, "forced": 5,
+                "pending": 1, "watched": 2, "watched_live": 11, "keys": 3, "completed": 4, "forced": 5,
                 "expired": 6, "expired_at_shutdown": 7, "cancelled": 8, "purged": 9,
                 "panicked": 10,
             })
