@@ -1,6 +1,16 @@
 //! Configuration of a [`Purgatory`].
+//!
+//! # Invariants
+//! - The builder is typed by the purgatory it builds (`PurgatoryBuilder<K, O>`), so the
+//!   types come from wherever the compiler can see them: `Purgatory::<K, O>::builder()`,
+//!   `PurgatoryBuilder::<K, O>::new()`, or the annotation of the variable `build`'s
+//!   result goes to. The type parameters are only a marker (`fn() -> (K, O)`): they ask
+//!   nothing of `K` and `O` until `build`, and the builder is `Send`, `Sync` and `Debug`
+//!   whatever they are.
 
+use std::fmt;
 use std::hash::Hash;
+use std::marker::PhantomData;
 
 use timer_core::TimerBuilder;
 
@@ -31,16 +41,34 @@ use crate::watchers::Watchers;
 /// #     fn on_complete(&mut self, _: Completion) {}
 /// # }
 /// let clock = ManualClock::new();
-/// let purgatory = PurgatoryBuilder::new()
+/// let purgatory = PurgatoryBuilder::<u32, Op>::new()
 ///     .name("fetch")
 ///     .timer(TimerBuilder::new().tick(Duration::from_millis(5)).clock(clock.clone()).reaper(false))
-///     .build::<u32, Op>()
+///     .build()
 ///     .unwrap();
 /// # drop(purgatory);
 /// ```
-#[derive(Debug)]
+///
+/// The key and operation types are the builder's, so they can come from an annotation
+/// too:
+///
+/// ```
+/// # use std::time::Duration;
+/// # use purgatory::{Completion, DelayedOperation, Purgatory, BuildError};
+/// # struct Op;
+/// # impl DelayedOperation for Op {
+/// #     fn timeout(&self) -> Duration { Duration::from_secs(1) }
+/// #     fn try_complete(&mut self) -> bool { false }
+/// #     fn on_complete(&mut self, _: Completion) {}
+/// # }
+/// # fn main() -> Result<(), BuildError> {
+/// let p: Purgatory<u32, Op> = Purgatory::builder().name("produce").build()?;
+/// # drop(p);
+/// # Ok(())
+/// # }
+/// ```
 #[must_use = "a builder does nothing until `build` is called"]
-pub struct PurgatoryBuilder {
+pub struct PurgatoryBuilder<K, O> {
     name: String,
     timer: TimerBuilder,
     purge_interval: usize,
@@ -51,9 +79,11 @@ pub struct PurgatoryBuilder {
     /// Whether `follow_tokio_time` was set (feature `tokio`).
     #[cfg(feature = "tokio")]
     tokio_time: bool,
+    /// The purgatory's key and operation types: a marker only (see the module doc).
+    types: PhantomData<fn() -> (K, O)>,
 }
 
-impl Default for PurgatoryBuilder {
+impl<K, O> Default for PurgatoryBuilder<K, O> {
     fn default() -> Self {
         PurgatoryBuilder {
             name: "purgatory".to_owned(),
@@ -64,7 +94,22 @@ impl Default for PurgatoryBuilder {
             runtime: None,
             #[cfg(feature = "tokio")]
             tokio_time: false,
+            types: PhantomData,
         }
+    }
+}
+
+impl<K, O> fmt::Debug for PurgatoryBuilder<K, O> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("PurgatoryBuilder");
+        d.field("name", &self.name)
+            .field("timer", &self.timer)
+            .field("purge_interval", &self.purge_interval)
+            .field("shards", &self.shards);
+        #[cfg(feature = "tokio")]
+        d.field("runtime", &self.runtime)
+            .field("tokio_time", &self.tokio_time);
+        d.finish()
     }
 }
 
@@ -82,8 +127,9 @@ pub fn default_shards() -> usize {
     cores.saturating_mul(8).next_power_of_two().clamp(16, 512)
 }
 
-impl PurgatoryBuilder {
-    /// A builder with the defaults.
+impl<K, O> PurgatoryBuilder<K, O> {
+    /// A builder with the defaults, for a `Purgatory<K, O>` (see the type's doc for
+    /// where `K` and `O` may come from).
     pub fn new() -> Self {
         Self::default()
     }
@@ -122,6 +168,14 @@ impl PurgatoryBuilder {
     /// (feature `tokio`; see
     /// [`with_tokio`](crate::with_tokio)). Without it, `build` takes the runtime it is
     /// called in, if any.
+    ///
+    /// Built with neither, the purgatory has no runtime (its callbacks cannot
+    /// `tokio::spawn`): `build` logs a warning that says so and
+    /// [`Purgatory::runtime`](crate::Purgatory::runtime) is `None`, but it is no error:
+    /// features are additive, and a program that never uses tokio may get this one
+    /// through another crate (the argument is in `runtime.rs`). Pass the handle for a
+    /// purgatory built before the runtime runs or outside it (a `static`, a synchronous
+    /// `main`).
     #[cfg(feature = "tokio")]
     pub fn runtime(mut self, handle: tokio::runtime::Handle) -> Self {
         self.runtime = Some(handle);
@@ -143,13 +197,15 @@ impl PurgatoryBuilder {
         self.tokio_time = true;
         self
     }
+}
 
+impl<K, O> PurgatoryBuilder<K, O>
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    O: DelayedOperation,
+{
     /// Checks the configuration and builds the purgatory, starting its reaper if asked.
-    pub fn build<K, O>(self) -> Result<Purgatory<K, O>, BuildError>
-    where
-        K: Hash + Eq + Clone + Send + Sync + 'static,
-        O: DelayedOperation,
-    {
+    pub fn build(self) -> Result<Purgatory<K, O>, BuildError> {
         if !(1..=65_536).contains(&self.shards) {
             return Err(BuildError::InvalidShards(self.shards));
         }
@@ -185,6 +241,11 @@ impl PurgatoryBuilder {
         let reaper = format!("{}-reaper", state.name);
         let driver = driver.start(state, &reaper).map_err(BuildError::Spawn)?;
         let purgatory = Purgatory::from_driver(driver);
+        #[cfg(feature = "tokio")]
+        {
+            let state = purgatory.state();
+            state.runtime.warn_if_none(&state.name, &state.user);
+        }
         #[cfg(feature = "tokio")]
         if self.tokio_time {
             crate::tokio_time::spawn_driver(&purgatory);

@@ -68,6 +68,9 @@
 //! ```
 
 #![warn(missing_docs)]
+// On docs.rs (`--cfg docsrs`, nightly): each item behind a cargo feature gets its
+// "Available on crate feature X only" badge.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod builder;
 mod cancels;

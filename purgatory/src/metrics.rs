@@ -4,7 +4,10 @@
 //! Kafka reports two gauges per purgatory (`kafka.server:type=DelayedOperationPurgatory`):
 //! `PurgatorySize`, its watcher entries, is `purgatory_watched` here, and
 //! `NumDelayedOperations`, its operations waiting for their timeout, is
-//! `purgatory_pending`. This module publishes them, the totals of what happened to
+//! `purgatory_pending`. `PurgatorySize` counts the entries of answered and cancelled
+//! operations until a check or a purge drops them, which on a quiet purgatory may be
+//! never; `purgatory_watched_live` counts only those of operations still waiting (0 when
+//! none is). This module publishes them, the totals of what happened to
 //! operations, and how long operations waited, to whatever recorder the program installed
 //! (a Prometheus exporter, for example). The metrics are listed on
 //! [`Purgatory::publish_metrics`](crate::Purgatory::publish_metrics).
@@ -73,7 +76,7 @@ pub(crate) const INTERVAL: Duration = Duration::from_secs(1);
 type Figure = fn(&PurgatoryStats) -> u64;
 
 /// Gauges: name, help text, figure.
-const GAUGES: [(&str, &str, Figure); 3] = [
+const GAUGES: [(&str, &str, Figure); 4] = [
     (
         "purgatory_pending",
         "Operations waiting for their timeout (Kafka's NumDelayedOperations).",
@@ -83,6 +86,11 @@ const GAUGES: [(&str, &str, Figure); 3] = [
         "purgatory_watched",
         "Watcher entries, completed ones not yet dropped included (Kafka's PurgatorySize).",
         |s| s.watched as u64,
+    ),
+    (
+        "purgatory_watched_live",
+        "Watcher entries of operations still waiting (purgatory_watched without the completed ones).",
+        |s| s.watched_live as u64,
     ),
     ("purgatory_keys", "Keys with a watcher list.", |s| {
         s.keys as u64
@@ -273,7 +281,8 @@ where
     /// | metric | kind | figure of [`PurgatoryStats`] | Kafka |
     /// |---|---|---|---|
     /// | `purgatory_pending` | gauge | `pending`: operations waiting for their timeout | `NumDelayedOperations` |
-    /// | `purgatory_watched` | gauge | `watched`: watcher entries | `PurgatorySize` |
+    /// | `purgatory_watched` | gauge | `watched`: watcher entries, answered ones not yet dropped included | `PurgatorySize` |
+    /// | `purgatory_watched_live` | gauge | `watched_live`: watcher entries of operations still waiting | |
     /// | `purgatory_keys` | gauge | `keys`: keys with a watcher list | |
     /// | `purgatory_completed_total` | counter | `completed`: by `try_complete` | |
     /// | `purgatory_forced_total` | counter | `forced`: by `force_complete` | |

@@ -114,9 +114,11 @@ where
             .expect("the default configuration is valid; spawning the reaper failed")
     }
 
-    /// A builder for a configured purgatory: `Purgatory::<K, O>::builder()`, the same as
-    /// [`PurgatoryBuilder::new()`](crate::PurgatoryBuilder::new).
-    pub fn builder() -> crate::PurgatoryBuilder {
+    /// A builder for a configured purgatory, the same as
+    /// [`PurgatoryBuilder::new()`](crate::PurgatoryBuilder::new): `K` and `O` come from
+    /// `Purgatory::<K, O>::builder()` or from the annotation of what `build` returns,
+    /// `let p: Purgatory<u32, Op> = Purgatory::builder().build()?;`.
+    pub fn builder() -> crate::PurgatoryBuilder<K, O> {
         crate::PurgatoryBuilder::new()
     }
 
@@ -148,6 +150,32 @@ where
     /// The name given at build time.
     pub fn name(&self) -> &str {
         &self.state().name
+    }
+
+    /// The tokio runtime whose context this purgatory's callbacks run in: the one given
+    /// to [`PurgatoryBuilder::runtime`](crate::PurgatoryBuilder::runtime), else the one
+    /// `build` ran in. `None` if neither: its callbacks then run in no runtime's context
+    /// (`tokio::spawn` there panics, caught and counted), and `build` logged a warning.
+    /// Assert it where a service builds its purgatories. Feature `tokio`.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use purgatory::{Completion, DelayedOperation, Purgatory};
+    /// # struct Op;
+    /// # impl DelayedOperation for Op {
+    /// #     fn timeout(&self) -> Duration { Duration::from_secs(1) }
+    /// #     fn try_complete(&mut self) -> bool { false }
+    /// #     fn on_complete(&mut self, _: Completion) {}
+    /// # }
+    /// let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    /// let inside: Purgatory<u32, Op> = runtime.block_on(async { Purgatory::new("fetch") });
+    /// assert!(inside.runtime().is_some());
+    /// let outside: Purgatory<u32, Op> = Purgatory::new("orphan"); // warns
+    /// assert!(outside.runtime().is_none());
+    /// ```
+    #[cfg(feature = "tokio")]
+    pub fn runtime(&self) -> Option<&tokio::runtime::Handle> {
+        self.state().runtime.handle()
     }
 
     /// Tries to complete `op`; if it cannot yet, watches it on every key of `keys` and
@@ -469,7 +497,9 @@ where
         state.timer.len()
     }
 
-    /// Watcher entries (Kafka's `PurgatorySize`).
+    /// Watcher entries (Kafka's `PurgatorySize`), those of operations already answered
+    /// or cancelled and not yet dropped by a check or a purge included; the entries of
+    /// waiting operations alone are [`PurgatoryStats::watched_live`].
     pub fn watched(&self) -> usize {
         self.state().watchers.entries()
     }

@@ -18,6 +18,23 @@
 //! `benches/examples/expiring_watches.rs` with `IN_RUNTIME=1`), about an eighth of a
 //! watch, where entering only to answer costs the watches that complete nothing.
 //!
+//! # Without a runtime
+//! A purgatory built outside any runtime and given none (a `static` initialised on first
+//! use, a synchronous `main` that builds it before the runtime) enters none: its
+//! callbacks run as without the feature, and a `tokio::spawn` in `on_complete` panics
+//! (caught and counted in `stats().panicked`, the request answered by nothing else). So
+//! `build` says so: one `tracing` warning per purgatory built that way (target
+//! `purgatory`, level WARN), naming the fix (build inside the runtime, or pass
+//! [`PurgatoryBuilder::runtime`](crate::PurgatoryBuilder::runtime)), and
+//! [`Purgatory::runtime`](crate::Purgatory::runtime) tells which runtime a purgatory has,
+//! for a service to assert at start.
+//!
+//! It is not an error: cargo features are additive, so a synchronous program gets
+//! `tokio` turned on whenever any crate in its tree asks for it, and a build error would
+//! break that program although it never uses tokio. Nor does a purgatory need a runtime
+//! to be correct: callbacks that answer through a channel or a [`Reply`](crate::Reply)
+//! work without one; only those that spawn or look up `Handle::current()` need it.
+//!
 //! # Invariants
 //! - The context is entered where operations are answered (`completion.rs`): once per
 //!   batch of completions (up to 16 on an expiry batch, up to 64 for a force batch), once
@@ -30,6 +47,8 @@
 
 #[cfg(feature = "tokio")]
 mod with_tokio {
+    use crate::user_code::{report, UserCode};
+
     /// The handle whose context callbacks run in, if any.
     #[derive(Debug, Default)]
     pub(crate) struct RuntimeContext {
@@ -50,6 +69,19 @@ mod with_tokio {
         /// The runtime's handle, if any.
         pub(crate) fn handle(&self) -> Option<&tokio::runtime::Handle> {
             self.handle.as_ref()
+        }
+
+        /// At build, once: warns through `user` (the door) that the purgatory `name` has
+        /// no runtime, if so (see the module doc).
+        pub(crate) fn warn_if_none(&self, name: &str, user: &UserCode) {
+            if self.handle.is_none() {
+                report!(
+                    user,
+                    WARN,
+                    purgatory = %name,
+                    "built outside a tokio runtime and given none: callbacks (on_complete, on_expiration) run in no runtime's context, where tokio::spawn panics; build it inside the runtime or pass PurgatoryBuilder::runtime(handle)"
+                );
+            }
         }
     }
 }

@@ -7,14 +7,30 @@ use crate::state::State;
 
 /// Counters of one purgatory, for metrics. Each figure is read on its own while others
 /// may be counting: a recent value, not a consistent snapshot of all of them.
+///
+/// With the cargo feature `serde`: `Serialize` and `Deserialize`, as an object of these
+/// fields under their names (for a status endpoint or a log line); a field missing from
+/// the input (a snapshot taken before it was added) reads as 0.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(default))]
 #[non_exhaustive]
 pub struct PurgatoryStats {
     /// Operations waiting for their timeout (armed timers).
     pub pending: usize,
-    /// Watcher entries, including completed operations not yet dropped from their lists
-    /// (Kafka's `PurgatorySize`).
+    /// Watcher entries, including those of operations already answered or cancelled
+    /// that no check of their key or purge has dropped yet (Kafka's `PurgatorySize`).
+    /// Those linger on a quiet purgatory: a purge waits for at least the purge interval
+    /// of them (1,000 by default), so a burst of cancels on an idle service can leave
+    /// hundreds with nothing pending. For the entries of waiting operations alone, read
+    /// [`watched_live`](Self::watched_live).
     pub watched: usize,
+    /// Watcher entries of operations still waiting: `watched` less the entries of
+    /// operations already taken (completed, expired or cancelled) and not yet dropped.
+    /// 0 when nothing waits, whether or not a purge has run. It subtracts a count the
+    /// lists keep anyway (the one that decides when to purge), read apart from
+    /// `watched`: exact on a quiet purgatory, a recent estimate while calls run.
+    pub watched_live: usize,
     /// Keys with a watcher list.
     pub keys: usize,
     /// Operations completed because `try_complete` returned true (on watch or on an event).
@@ -45,9 +61,14 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
     pub(crate) fn stats(&self) -> PurgatoryStats {
         self.cancels.flush(&self.timer);
         let totals = self.counters.totals();
+        let watched = self.watchers.entries();
+        // The stale count may dip below zero for a moment, or exceed `watched` read a
+        // moment before (see `watchers.rs`): clamped, a recent estimate.
+        let stale = usize::try_from(self.watchers.stale()).unwrap_or(0);
         PurgatoryStats {
             pending: self.timer.len(),
-            watched: self.watchers.entries(),
+            watched,
+            watched_live: watched.saturating_sub(stale),
             keys: self.watchers.keys(),
             completed: totals.completed,
             forced: totals.forced,
@@ -57,5 +78,43 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
             purged: totals.purged,
             panicked: self.user.panicked() + self.timer.clock_panics(),
         }
+    }
+}
+
+#[cfg(all(test, feature = "serde"))]
+mod tests {
+    use super::PurgatoryStats;
+
+    #[test]
+    fn stats_serialize_under_their_field_names_and_read_back() {
+        let stats = PurgatoryStats {
+            pending: 1,
+            watched: 2,
+            watched_live: 11,
+            keys: 3,
+            completed: 4,
+            forced: 5,
+            expired: 6,
+            expired_at_shutdown: 7,
+            cancelled: 8,
+            purged: 9,
+            panicked: 10,
+        };
+        let json = serde_json::to_value(stats).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "pending": 1, "watched": 2, "watched_live": 11, "keys": 3, "completed": 4, "forced": 5,
+                "expired": 6, "expired_at_shutdown": 7, "cancelled": 8, "purged": 9,
+                "panicked": 10,
+            })
+        );
+        assert_eq!(
+            serde_json::from_value::<PurgatoryStats>(json).unwrap(),
+            stats
+        );
+        // A field missing from an older snapshot reads as 0.
+        let old: PurgatoryStats = serde_json::from_str(r#"{"pending": 7}"#).unwrap();
+        assert_eq!((old.pending, old.panicked), (7, 0));
     }
 }

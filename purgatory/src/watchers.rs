@@ -125,7 +125,8 @@ struct CountStripe {
 
 /// Watcher entries, all of them and those whose operation is already taken, striped by
 /// thread; a sum read while others count is a recent value, not a snapshot. They tell
-/// the reaper when a purge pays for itself.
+/// the reaper when a purge pays for itself, and `stats()` how many entries are live
+/// (`PurgatoryStats::watched_live`, `stats.rs`).
 #[derive(Default)]
 struct EntryCounts {
     stripes: [CountStripe; STRIPES],

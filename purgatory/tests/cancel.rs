@@ -151,3 +151,65 @@ fn a_dropped_guard_takes_its_waiting_operation_back_and_a_disarmed_one_does_not(
     assert_eq!(purgatory.stats().cancelled, 1);
     assert_eq!(ledger.violations(), 0);
 }
+
+/// The dashboard after a burst of disconnects on an idle service: the cancelled (and
+/// expired) operations' entries stay in `watched` (Kafka's `PurgatorySize`) until a check
+/// of their key or a purge, which a quiet purgatory may not run for a long time (fewer
+/// stale entries than the purge interval); `watched_live` drops them as the operations
+/// end.
+#[test]
+fn ended_operations_leave_watched_live_at_once_and_watched_at_a_purge() {
+    let clock = ManualClock::new();
+    let ledger = Ledger::new(220);
+    let purgatory: Purgatory<u32, Probe> = manual_purgatory(&clock);
+    // 200 to be cancelled, 10 to expire, 10 to wait; each on two keys.
+    let handles: Vec<_> = (0..220u32)
+        .map(|id| {
+            let timeout = if (200..210).contains(&id) { 10 } else { 60_000 };
+            let op = Probe::new(
+                id as usize,
+                Duration::from_millis(timeout),
+                &ledger,
+                &never(),
+            );
+            pending(purgatory.watch(op, [id % 10, 10 + id % 7]).unwrap())
+        })
+        .collect();
+    let stats = purgatory.stats();
+    assert_eq!(
+        (stats.pending, stats.watched, stats.watched_live),
+        (220, 440, 440)
+    );
+
+    // 200 clients leave, 10 operations expire; the reaper's round finds no purge due
+    // (420 stale entries, fewer than the interval of 1,000).
+    for handle in &handles[..200] {
+        assert!(purgatory.cancel(handle).is_some());
+    }
+    clock.advance(Duration::from_millis(20));
+    assert_eq!(purgatory.advance_clock(Duration::ZERO), 10);
+    let stats = purgatory.stats();
+    assert_eq!(
+        (stats.pending, stats.watched, stats.watched_live),
+        (10, 440, 20)
+    );
+
+    // The rest leave too: nothing waits, and watched_live says so.
+    for handle in &handles[210..] {
+        assert!(purgatory.cancel(handle).is_some());
+    }
+    purgatory.advance_clock(Duration::ZERO);
+    let stats = purgatory.stats();
+    assert_eq!(
+        (
+            stats.pending,
+            stats.watched,
+            stats.watched_live,
+            stats.cancelled
+        ),
+        (0, 440, 0, 210)
+    );
+    assert_eq!(purgatory.purge(), 440);
+    let stats = purgatory.stats();
+    assert_eq!((stats.watched, stats.watched_live, stats.keys), (0, 0, 0));
+}

@@ -90,6 +90,7 @@ fn completed_entries_are_dropped_by_checks_of_each_of_their_keys() {
     };
     let stats = purgatory.stats();
     assert_eq!((stats.pending, stats.watched, stats.keys), (3, 6, 3));
+    assert_eq!(stats.watched_live, 6);
 
     assert!(purgatory.force_complete(&h2));
     assert!(purgatory.force_complete(&h3));
@@ -106,6 +107,7 @@ fn completed_entries_are_dropped_by_checks_of_each_of_their_keys() {
         stats.watched, 6,
         "completed entries stay listed until checked or purged"
     );
+    assert_eq!(stats.watched_live, 1, "r1's entry alone is live");
     assert_eq!(stats.forced, 2);
     assert_eq!(
         ledger.drops(1) + ledger.drops(2),
@@ -122,6 +124,7 @@ fn completed_entries_are_dropped_by_checks_of_each_of_their_keys() {
     assert_eq!(purgatory.check_and_complete(&"k3"), 0);
     let stats = purgatory.stats();
     assert_eq!((stats.watched, stats.keys, stats.pending), (1, 1, 1));
+    assert_eq!(stats.watched_live, 1);
     assert_eq!(stats.purged, 0, "checks, not purges, dropped them");
     assert!(!ledger.is_completed(0));
     assert_eq!(ledger.violations(), 0);

@@ -129,6 +129,7 @@ fn publish_metrics_reports_every_figure_labelled_with_the_purgatory() {
     let expected: HashMap<String, u64> = [
         ("purgatory_pending", stats.pending as u64),
         ("purgatory_watched", stats.watched as u64),
+        ("purgatory_watched_live", stats.watched_live as u64),
         ("purgatory_keys", stats.keys as u64),
         ("purgatory_completed_total", stats.completed),
         ("purgatory_forced_total", stats.forced),
@@ -451,9 +452,10 @@ fn shutdown_expiries_are_counted_apart_and_published_last() {
         (
             figure("purgatory_pending"),
             figure("purgatory_watched"),
+            figure("purgatory_watched_live"),
             figure("purgatory_keys")
         ),
-        (Some(0), Some(0), Some(0))
+        (Some(0), Some(0), Some(0), Some(0))
     );
     // Published again on demand, the same figures, under the same label: the label is
     // the purgatory's until it is dropped.

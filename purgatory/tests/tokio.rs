@@ -216,6 +216,77 @@ fn a_named_runtime_is_used_by_a_purgatory_built_outside_it() {
     }
 }
 
+/// Collects the purgatory's warnings (target `purgatory`, level WARN) made on the threads
+/// where it is the default subscriber, each as its fields written out.
+#[derive(Clone, Default)]
+struct Warnings(Arc<std::sync::Mutex<Vec<String>>>);
+
+impl Warnings {
+    /// Runs `f` with this as the thread's subscriber; returns what `f` returned and the
+    /// warnings made meanwhile.
+    fn during<R>(f: impl FnOnce() -> R) -> (R, Vec<String>) {
+        let warnings = Warnings::default();
+        let out = tracing::subscriber::with_default(warnings.clone(), f);
+        let seen = std::mem::take(&mut *warnings.0.lock().unwrap());
+        (out, seen)
+    }
+}
+
+impl tracing::Subscriber for Warnings {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        metadata.target() == "purgatory" && *metadata.level() == tracing::Level::WARN
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        struct Fields(String);
+        impl tracing::field::Visit for Fields {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                self.0 += &format!("{}={value:?} ", field.name());
+            }
+        }
+        let mut fields = Fields(String::new());
+        event.record(&mut fields);
+        self.0.lock().unwrap().push(fields.0);
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// A purgatory built outside any runtime and given none says so: one warning at build,
+/// naming the fix, and `runtime()` is `None`. One built inside a runtime, or given one,
+/// has it, and builds without a warning.
+#[test]
+fn a_purgatory_built_without_a_runtime_warns_and_has_none() {
+    let (bare, warned) = Warnings::during(|| Purgatory::<u32, Spawns>::new("bare"));
+    assert!(bare.runtime().is_none());
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    for hint in [
+        "purgatory=bare",
+        "build it inside the runtime",
+        "PurgatoryBuilder::runtime(handle)",
+    ] {
+        assert!(warned[0].contains(hint), "{hint:?} not in {warned:?}");
+    }
+    for (flavour, runtime) in runtimes() {
+        let (inside, warned) =
+            Warnings::during(|| runtime.block_on(async { Purgatory::<u32, Spawns>::new(flavour) }));
+        assert!(inside.runtime().is_some(), "{flavour}");
+        assert_eq!(warned, Vec::<String>::new(), "{flavour}");
+        let (given, warned) = Warnings::during(|| {
+            Purgatory::<u32, Spawns>::builder()
+                .runtime(runtime.handle().clone())
+                .build()
+                .unwrap()
+        });
+        assert!(given.runtime().is_some(), "{flavour}");
+        assert_eq!(warned, Vec::<String>::new(), "{flavour}");
+    }
+}
+
 /// An operation answering through a [`Reply`].
 struct Fetch {
     ready: Arc<AtomicBool>,
@@ -630,9 +701,9 @@ async fn paused_time_moves_with_advance() {
 
 #[test]
 fn following_tokio_time_needs_a_runtime() {
-    let built = PurgatoryBuilder::new()
+    let built = PurgatoryBuilder::<u32, Fetch>::new()
         .follow_tokio_time()
-        .build::<u32, Fetch>();
+        .build();
     assert!(matches!(built, Err(purgatory::BuildError::NoRuntime)));
 }
 
@@ -653,10 +724,10 @@ fn following_tokio_time_needs_the_runtimes_time_driver() {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    let built = PurgatoryBuilder::new()
+    let built = Purgatory::<u32, Fetch>::builder()
         .runtime(runtime.handle().clone())
         .follow_tokio_time()
-        .build::<u32, Fetch>();
+        .build();
     assert!(matches!(built, Err(purgatory::BuildError::NoRuntime)));
 }
 

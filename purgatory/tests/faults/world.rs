@@ -63,7 +63,7 @@ impl World {
     /// (no reaper) already set; building is part of the run (it reads the clock).
     pub fn new(
         name: String,
-        build: impl FnOnce(PurgatoryBuilder, TimerBuilder) -> PurgatoryBuilder,
+        build: impl FnOnce(PurgatoryBuilder<Key, Faulty>, TimerBuilder) -> PurgatoryBuilder<Key, Faulty>,
     ) -> Self {
         let clock = ManualClock::new();
         let ready_from: Arc<Vec<AtomicU32>> =
