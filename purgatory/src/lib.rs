@@ -80,6 +80,8 @@ mod error;
 mod expiry;
 mod guard;
 mod handle;
+#[cfg(feature = "tokio")]
+mod long_poll;
 #[cfg(feature = "metrics")]
 mod metrics;
 mod op_list;
@@ -109,6 +111,8 @@ pub use builder::{default_shards, PurgatoryBuilder};
 pub use error::{BuildError, WatchError, WatchErrorKind};
 pub use guard::CancelOnDrop;
 pub use handle::{OperationHandle, WatchOutcome};
+#[cfg(feature = "tokio")]
+pub use long_poll::{LongPoll, Wait, WaitError};
 pub use operation::{Completion, DelayedOperation};
 #[cfg(feature = "tokio")]
 #[allow(deprecated)]
