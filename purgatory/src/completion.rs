@@ -5,9 +5,11 @@
 //! - Exactly-once is decided before this: the operation was taken out of its slot
 //!   (`op_table.rs`) by exactly one thread, which alone calls here with it.
 //! - Callbacks run with no lock held, in the purgatory's runtime context if it has one
-//!   (`runtime.rs`; entered once per batch); each goes through the door on its own
-//!   (`user_code.rs`: `on_complete`, `on_expiration`, the drop), so one panic neither
-//!   skips the others nor unwinds into the purgatory. Panics are counted and reported.
+//!   (`runtime.rs`; entered once per batch) and in the span the operation was watched in
+//!   if it has one (`span.rs`; entered once per operation around its callbacks, closed
+//!   after); each goes through the door on its own (`user_code.rs`: `on_complete`,
+//!   `on_expiration`, the drop), so one panic neither skips the others nor unwinds into
+//!   the purgatory. Panics are counted and reported (in the span).
 //! - The reaper's inline expiries come one operation at a time (`expire_one`), so that a
 //!   stand-in can take over the rest of a batch while one callback runs long
 //!   (`timer_core`'s `stand_in.rs`); a batch expired elsewhere (a pool, `advance_clock`,
@@ -34,6 +36,7 @@ use timer_core::TimerHandle;
 use crate::counters::Count;
 use crate::op_table::{Locked, Taken};
 use crate::operation::{Completion, DelayedOperation};
+use crate::span::CarriedSpan;
 use crate::state::{Expiry, State};
 use crate::user_code::{report, Site};
 
@@ -83,7 +86,7 @@ impl<K, O: DelayedOperation> State<K, O> {
         self.record_waits(taken.iter().map(|t| t.since), count);
         let _runtime = self.runtime.enter();
         for t in taken.drain(..) {
-            self.run_callbacks(t.op, how);
+            self.run_callbacks(t.op, t.span, how);
         }
         n
     }
@@ -114,7 +117,7 @@ impl<K, O: DelayedOperation> State<K, O> {
         #[cfg(feature = "metrics")]
         self.record_waits([taken.since], count);
         let _runtime = self.runtime.enter();
-        self.run_callbacks(taken.op, how);
+        self.run_callbacks(taken.op, taken.span, how);
     }
 
     /// Marks the entries of `n` completed operations (`keys` in all) stale and counts
@@ -208,12 +211,15 @@ impl<K, O: DelayedOperation> State<K, O> {
 impl<K, O: DelayedOperation> State<K, O> {
     /// Runs `on_complete` (and `on_expiration` for an expiry, by timeout or shutdown),
     /// then drops the operation, each through the door (a panic of one skips none of the
-    /// others).
-    fn run_callbacks(&self, mut op: O, how: Completion) {
-        self.user.call(Site::OnComplete, || op.on_complete(how));
-        if how.is_expiry() {
-            self.user.call(Site::OnExpiration, || op.on_expiration());
-        }
-        self.user.drop(Site::OperationDrop, op);
+    /// others), all three in the span the operation was watched in (`span.rs`), which is
+    /// closed after.
+    fn run_callbacks(&self, mut op: O, span: CarriedSpan, how: Completion) {
+        span.enter_around(&self.user, || {
+            self.user.call(Site::OnComplete, || op.on_complete(how));
+            if how.is_expiry() {
+                self.user.call(Site::OnExpiration, || op.on_expiration());
+            }
+            self.user.drop(Site::OperationDrop, op);
+        });
     }
 }

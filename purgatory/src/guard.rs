@@ -87,12 +87,12 @@ where
 {
     fn drop(&mut self) {
         if let Some(handle) = self.handle.take() {
-            // Still waiting: taken back and dropped here (in the purgatory's runtime, as
-            // on every other path). Already answered: nothing.
+            // Still waiting: taken back and dropped here (in the purgatory's runtime and
+            // the operation's span, as on every other path). Already answered: nothing.
             let state = self.purgatory.state();
             let _runtime = state.runtime.enter();
-            if let Some(op) = self.purgatory.cancel(&handle) {
-                state.user.drop(Site::OperationDrop, op);
+            if let Some((op, span)) = self.purgatory.take_back(&handle) {
+                span.enter_around(&state.user, || state.user.drop(Site::OperationDrop, op));
                 state.after_call();
             }
         }

@@ -18,7 +18,8 @@
 //! never two of these, never none. `try_complete` never runs concurrently with itself or
 //! `on_complete` for one operation. No purgatory lock is held while callbacks run
 //! (`try_complete` runs under its own operation's, see the locking rule on
-//! [`Purgatory`]).
+//! [`Purgatory`]). Callbacks run in the `tracing` span that was current when their
+//! operation was watched, whichever thread runs them (see [`DelayedOperation`]).
 //!
 //! Every call into user code (an operation's methods and drop, a key's `Hash`, `Eq` and
 //! `Drop`, the clock, the metrics recorder, the tracing subscriber) goes through one door
@@ -95,6 +96,7 @@ mod runtime;
 #[cfg(feature = "metrics")]
 mod series;
 mod slot;
+mod span;
 mod state;
 mod stats;
 mod sync;

@@ -53,6 +53,8 @@
 //!   held is caught (`try_complete` and its payload's drop, a key's `Hash`, `Eq` and
 //!   `Drop` while listing, the `tracing` subscriber), so this is reached only by a panic
 //!   of the purgatory's own code.
+//! - `state.span` is the `tracing` span current at the watch (`span.rs`), put in with the
+//!   operation and taken with it: the taker enters it around the callbacks, or closes it.
 //! - `state.timer` is the operation's armed timeout; it is taken with the operation, so
 //!   the taker (and only it) disarms the timer. The watcher arms the timer while holding
 //!   the slot, so a completion can never miss a timer armed after it.
@@ -77,6 +79,7 @@ use crate::counters::{stripe_index, STRIPES};
 use crate::operation::DelayedOperation;
 pub(crate) use crate::slot::RETIRED;
 use crate::slot::{ExpiryAttempt, Slot, Unlocked};
+use crate::span::CarriedSpan;
 use crate::sync::Parker;
 use crate::user_code::{Site, UserCode};
 
@@ -125,6 +128,8 @@ impl OpRef {
 
 struct OpState<O> {
     op: Option<O>,
+    /// The span current at the watch (`span.rs`), taken with the operation.
+    span: CarriedSpan,
     timer: Option<TimerHandle>,
     /// How many watcher entries name the operation: 0 until it is listed, then its key
     /// count (so a taker knows how many stale entries it leaves).
@@ -133,6 +138,15 @@ struct OpState<O> {
     /// or [`NOT_ARMED`], for its wait-time histogram.
     #[cfg(feature = "metrics")]
     since: u64,
+}
+
+impl<O> Drop for OpState<O> {
+    /// Reached for an occupied slot only when its table is dropped with the operation
+    /// still in it (after a panic of the purgatory's own code): its span is dropped
+    /// with it, plainly, as the operation is (a span's own drop glue is off, `span.rs`).
+    fn drop(&mut self) {
+        self.span.drop_plainly();
+    }
 }
 
 /// [`Taken::since`] of an operation never armed (completed while being watched).
@@ -145,6 +159,8 @@ pub(crate) const NOT_ARMED: u64 = u64::MAX;
 #[must_use = "a taken operation must be completed or handed back"]
 pub(crate) struct Taken<O> {
     pub(crate) op: O,
+    /// The span to enter around its callbacks, or to close if it is handed back.
+    pub(crate) span: CarriedSpan,
     pub(crate) timer: Option<TimerHandle>,
     pub(crate) keys: u32,
     /// When its timeout was armed (ns on the timer's clock), or [`NOT_ARMED`].
@@ -165,6 +181,7 @@ impl<O> TableSlot<O> {
         TableSlot {
             slot: Slot::new(OpState {
                 op: None,
+                span: CarriedSpan::default(),
                 timer: None,
                 keys: 0,
                 #[cfg(feature = "metrics")]
@@ -404,15 +421,15 @@ impl<O: DelayedOperation> OpTable<O> {
         list.available.store(free.len(), Ordering::Relaxed);
     }
 
-    /// Puts `op` in a free slot (not listed yet) and returns it locked.
-    pub(crate) fn insert_one(&self, op: O) -> Locked<'_, O> {
+    /// Puts `op` and its span in a free slot (not listed yet) and returns it locked.
+    pub(crate) fn insert_one(&self, op: O, span: CarriedSpan) -> Locked<'_, O> {
         let index = self.allocate_one();
-        self.occupy(index, op)
+        self.occupy(index, (op, span))
     }
 
-    /// Puts `op` in slot `index` (just allocated) and returns it locked.
+    /// Puts `op` and its span in slot `index` (just allocated) and returns it locked.
     #[inline]
-    fn occupy(&self, index: u32, op: O) -> Locked<'_, O> {
+    fn occupy(&self, index: u32, (op, span): (O, CarriedSpan)) -> Locked<'_, O> {
         let slot = &self.slot(index).slot;
         let generation = slot.occupy();
         // SAFETY: `occupy` locked the slot for this thread.
@@ -420,6 +437,8 @@ impl<O: DelayedOperation> OpTable<O> {
             slot.with_state(|state| {
                 debug_assert!(state.op.is_none(), "slot {index} handed out while occupied");
                 state.op = Some(op);
+                // No drop glue: nothing of the empty span there is dropped.
+                state.span = span;
                 state.timer = None;
                 state.keys = 0;
                 #[cfg(feature = "metrics")]
@@ -435,11 +454,11 @@ impl<O: DelayedOperation> OpTable<O> {
         }
     }
 
-    /// Puts every operation of `ops` in a free slot, locked, into the `Option`s of `into`
-    /// (one each, in order; a caller takes them out one by one).
+    /// Puts every operation of `ops` (with its span) in a free slot, locked, into the
+    /// `Option`s of `into` (one each, in order; a caller takes them out one by one).
     pub(crate) fn insert_many<'a, 's>(
         &'a self,
-        ops: impl ExactSizeIterator<Item = O>,
+        ops: impl ExactSizeIterator<Item = (O, CarriedSpan)>,
         into: impl Iterator<Item = &'s mut Option<Locked<'a, O>>>,
     ) where
         'a: 's,
@@ -586,6 +605,7 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
         let mut this = ManuallyDrop::new(self);
         let taken = this.state(|state| Taken {
             op: state.op.take().expect("a held slot holds its operation"),
+            span: std::mem::take(&mut state.span),
             timer: state.timer.take(),
             keys: state.keys,
             #[cfg(feature = "metrics")]
@@ -699,7 +719,7 @@ mod tests {
     fn a_stale_ref_never_touches_the_next_occupant_of_its_slot() {
         let table = OpTable::new();
         let a = {
-            let mut locked = table.insert_one(Named("a"));
+            let mut locked = table.insert_one(Named("a"), CarriedSpan::default());
             locked.set_keys(2);
             locked.op()
         };
@@ -708,7 +728,7 @@ mod tests {
         assert_eq!((taken.op.0, taken.keys), ("a", 2));
         assert!(!table.is_waiting(a));
         // The freed slot is handed out again (this thread's free list comes first).
-        let b = table.insert_one(Named("b")).op();
+        let b = table.insert_one(Named("b"), CarriedSpan::default()).op();
         assert_eq!(b.index, a.index);
         assert_ne!(b.generation, a.generation);
         assert!(!table.is_waiting(a) && table.is_waiting(b));
@@ -724,9 +744,9 @@ mod tests {
     #[test]
     fn a_stale_name_never_holds_the_slot_or_waits_for_its_holder() {
         let table = OpTable::new();
-        let a = table.insert_one(Named("a")).op();
+        let a = table.insert_one(Named("a"), CarriedSpan::default()).op();
         drop(table.take(a).expect("a is there"));
-        let held = table.insert_one(Named("b"));
+        let held = table.insert_one(Named("b"), CarriedSpan::default());
         let b = held.op();
         assert_eq!(b.index, a.index);
         assert!(table.lock(a).is_none(), "a stale lock returns at once");
@@ -740,7 +760,7 @@ mod tests {
     #[test]
     fn an_expiry_that_finds_the_slot_held_is_handed_to_the_unlocker() {
         let table = OpTable::new();
-        let held = table.insert_one(Named("x"));
+        let held = table.insert_one(Named("x"), CarriedSpan::default());
         let x = held.op();
         assert!(
             table.take_for_expiry(x).is_none(),
@@ -760,12 +780,12 @@ mod tests {
     #[test]
     fn a_holder_that_takes_the_operation_makes_a_requested_expiry_moot() {
         let table = OpTable::new();
-        let held = table.insert_one(Named("x"));
+        let held = table.insert_one(Named("x"), CarriedSpan::default());
         let x = held.op();
         assert!(table.take_for_expiry(x).is_none());
         assert_eq!(held.take().op.0, "x");
         // The slot is free and clean: the next occupant has no expiry waiting for it.
-        let next = table.insert_one(Named("y"));
+        let next = table.insert_one(Named("y"), CarriedSpan::default());
         assert_eq!(next.op().index, x.index);
         assert!(next.unlock().is_ok());
     }
@@ -774,7 +794,7 @@ mod tests {
     fn a_held_slot_dropped_unconsumed_keeps_its_expiry_as_an_orphan() {
         let table = OpTable::new();
         assert!(table.take_orphans().is_empty());
-        let held = table.insert_one(Named("x"));
+        let held = table.insert_one(Named("x"), CarriedSpan::default());
         let x = held.op();
         assert!(table.take_for_expiry(x).is_none());
         drop(held);
@@ -790,7 +810,7 @@ mod tests {
     fn a_waiter_gets_the_slot_after_an_unlock_and_nothing_after_a_take() {
         let table = OpTable::new();
         for holder_takes in [false, true] {
-            let held = table.insert_one(Named("x"));
+            let held = table.insert_one(Named("x"), CarriedSpan::default());
             let x = held.op();
             std::thread::scope(|s| {
                 let waiter = s.spawn(|| table.lock(x).map(Locked::take).map(|t| t.op.0));
@@ -810,10 +830,12 @@ mod tests {
     #[test]
     fn a_slot_whose_generation_is_used_up_is_retired_and_never_matches_again() {
         let table = OpTable::new();
-        let first = table.insert_one(Named("first")).op();
+        let first = table
+            .insert_one(Named("first"), CarriedSpan::default())
+            .op();
         drop(table.take(first).expect("first is there"));
         table.age_slot(first.index, RETIRED - 1);
-        let last = table.insert_one(Named("last")).op();
+        let last = table.insert_one(Named("last"), CarriedSpan::default()).op();
         assert_eq!(
             last,
             OpRef {
@@ -825,7 +847,7 @@ mod tests {
         // Retired: every later operation gets another slot, and no name the old slot was
         // ever given (the last occupant's, the first one's) matches anything.
         for name in ["a", "b", "c"] {
-            let next = table.insert_one(Named(name)).op();
+            let next = table.insert_one(Named(name), CarriedSpan::default()).op();
             assert_ne!(next.index, first.index, "{name} got the retired slot");
         }
         for stale in [first, last] {
@@ -840,7 +862,10 @@ mod tests {
         let table = OpTable::new();
         let n = FIRST_SEGMENT * 3 + 5;
         let mut locked: Vec<Option<Locked<'_, Named>>> = (0..n).map(|_| None).collect();
-        table.insert_many((0..n).map(|_| Named("x")), locked.iter_mut());
+        table.insert_many(
+            (0..n).map(|_| (Named("x"), CarriedSpan::default())),
+            locked.iter_mut(),
+        );
         let refs: Vec<OpRef> = locked.iter().flatten().map(Locked::op).collect();
         drop(locked);
         let mut indices: Vec<u32> = refs.iter().map(|r| r.index).collect();
@@ -850,7 +875,7 @@ mod tests {
         for op in &refs {
             assert!(table.take(*op).is_some());
         }
-        let again = table.insert_one(Named("y")).op();
+        let again = table.insert_one(Named("y"), CarriedSpan::default()).op();
         assert!(
             (again.index as usize) < n,
             "a freed slot is reused before a new one"

@@ -16,6 +16,8 @@
 //! - Right after its callbacks the operation value is dropped, so whatever it holds (a
 //!   request payload, a response sender) is freed at completion, not at the next purge.
 //! - No purgatory lock (watcher shard or timer) is held while any of these run.
+//! - `on_complete`, `on_expiration` and the drop run with the `tracing` span that was
+//!   current at the watch entered, whichever thread runs them (`span.rs`).
 
 use std::time::Duration;
 
@@ -82,6 +84,18 @@ impl Completion {
 ///     }
 /// }
 /// ```
+///
+/// # Threads and `tracing` spans
+/// `on_complete`, `on_expiration` and the operation's drop run on whichever thread
+/// answers it: the caller's for a watch that completes at once, an event or a force;
+/// the reaper thread (or a stand-in, or the expiry pool) for a timeout; the thread that
+/// shuts the purgatory down (`docs/purgatory.md`, "Which thread runs what"). Wherever
+/// they run, the [`tracing`] span that was current when the operation was watched is
+/// entered around them (and closed once they are done), so what they log belongs to the
+/// request: a fetch watched inside its request's span logs its expiry in that span, from
+/// the reaper. `try_complete` runs in the calling thread's own span: a watch's is that
+/// span already, a check's is the span of the event that made the check. With no
+/// subscriber set, nothing is captured (one relaxed load per watch).
 pub trait DelayedOperation: Send + 'static {
     /// How long the operation may wait; read once, when it is watched. The deadline is
     /// rounded up to the timer's tick (a zero timeout expires at the next tick boundary);

@@ -22,8 +22,9 @@
 //! - A `Parked` holds its purgatory weakly: it never keeps a purgatory alive (nor forms a
 //!   cycle with one through an operation that holds it). If the purgatory is gone when
 //!   the `Parked` is dropped, its shutdown answered the operation: nothing to cancel.
-//! - The drop's cancel drops the operation with the purgatory's runtime entered, as every
-//!   other path drops operations (`runtime.rs`).
+//! - The drop's cancel drops the operation with the purgatory's runtime and the
+//!   operation's span entered, as every other path drops operations (`runtime.rs`,
+//!   `span.rs`).
 
 use std::future::Future;
 use std::hash::Hash;
@@ -337,12 +338,12 @@ where
         let Some(purgatory) = purgatory.upgrade().map(Purgatory::from_shared) else {
             return;
         };
-        // Still waiting: taken back and dropped here, in the runtime's context as on
-        // every other path. Completed meanwhile: nothing.
+        // Still waiting: taken back and dropped here, in the runtime's context and the
+        // operation's span as on every other path. Completed meanwhile: nothing.
         let state = purgatory.state();
         let _runtime = state.runtime.enter();
-        if let Some(op) = purgatory.cancel(&handle) {
-            state.user.drop(Site::OperationDrop, op);
+        if let Some((op, span)) = purgatory.take_back(&handle) {
+            span.enter_around(&state.user, || state.user.drop(Site::OperationDrop, op));
             state.after_call();
         }
     }

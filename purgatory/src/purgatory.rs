@@ -34,6 +34,7 @@ use crate::error::WatchError;
 use crate::handle::{OperationHandle, WatchOutcome};
 use crate::op_table::{OpRef, Taken};
 use crate::operation::{Completion, DelayedOperation};
+use crate::span::CarriedSpan;
 use crate::state::State;
 use crate::stats::PurgatoryStats;
 use crate::user_code::report;
@@ -187,6 +188,10 @@ where
     /// ([`WatchError::NoKeys`]), after shutdown ([`WatchError::Shutdown`]), a key whose
     /// `Hash` or `Eq` panicked ([`WatchError::KeyPanicked`]), a `timeout()` that panicked
     /// ([`WatchError::TimeoutPanicked`]). A key listed twice is watched twice (harmless).
+    ///
+    /// The `tracing` span current here goes with the operation: its `on_complete`,
+    /// `on_expiration` and drop run inside it, on whatever thread answers it (see
+    /// [`DelayedOperation`]).
     pub fn try_complete_else_watch<I>(&self, op: O, keys: I) -> Result<bool, WatchError<O>>
     where
         I: IntoIterator<Item = K>,
@@ -197,7 +202,8 @@ where
 
     /// Like [`try_complete_else_watch`](Self::try_complete_else_watch), but returns a
     /// handle to a waiting operation, for [`force_complete`](Self::force_complete),
-    /// [`cancel`](Self::cancel) or [`cancel_on_drop`](Self::cancel_on_drop).
+    /// [`cancel`](Self::cancel) or [`cancel_on_drop`](Self::cancel_on_drop). The
+    /// `tracing` span current here goes with the operation, as there.
     pub fn watch<I>(&self, op: O, keys: I) -> Result<WatchOutcome<O>, WatchError<O>>
     where
         I: IntoIterator<Item = K>,
@@ -211,7 +217,8 @@ where
     }
 
     /// Watches every `(operation, keys)` of `batch`, with the same outcome for each as
-    /// [`watch`](Self::watch), and returns one result per operation, in input order.
+    /// [`watch`](Self::watch), and returns one result per operation, in input order. Each
+    /// operation carries the `tracing` span current at this call.
     /// Cheaper per operation than one `watch` each when there are many (from 32 on, the
     /// watcher shards and the timer shard are locked once per 64 operations, and the
     /// clock read once; see `docs/purgatory.md`); fewer are watched one by one.
@@ -399,23 +406,32 @@ where
     /// Takes the operation `handle` names back, uncompleted: its timeout is disarmed at
     /// once, its watcher entries are left stale (dropped by a later check of their key
     /// or a purge), and no callback runs: the caller now owns answering it (or dropping
-    /// it, for a request whose client left). `None` if it already completed, expired or
-    /// was cancelled, or if the handle is another purgatory's.
+    /// it, for a request whose client left), in its own `tracing` span (the one the
+    /// operation carried is closed). `None` if it already completed, expired or was
+    /// cancelled, or if the handle is another purgatory's.
     ///
     /// The one-operation counterpart of [`cancel_for_key`](Self::cancel_for_key); where
     /// [`force_complete`](Self::force_complete) answers the operation, this does not.
     /// [`cancel_on_drop`](Self::cancel_on_drop) calls it when a guard is dropped.
     #[must_use = "dropping the operation taken back leaves its request unanswered"]
     pub fn cancel(&self, handle: &OperationHandle<O>) -> Option<O> {
+        let (op, span) = self.take_back(handle)?;
+        span.close(&self.state().user);
+        Some(op)
+    }
+
+    /// [`cancel`](Self::cancel), giving the operation's span back with it: the drop of
+    /// a guard or a `Parked` drops the operation in it (`span.rs`).
+    pub(crate) fn take_back(&self, handle: &OperationHandle<O>) -> Option<(O, CarriedSpan)> {
         let state = self.state();
         if handle.purgatory != state.id {
             return None;
         }
         let taken = state.table.take(handle.op)?;
         report!(state.user, DEBUG, purgatory = %state.name, "cancel");
-        let op = self.hand_back(taken);
+        let taken_back = self.hand_back(taken);
         state.after_call();
-        Some(op)
+        Some(taken_back)
     }
 
     /// Whether the operation `handle` names has been completed, expired or cancelled.
@@ -443,7 +459,11 @@ where
             .take(key, &state.user)
             .into_iter()
             .filter_map(|op| state.table.take(op))
-            .map(|taken| self.hand_back(taken))
+            .map(|taken| {
+                let (op, span) = self.hand_back(taken);
+                span.close(&state.user);
+                op
+            })
             .collect();
         if !ops.is_empty() {
             report!(state.user, DEBUG, purgatory = %state.name, cancelled = ops.len(), "cancel for key");
@@ -452,9 +472,9 @@ where
         ops
     }
 
-    /// Hands a taken operation back uncompleted: disarms its timer at once, marks its
-    /// entries stale, counts it cancelled.
-    fn hand_back(&self, taken: Taken<O>) -> O {
+    /// Hands a taken operation back uncompleted, with its span: disarms its timer at
+    /// once, marks its entries stale, counts it cancelled.
+    fn hand_back(&self, taken: Taken<O>) -> (O, CarriedSpan) {
         let state = self.state();
         if let Some(timer) = taken.timer {
             state.timer.cancel(timer);
@@ -463,7 +483,7 @@ where
         state.counters.add(Count::Cancelled, 1);
         #[cfg(feature = "metrics")]
         state.record_waits([taken.since], Count::Cancelled);
-        taken.op
+        (taken.op, taken.span)
     }
 
     /// Drives the timer once: completes every expired operation, then waits up to

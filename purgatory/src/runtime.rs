@@ -10,6 +10,7 @@
 //! timeout; the calling thread for a shutdown; the dropping thread (or a blocking-pool
 //! thread, see `purgatory.rs`) for the last handle's drop; the dropping thread for a
 //! cancel by a `Parked` or a guard. So `tokio::spawn` and `Handle::current()` work there.
+//! (The `tracing` span current at the watch is entered on the same paths: `span.rs`.)
 //!
 //! `try_complete` is not in that list: it runs on the thread that watches or checks, in
 //! that thread's own context (from a task, the runtime's). It decides, it does not

@@ -16,7 +16,7 @@
 //! | a key's `Clone` | never: the purgatory never clones a key | | | |
 //! | the clock (`TimerBuilder::clock`) | every arming, every round | as its caller | the timer's door: the last good reading stands in (`timer_core`'s `user_code.rs`) | as its caller |
 //! | the `metrics` recorder (feature `metrics`) | registering at build, publishing (a round, `publish_metrics`, shutdown), recording wait samples (each completion call) | the publisher's lock, or the calling thread's stripe of histogram handles | that publish or those samples are lost | that round, or that completion |
-//! | the `tracing` subscriber | every `report!` (debug events, panic reports) | as its caller | that event is lost | as its caller |
+//! | the `tracing` subscriber | every `report!` (debug events, panic reports); with a subscriber set, each watch asks it for the span current (`current_span`, `clone_span`), and each operation carrying a span has it entered, exited and closed around its callbacks (`span.rs`) | as its caller; a span is asked for before the operation has a slot, and closed once no slot of the watch is held | that event is lost; that span step is lost (the operation carries no span, or its callbacks run outside it, or it is not exited or closed in the subscriber's books) | as its caller |
 //! | the caller's iterators (keys, batches) | before anything is taken into the purgatory | nothing | reaches the caller: the operation was never accepted | that call |
 //!
 //! Every panic caught here is reported through `tracing` (target `purgatory`, level error)

@@ -5,7 +5,8 @@
 //!
 //! # A single watch (Kafka's order)
 //! 1. Put the operation in a new slot of the op table, locked (nobody else can know the
-//!    slot yet).
+//!    slot yet), with the `tracing` span current on the calling thread (`span.rs`),
+//!    asked for before the slot is taken.
 //! 2. `try_complete`; if ready, it is taken, and completed in step 6.
 //! 3. List it on every one of its keys.
 //! 4. `try_complete` again: an event between steps 2 and 3 did not find it listed, so
@@ -23,7 +24,7 @@
 //!
 //! # A chunk
 //! 1. Admit every operation (its `timeout()`), and put the admitted ones in new slots,
-//!    locked.
+//!    locked, each with the span current (asked for before the slots are taken).
 //! 2. List them all, each watcher shard locked once.
 //! 3. Arm them all (one `add_batch`), and unlock every slot. No user code of an
 //!    operation has run yet while another's slot was held: a chunk holds its slots only
@@ -63,6 +64,8 @@
 //!   entries on its other keys are stale, and nothing of it is armed. A panicking
 //!   `timeout()` is caught the same way, before anything of its operation exists here.
 //! - Each operation gets exactly one result, at its position in the input.
+//! - The span of an operation refused after it had a slot is closed once no slot of the
+//!   watch is held (the subscriber is user code), as its slot is freed.
 
 use std::hash::Hash;
 use std::time::Duration;
@@ -74,6 +77,7 @@ use crate::error::WatchError;
 use crate::handle::{OperationHandle, WatchOutcome};
 use crate::op_table::{HandedOver, Locked, OpRef, Taken, Vacated};
 use crate::operation::{Completion, DelayedOperation};
+use crate::span::CarriedSpan;
 use crate::state::{Expiry, State};
 use crate::user_code::{report, Site};
 
@@ -119,6 +123,25 @@ where
     Pending(OpRef, Option<HandedOver<'a, O>>),
     /// Refused, with the operation.
     Refused(WatchError<O>),
+}
+
+/// An operation taken back out of its slot, refused: its error (with the operation),
+/// its span and its slot, the last two for the caller to close and free once no slot is
+/// held.
+struct Refusal<O> {
+    error: WatchError<O>,
+    span: CarriedSpan,
+    vacated: Vacated,
+}
+
+impl<O> Refusal<O> {
+    fn new(error: impl FnOnce(O) -> WatchError<O>, taken: Taken<O>, vacated: Vacated) -> Self {
+        Refusal {
+            error: error(taken.op),
+            span: taken.span,
+            vacated,
+        }
+    }
 }
 
 /// One operation as it goes through the steps.
@@ -192,10 +215,17 @@ where
 
     /// After listing: a member `failures` of whose keys could not be listed (their
     /// `Hash` or `Eq` panicked) is taken back, its listed entries stale.
-    fn unlisted(&self, m: &mut Member<'_, K, O>, failures: u32) -> (WatchError<O>, Vacated) {
+    fn unlisted(&self, m: &mut Member<'_, K, O>, failures: u32) -> Refusal<O> {
         let (taken, vacated) = m.take();
         self.watchers.mark_stale(taken.keys - failures);
-        (WatchError::KeyPanicked(taken.op), vacated)
+        Refusal::new(WatchError::KeyPanicked, taken, vacated)
+    }
+
+    /// A single watch's refusal after its slot was freed: closes its span, gives its error.
+    fn refuse_one<'a>(&self, refusal: Refusal<O>) -> Watched<'a, K, O> {
+        self.table.vacate(&[refusal.vacated]);
+        refusal.span.close(&self.user);
+        Watched::Refused(refusal.error)
     }
 
     /// [`ArmedAt`] now.
@@ -222,7 +252,7 @@ where
         m: &mut Member<'a, K, O>,
         arming: Result<TimerHandle, AddError<Expiry>>,
         #[cfg_attr(not(feature = "metrics"), allow(unused_variables))] at: ArmedAt,
-    ) -> Result<Option<HandedOver<'a, O>>, (WatchError<O>, Vacated)> {
+    ) -> Result<Option<HandedOver<'a, O>>, Refusal<O>> {
         match arming {
             Ok(handle) => {
                 let mut locked = m.locked.take().expect("held until armed");
@@ -235,7 +265,7 @@ where
                 // Shut down while we were watching: its entries are now stale.
                 let (taken, vacated) = m.take();
                 self.watchers.mark_stale(taken.keys);
-                Err((WatchError::Shutdown(taken.op), vacated))
+                Err(Refusal::new(WatchError::Shutdown, taken, vacated))
             }
         }
     }
@@ -255,7 +285,7 @@ where
             Ok(admitted) => admitted,
             Err(refused) => return Watched::Refused(refused),
         };
-        let locked = self.table.insert_one(op);
+        let locked = self.table.insert_one(op, CarriedSpan::current(&self.user));
         let mut m = Member {
             op: locked.op(),
             locked: Some(locked),
@@ -273,9 +303,8 @@ where
         m.locked().set_keys(count);
         let failures = self.watchers.watch_keys(m.keys.drain(..), m.op, &self.user);
         if failures > 0 {
-            let (refused, vacated) = self.unlisted(&mut m, failures);
-            vacate(vacated);
-            return Watched::Refused(refused);
+            let refusal = self.unlisted(&mut m, failures);
+            return self.refuse_one(refusal);
         }
         if let Some((taken, vacated, work)) = self.try_member(&mut m, driver) {
             vacate(vacated);
@@ -284,10 +313,7 @@ where
         let arming = self.timer.add(m.timeout, Expiry(m.op));
         match self.armed(&mut m, arming, self.armed_at()) {
             Ok(handed_over) => Watched::Pending(m.op, handed_over),
-            Err((refused, vacated)) => {
-                vacate(vacated);
-                Watched::Refused(refused)
-            }
+            Err(refusal) => self.refuse_one(refusal),
         }
     }
 
@@ -339,9 +365,13 @@ where
         self.list_chunk(&mut members, &mut chunk);
         let handed_over = self.arm_chunk(&mut members, &mut chunk);
         drop(members);
-        // No slot of the chunk is held any more: free the ones emptied on the way.
+        // No slot of the chunk is held any more: free the ones emptied on the way, and
+        // close their spans.
         if !chunk.vacated.is_empty() {
             self.table.vacate(&chunk.vacated);
+            for span in chunk.spans.drain(..) {
+                span.close(&self.user);
+            }
         }
         for handed_over in handed_over {
             self.answer_handed_over(handed_over, driver);
@@ -359,11 +389,11 @@ where
         chunk: &mut Chunk<O>,
     ) {
         let closed = self.timer.is_shutdown();
-        let mut ops: SmallVec<[O; CHUNK]> = SmallVec::new();
+        let mut ops: SmallVec<[(O, CarriedSpan); CHUNK]> = SmallVec::new();
         for (position, (op, keys)) in batch.enumerate() {
             match self.admit(closed, op, keys) {
                 Ok((op, timeout, keys)) => {
-                    ops.push(op);
+                    ops.push((op, CarriedSpan::current(&self.user)));
                     chunk.positions.push(position);
                     members.push(Member {
                         keys,
@@ -408,8 +438,8 @@ where
         }
         for (j, (m, &count)) in members.iter_mut().zip(&failures).enumerate() {
             if count > 0 {
-                let (refused, vacated) = self.unlisted(m, count);
-                chunk.refused(chunk.positions[j], refused, vacated);
+                let refusal = self.unlisted(m, count);
+                chunk.refused(chunk.positions[j], refusal);
             }
         }
     }
@@ -444,7 +474,7 @@ where
                     }
                     chunk.pending(position, m.op, self.id);
                 }
-                Err((refused, vacated)) => chunk.refused(position, refused, vacated),
+                Err(refusal) => chunk.refused(position, refusal),
             }
         }
         handed_over
@@ -517,6 +547,8 @@ struct Chunk<O> {
     positions: SmallVec<[usize; CHUNK]>,
     /// Slots of refused members, emptied while other slots of the chunk are held.
     vacated: SmallVec<[Vacated; CHUNK]>,
+    /// Their spans, closed with the slots freed (the subscriber is user code).
+    spans: SmallVec<[CarriedSpan; 1]>,
 }
 
 impl<O> Chunk<O> {
@@ -526,12 +558,14 @@ impl<O> Chunk<O> {
             out: (0..len).map(|_| None).collect(),
             positions: SmallVec::new(),
             vacated: SmallVec::new(),
+            spans: SmallVec::new(),
         }
     }
 
-    fn refused(&mut self, position: usize, refused: WatchError<O>, vacated: Vacated) {
-        self.vacated.push(vacated);
-        self.out[position] = Some(Err(refused));
+    fn refused(&mut self, position: usize, refusal: Refusal<O>) {
+        self.vacated.push(refusal.vacated);
+        self.spans.push(refusal.span);
+        self.out[position] = Some(Err(refusal.error));
     }
 
     fn pending(&mut self, position: usize, op: OpRef, id: u64) {
