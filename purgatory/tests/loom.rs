@@ -101,6 +101,7 @@ impl DelayedOperation for Op {
             Completion::Ready => 1,
             Completion::Forced => 2,
             Completion::Expired => 3,
+            Completion::Shutdown => 4,
         };
         self.outcome.how.store(code, SeqCst);
     }
@@ -187,7 +188,7 @@ fn model() {
         "exactly one on_complete"
     );
     let how = outcome.how.load(SeqCst);
-    let expired = how == 3;
+    let expired = how == 3; // no shutdown in this model: never 4
     assert_eq!(
         outcome.expirations.load(SeqCst),
         usize::from(expired),
@@ -550,7 +551,18 @@ fn handed_over_check_and_shutdown_model() {
     assert_eq!(check.join().unwrap(), 0, "never ready");
     shutdown.join().unwrap();
     assert_eq!(outcome.completions.load(SeqCst), 1, "answered exactly once");
-    assert_eq!(outcome.how.load(SeqCst), 3, "expired");
+    // Expired by the round, or by its holder once the purgatory closed (told Shutdown):
+    // what it was told is what was counted.
+    let how = outcome.how.load(SeqCst);
+    let stats = purgatory.stats();
+    assert_eq!(
+        (stats.expired, stats.expired_at_shutdown),
+        match how {
+            3 => (1, 0),
+            4 => (0, 1),
+            _ => panic!("expired, not {how}"),
+        }
+    );
 }
 
 /// A waiting operation is forced on one thread while another shuts the purgatory down. If
@@ -581,6 +593,15 @@ fn force_and_shutdown_model() {
     }
     force.join().unwrap();
     assert_eq!(outcome.completions.load(SeqCst), 1, "answered exactly once");
+    let stats = purgatory.stats();
+    assert_eq!(
+        (stats.forced, stats.expired_at_shutdown),
+        match outcome.how.load(SeqCst) {
+            2 => (1, 0),
+            4 => (0, 1),
+            how => panic!("forced or shut down, not {how}"),
+        }
+    );
 }
 
 #[test]
