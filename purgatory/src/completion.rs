@@ -24,11 +24,12 @@
 //! - A taken operation's armed timer is queued for cancelling (`cancels.rs`) and its
 //!   watcher entries are marked stale before its callbacks run.
 //! - Each completion is counted once, in the total of its outcome, and the operation is
-//!   told the same outcome: an expiry by shutdown (what it drains from the timer, an
-//!   orphan once the timer is closed, an expiry a slot's holder answers once it is
-//!   closed) is counted apart from timeouts and answered `Completion::Shutdown`; a
-//!   round's expiry is a timeout (`Completion::Expired`) even if shutdown began while the
-//!   round ran, since its deadline had passed.
+//!   told the same outcome (`count_of`). An expiry is shutdown's (`Completion::Shutdown`,
+//!   counted apart from timeouts) exactly when shutdown drained the operation's timer:
+//!   what shutdown takes itself, and what a slot's holder or the orphans' sweep answers
+//!   for it (the slot word says whose expiry it was, `slot.rs`). An expiry whose timer
+//!   fired is a timeout (`Completion::Expired`), whenever it is answered, shutdown or
+//!   not: its deadline had passed.
 
 use smallvec::SmallVec;
 use timer_core::TimerHandle;
@@ -39,6 +40,18 @@ use crate::operation::{Completion, DelayedOperation};
 use crate::span::CarriedSpan;
 use crate::state::{Expiry, State};
 use crate::user_code::{report, Site};
+
+/// The total a completion `how` counts in: what an operation is told and what is
+/// counted are one decision.
+#[inline]
+fn count_of(how: Completion) -> Count {
+    match how {
+        Completion::Ready => Count::Completed,
+        Completion::Forced => Count::Forced,
+        Completion::Expired => Count::Expired,
+        Completion::Shutdown => Count::ShutdownExpired,
+    }
+}
 
 impl<K, O: DelayedOperation> State<K, O> {
     /// `try_complete` on a locked operation, keeping the lock (a panic is caught,
@@ -56,12 +69,10 @@ impl<K, O: DelayedOperation> State<K, O> {
         taken: &mut SmallVec<[Taken<O>; N]>,
         how: Completion,
     ) -> usize {
-        let (how, count) = self.outcome(how);
-        self.complete_as(taken, how, count)
+        self.complete_as(taken, how, count_of(how))
     }
 
-    /// [`complete`](Self::complete), as `how` counted as `count` (the pair from
-    /// [`outcome`](Self::outcome), or a round's or shutdown's own).
+    /// [`complete`](Self::complete), as `how` counted as `count` (`count_of(how)`).
     fn complete_as<const N: usize>(
         &self,
         taken: &mut SmallVec<[Taken<O>; N]>,
@@ -94,8 +105,7 @@ impl<K, O: DelayedOperation> State<K, O> {
     /// Completes one taken operation: [`complete`](Self::complete) for a batch of one,
     /// without the batch's buffers.
     pub(crate) fn complete_one(&self, taken: Taken<O>, how: Completion) {
-        let (how, count) = self.outcome(how);
-        self.complete_one_as(taken, how, count);
+        self.complete_one_as(taken, how, count_of(how));
     }
 
     /// Expires the operation `expiry` names if it is still in the table (a round's expiry
@@ -103,7 +113,7 @@ impl<K, O: DelayedOperation> State<K, O> {
     /// [`expire_all`](Self::expire_all)'s.
     #[inline]
     pub(crate) fn expire_one(&self, expiry: Expiry) {
-        if let Some(taken) = self.table.take_for_expiry(expiry.0) {
+        if let Some(taken) = self.table.take_for_expiry(expiry.0, false) {
             self.complete_one_as(taken, Completion::Expired, Count::Expired);
         }
     }
@@ -127,24 +137,6 @@ impl<K, O: DelayedOperation> State<K, O> {
         self.counters.add(count, n as u64);
         if !how.is_expiry() {
             report!(self.user, DEBUG, purgatory = %self.name, ?how, completed = n, "complete");
-        }
-    }
-
-    /// What a completion `how` outside a round is answered as, and the total it counts
-    /// in. An expiry that a holder of the operation's slot (or the orphans' sweep)
-    /// completes after the purgatory closed is shutdown's: the request may be
-    /// shutdown's, and a timeout that came while the slot was held is answered after
-    /// shutdown began either way.
-    #[inline]
-    fn outcome(&self, how: Completion) -> (Completion, Count) {
-        match how {
-            Completion::Ready => (how, Count::Completed),
-            Completion::Forced => (how, Count::Forced),
-            Completion::Expired if self.timer.is_shutdown() => {
-                (Completion::Shutdown, Count::ShutdownExpired)
-            }
-            Completion::Expired => (how, Count::Expired),
-            Completion::Shutdown => (how, Count::ShutdownExpired),
         }
     }
 
@@ -175,7 +167,8 @@ impl<K, O: DelayedOperation> State<K, O> {
         let mut taken: SmallVec<[Taken<O>; 16]> = SmallVec::new();
         let mut done = 0;
         for expiry in expired {
-            if let Some(mut t) = self.table.take_for_expiry(expiry.0) {
+            let by_shutdown = how == Completion::Shutdown;
+            if let Some(mut t) = self.table.take_for_expiry(expiry.0, by_shutdown) {
                 t.timer = None;
                 taken.push(t);
                 if taken.len() == taken.inline_size() {
@@ -193,18 +186,36 @@ impl<K, O: DelayedOperation> State<K, O> {
 
 impl<K, O: DelayedOperation> State<K, O> {
     /// Expires the operations whose expiry only an unwinding holder saw (see
-    /// `op_table.rs`); returns how many. Once the timer is shut down they count as
-    /// expired by shutdown.
+    /// `op_table.rs`), each as whose expiry it was (its timeout's or shutdown's); returns
+    /// how many.
     pub(crate) fn expire_orphans(&self) -> usize {
         let orphans = self.table.take_orphans();
         if orphans.is_empty() {
             return 0;
         }
-        // Answered and counted by `outcome`: as shutdown's once the timer is closed.
-        self.complete(
-            &mut SmallVec::<[Taken<O>; 1]>::from_vec(orphans),
-            Completion::Expired,
-        )
+        let mut timeouts = SmallVec::<[Taken<O>; 1]>::new();
+        let mut shutdowns = SmallVec::<[Taken<O>; 1]>::new();
+        for orphan in orphans {
+            if orphan.by_shutdown {
+                shutdowns.push(orphan.taken);
+            } else {
+                timeouts.push(orphan.taken);
+            }
+        }
+        self.complete(&mut timeouts, Completion::Expired)
+            + self.complete(&mut shutdowns, Completion::Shutdown)
+    }
+
+    /// Answers an expiry an unlock handed over (`watch.rs`), as whose it was: its
+    /// timeout's (`Expired`, even if shutdown began meanwhile: the deadline had passed) or
+    /// shutdown's.
+    pub(crate) fn complete_handed_over(&self, taken: Taken<O>, by_shutdown: bool) {
+        let how = if by_shutdown {
+            Completion::Shutdown
+        } else {
+            Completion::Expired
+        };
+        self.complete_one(taken, how);
     }
 }
 

@@ -253,7 +253,7 @@ pub(crate) struct OpTable<O> {
     parker: Parker,
     /// Operations whose expiry came while a [`Locked`] that was dropped unconsumed held
     /// their slot (see the module doc), for [`take_orphans`](Self::take_orphans).
-    orphans: parking_lot::Mutex<Vec<Taken<O>>>,
+    orphans: parking_lot::Mutex<Vec<Orphan<O>>>,
     has_orphans: AtomicBool,
 }
 
@@ -529,17 +529,21 @@ impl<O: DelayedOperation> OpTable<O> {
     /// Takes the operation `op` names for its expiry, without waiting: if another thread
     /// holds its slot, the expiry is left to that holder, whose unlock hands it to its
     /// caller to complete as expired (see `slot.rs`), and this returns `None`, as it does
-    /// when the operation is already gone. The timer entry has fired: the taken
-    /// operation has no timer to cancel.
-    pub(crate) fn take_for_expiry(&self, op: OpRef) -> Option<Taken<O>> {
+    /// when the operation is already gone. The timer entry has fired (or was drained by
+    /// shutdown: `by_shutdown`, which the holder is told): the taken operation has no
+    /// timer to cancel.
+    pub(crate) fn take_for_expiry(&self, op: OpRef, by_shutdown: bool) -> Option<Taken<O>> {
         let slot = &self.slot(op.index).slot;
-        match slot.lock_or_request_expiry(op.generation) {
+        match slot.lock_or_request_expiry(op.generation, by_shutdown) {
             ExpiryAttempt::Locked => Some(
-                HandedOver(Locked {
-                    table: self,
-                    slot,
-                    op,
-                })
+                HandedOver {
+                    locked: Locked {
+                        table: self,
+                        slot,
+                        op,
+                    },
+                    by_shutdown,
+                }
                 .take(),
             ),
             ExpiryAttempt::Requested | ExpiryAttempt::Gone => None,
@@ -548,7 +552,7 @@ impl<O: DelayedOperation> OpTable<O> {
 
     /// The operations whose expiry only a dropped, unconsumed [`Locked`] saw (see the
     /// module doc), for the caller to complete as expired. Cheap when there are none.
-    pub(crate) fn take_orphans(&self) -> Vec<Taken<O>> {
+    pub(crate) fn take_orphans(&self) -> Vec<Orphan<O>> {
         if !self.has_orphans.load(Ordering::Acquire) {
             return Vec::new();
         }
@@ -634,7 +638,10 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
         let this = ManuallyDrop::new(self);
         match this.slot.unlock(this.op.generation, &this.table.parker) {
             Unlocked::Released => Ok(()),
-            Unlocked::MustExpire => Err(HandedOver(ManuallyDrop::into_inner(this))),
+            Unlocked::MustExpire { by_shutdown } => Err(HandedOver {
+                locked: ManuallyDrop::into_inner(this),
+                by_shutdown,
+            }),
         }
     }
 
@@ -650,18 +657,36 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
     }
 }
 
+/// An operation whose expiry only an unwinding holder saw, taken out for the next round
+/// (or shutdown, or the drop) to answer.
+pub(crate) struct Orphan<O> {
+    pub(crate) taken: Taken<O>,
+    /// The expiry was shutdown's, not the timeout's (see [`HandedOver::by_shutdown`]).
+    pub(crate) by_shutdown: bool,
+}
+
 /// A slot still held whose operation's timeout fired while it was held: its holder's to
 /// expire. Kept apart from [`Locked`] so that the holder can first tell whoever waits for
 /// answers in progress (a shutdown, `Driver::work`) and then take it: a shutdown that
 /// begins after the operation was taken out then waits for its answer.
 #[must_use = "an expiry handed over is the holder's to answer"]
-pub(crate) struct HandedOver<'a, O: DelayedOperation>(Locked<'a, O>);
+pub(crate) struct HandedOver<'a, O: DelayedOperation> {
+    locked: Locked<'a, O>,
+    /// The expiry is shutdown's (it drained the operation's timer), not its timeout's.
+    by_shutdown: bool,
+}
 
 impl<O: DelayedOperation> HandedOver<'_, O> {
+    /// Whether the expiry is shutdown's rather than the timeout's: what the operation is
+    /// told (`Completion::Shutdown` or `Completion::Expired`), whenever it is answered.
+    pub(crate) fn by_shutdown(&self) -> bool {
+        self.by_shutdown
+    }
+
     /// Takes the operation out as expired (its timer fired, so it has none to cancel),
     /// freeing its slot.
     pub(crate) fn take(self) -> Taken<O> {
-        let mut taken = self.0.take();
+        let mut taken = self.locked.take();
         taken.timer = None;
         taken
     }
@@ -679,7 +704,11 @@ impl<O: DelayedOperation> Drop for Locked<'_, O> {
         };
         // `this` is consumed by `unlock` (no second drop); `self` is dropped by its caller.
         if let Err(handed_over) = this.unlock() {
-            let orphan = handed_over.take();
+            let by_shutdown = handed_over.by_shutdown();
+            let orphan = Orphan {
+                taken: handed_over.take(),
+                by_shutdown,
+            };
             let table = self.table;
             table.orphans.lock().push(orphan);
             table.has_orphans.store(true, Ordering::Release);
@@ -751,7 +780,7 @@ mod tests {
         assert_eq!(b.index, a.index);
         assert!(table.lock(a).is_none(), "a stale lock returns at once");
         assert!(table.take(a).is_none());
-        assert!(table.take_for_expiry(a).is_none());
+        assert!(table.take_for_expiry(a, false).is_none());
         // Nothing of those reached B: its holder unlocks it with no expiry to honour.
         assert!(held.unlock().is_ok());
         assert_eq!(table.take(b).map(|t| t.op.0), Some("b"));
@@ -763,7 +792,7 @@ mod tests {
         let held = table.insert_one(Named("x"), CarriedSpan::default());
         let x = held.op();
         assert!(
-            table.take_for_expiry(x).is_none(),
+            table.take_for_expiry(x, false).is_none(),
             "the expiry does not wait"
         );
         assert!(table.is_waiting(x), "left to the holder");
@@ -774,7 +803,7 @@ mod tests {
         assert_eq!(expired.op.0, "x");
         assert!(expired.timer.is_none(), "its timer fired");
         assert!(!table.is_waiting(x));
-        assert!(table.take_for_expiry(x).is_none(), "taken once");
+        assert!(table.take_for_expiry(x, false).is_none(), "taken once");
     }
 
     #[test]
@@ -782,7 +811,7 @@ mod tests {
         let table = OpTable::new();
         let held = table.insert_one(Named("x"), CarriedSpan::default());
         let x = held.op();
-        assert!(table.take_for_expiry(x).is_none());
+        assert!(table.take_for_expiry(x, false).is_none());
         assert_eq!(held.take().op.0, "x");
         // The slot is free and clean: the next occupant has no expiry waiting for it.
         let next = table.insert_one(Named("y"), CarriedSpan::default());
@@ -796,10 +825,13 @@ mod tests {
         assert!(table.take_orphans().is_empty());
         let held = table.insert_one(Named("x"), CarriedSpan::default());
         let x = held.op();
-        assert!(table.take_for_expiry(x).is_none());
+        assert!(table.take_for_expiry(x, false).is_none());
         drop(held);
         let orphans = table.take_orphans();
-        assert_eq!(orphans.iter().map(|t| t.op.0).collect::<Vec<_>>(), ["x"]);
+        assert_eq!(
+            orphans.iter().map(|o| o.taken.op.0).collect::<Vec<_>>(),
+            ["x"]
+        );
         assert!(!table.is_waiting(x));
         assert!(table.take_orphans().is_empty(), "taken once");
     }

@@ -35,10 +35,10 @@ pub enum Completion {
     /// apart so a service can answer "shutting down" (a 503) rather than "nothing came"
     /// (a 204). Counted in `PurgatoryStats::expired_at_shutdown`.
     ///
-    /// One edge: an operation whose `try_complete` was still running (on a thread
-    /// calling `check_and_complete`, say) when its timeout came is answered by that
-    /// thread once `try_complete` returns; if that is after shutdown began, it is told
-    /// `Shutdown` (and counted so) though its timeout had passed.
+    /// Exactly the operations whose timer shutdown drained (their timeout had not come):
+    /// a timeout that came first is `Expired`, even if the answer goes out after shutdown
+    /// began (an operation whose `try_complete` was running when its timeout came is
+    /// answered as it returns).
     Shutdown,
 }
 

@@ -6,8 +6,8 @@
 //!
 //! | state | how it got there | its drop |
 //! |---|---|---|
-//! | waiting | `park` watched the operation | cancels it (`Purgatory::cancel`) |
-//! | settled | `park` completed it at once; or polled to its answer; or `try_cancel` | nothing |
+//! | waiting | `park_with` watched the operation | cancels it (`Purgatory::cancel`) |
+//! | settled | `park_with` completed it at once; or polled to its answer; or `try_cancel` | nothing |
 //!
 //! # Invariants
 //! - Exactly once: the drop's cancel and a completion both take the operation out of

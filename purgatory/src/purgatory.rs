@@ -547,7 +547,8 @@ where
     ///
     /// One exception: an operation whose slot another thread holds when shutdown comes
     /// (running its `try_complete`, or arming it in a watch) is answered by that thread
-    /// as it lets go (`Shutdown`, or `Ready` if it said ready), possibly after `shutdown`
+    /// as it lets go (`Shutdown`, `Expired` if its timeout came first, or `Ready` if it
+    /// said ready), possibly after `shutdown`
     /// returned. User code that shutdown runs (a key's
     /// `Drop` as the lists are emptied) is caught like any other; nothing reaches the
     /// caller.

@@ -7,6 +7,7 @@
 //! | bits   | name       | meaning |
 //! |--------|------------|---------|
 //! | 63..32 | generation | the occupant's while the slot is occupied; the next occupant's while it is free |
+//! | 3      | `BY_SHUTDOWN` | with `EXPIRED` only: the expiry was shutdown's (it drained the operation's timer), not its timeout's |
 //! | 2      | `EXPIRED`  | the occupant's timeout fired while the slot was locked: whoever unlocks it expires it |
 //! | 1      | `PARKED`   | a thread sleeps in [`Slot::lock`], waiting for the slot |
 //! | 0      | `LOCKED`   | a thread holds the slot: it alone may read or change the operation |
@@ -29,7 +30,7 @@
 //! | free `g`                       | locked `g`                  | the allocator ([`Slot::occupy`]): nobody else can name `g` yet |
 //! | waiting `g`                    | locked `g`                  | [`Slot::lock`] or [`Slot::lock_or_request_expiry`] naming `g` |
 //! | locked `g`                     | locked `g` + `PARKED`       | [`Slot::lock`] naming `g`, before it sleeps |
-//! | locked `g`                     | locked `g` + `EXPIRED`      | [`Slot::lock_or_request_expiry`] naming `g` (an expiry never waits) |
+//! | locked `g`                     | locked `g` + `EXPIRED` (+ `BY_SHUTDOWN` for shutdown's) | [`Slot::lock_or_request_expiry`] naming `g` (an expiry never waits) |
 //! | locked `g`, no `EXPIRED`       | waiting `g`                 | the holder ([`Slot::unlock`]) |
 //! | locked `g`, `EXPIRED`          | free `g + 1`                | the holder ([`Slot::unlock`] refuses; it takes the operation and expires it) |
 //! | locked `g`                     | free `g + 1`, or retired    | the holder, taking the operation ([`Slot::release_taken`]) |
@@ -50,6 +51,10 @@
 //!   first (the unlock fails, sees `EXPIRED`, and expires the operation itself) or the
 //!   unlock does (the expiry then finds the slot unlocked, or taken, and acts on that).
 //!   One word, one order of writes: no fence, nothing for a caller to remember.
+//! - The holder is told whose expiry it owes (`Unlocked::MustExpire`): a timeout's (its
+//!   deadline passed, whenever the answer goes out) or shutdown's. Only the first
+//!   request is kept (a request finding `EXPIRED` set writes nothing), and both requests
+//!   can never meet on one occupant: shutdown drains only timers that have not fired.
 //! - Generations never wrap: a slot whose generation reaches `RETIRED` stays retired
 //!   (see `op_table.rs`).
 
@@ -63,7 +68,8 @@ pub(crate) const RETIRED: u32 = u32::MAX;
 const LOCKED: u64 = 1;
 const PARKED: u64 = 1 << 1;
 const EXPIRED: u64 = 1 << 2;
-const FLAGS: u64 = LOCKED | PARKED | EXPIRED;
+const BY_SHUTDOWN: u64 = 1 << 3;
+const FLAGS: u64 = LOCKED | PARKED | EXPIRED | BY_SHUTDOWN;
 
 /// The word of an unlocked slot of generation `generation`.
 #[inline]
@@ -107,9 +113,10 @@ pub(crate) enum ExpiryAttempt {
 pub(crate) enum Unlocked {
     /// Unlocked; the operation stays.
     Released,
-    /// Not unlocked: the operation's timeout fired while it was held, so the holder must
-    /// take it and complete it as expired (the slot is still held).
-    MustExpire,
+    /// Not unlocked: the operation's timeout fired (or shutdown expired it) while it was
+    /// held, so the holder must take it and complete it as expired (the slot is still
+    /// held). `by_shutdown`: the request was shutdown's, not the timeout's.
+    MustExpire { by_shutdown: bool },
 }
 
 /// One slot; its operation state `S` is only touched by the slot's holder.
@@ -213,7 +220,7 @@ impl<S> Slot<S> {
             // Asleep while the slot is still held under this generation with PARKED set
             // (EXPIRED may come and go meanwhile).
             let asleep = unlocked(generation) | LOCKED | PARKED;
-            parker.park(&self.word, !EXPIRED, asleep);
+            parker.park(&self.word, !(EXPIRED | BY_SHUTDOWN), asleep);
             spin = SpinWait::new();
             word = self.word.load(Relaxed);
         }
@@ -221,8 +228,18 @@ impl<S> Slot<S> {
 
     /// For an expiry, which never waits: locks the slot if its generation is
     /// `generation` and it is unlocked; if another thread holds it, leaves the expiry to
-    /// that holder (sets `EXPIRED`).
-    pub(crate) fn lock_or_request_expiry(&self, generation: u32) -> ExpiryAttempt {
+    /// that holder (sets `EXPIRED`, and `BY_SHUTDOWN` if `by_shutdown`: the expiry is
+    /// shutdown's, not the timeout's).
+    pub(crate) fn lock_or_request_expiry(
+        &self,
+        generation: u32,
+        by_shutdown: bool,
+    ) -> ExpiryAttempt {
+        let request = if by_shutdown {
+            EXPIRED | BY_SHUTDOWN
+        } else {
+            EXPIRED
+        };
         let mut word = self.word.load(Relaxed);
         loop {
             if generation_of(word) != generation || word & EXPIRED != 0 {
@@ -231,7 +248,7 @@ impl<S> Slot<S> {
             let (new, attempt) = if word & LOCKED == 0 {
                 (word | LOCKED, ExpiryAttempt::Locked)
             } else {
-                (word | EXPIRED, ExpiryAttempt::Requested)
+                (word | request, ExpiryAttempt::Requested)
             };
             match self.word.compare_exchange_weak(word, new, Acquire, Relaxed) {
                 Ok(_) => return attempt,
@@ -263,7 +280,9 @@ impl<S> Slot<S> {
         loop {
             debug_assert_ne!(word & LOCKED, 0, "unlocked by its holder");
             if word & EXPIRED != 0 {
-                return Unlocked::MustExpire;
+                return Unlocked::MustExpire {
+                    by_shutdown: word & BY_SHUTDOWN != 0,
+                };
             }
             match self
                 .word

@@ -344,7 +344,8 @@ where
     /// takes the operation and expires it, here and now.
     pub(crate) fn answer_handed_over(&self, handed_over: HandedOver<'_, O>, driver: &Driver<Self>) {
         let _work = driver.work();
-        self.complete_one(handed_over.take(), Completion::Expired);
+        let by_shutdown = handed_over.by_shutdown();
+        self.complete_handed_over(handed_over.take(), by_shutdown);
     }
 
     /// Watches the operations of `chunk` (at most [`CHUNK`]) and appends one result per
@@ -365,16 +366,27 @@ where
         self.list_chunk(&mut members, &mut chunk);
         let handed_over = self.arm_chunk(&mut members, &mut chunk);
         drop(members);
-        // No slot of the chunk is held any more: free the ones emptied on the way, and
-        // close their spans.
+        // Expiries handed over by the unlocks: every one taken out of its slot before any
+        // is answered (an answer's callbacks may call this purgatory on another of their
+        // keys), all under one `work` taken before the first take (a shutdown that begins
+        // after it waits for the answers).
+        let work = (!handed_over.is_empty()).then(|| driver.work());
+        let taken_over: SmallVec<[(Taken<O>, bool); 1]> = handed_over
+            .into_iter()
+            .map(|handed_over| (handed_over.by_shutdown(), handed_over))
+            .map(|(by_shutdown, handed_over)| (handed_over.take(), by_shutdown))
+            .collect();
+        // No slot of the chunk is held any more once the emptied ones are free: answer
+        // the expiries, then close the refused members' spans (user code, both).
         if !chunk.vacated.is_empty() {
             self.table.vacate(&chunk.vacated);
-            for span in chunk.spans.drain(..) {
-                span.close(&self.user);
-            }
         }
-        for handed_over in handed_over {
-            self.answer_handed_over(handed_over, driver);
+        for (taken, by_shutdown) in taken_over {
+            self.complete_handed_over(taken, by_shutdown);
+        }
+        drop(work);
+        for span in chunk.spans.drain(..) {
+            span.close(&self.user);
         }
         self.try_chunk(&mut chunk, driver);
         self.settle_chunk(&mut chunk, results);

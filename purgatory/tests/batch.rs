@@ -228,3 +228,165 @@ fn a_handle_of_another_purgatory_forces_nothing() {
     assert!(b.is_completed(&handle), "names nothing in b");
     assert_eq!(a.force_complete_batch([&handle]), 1);
 }
+
+/// A clock that stops, once, at the watching thread's `stop_at`-th reading after it is
+/// armed, until released, telling the test when it stopped.
+#[cfg(feature = "metrics")]
+struct StoppingClock {
+    inner: ManualClock,
+    armed: std::sync::atomic::AtomicBool,
+    reads: std::sync::atomic::AtomicUsize,
+    stop_at: usize,
+    stopped: std::sync::mpsc::Sender<Event>,
+    release: Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+/// What the watching thread tells the test: its clock stopped, or its watch returned
+/// (how many results, how many refused).
+#[cfg(feature = "metrics")]
+enum Event {
+    Stopped,
+    Done(usize, usize),
+}
+
+#[cfg(feature = "metrics")]
+#[derive(Clone)]
+struct Stopping(Arc<StoppingClock>);
+
+#[cfg(feature = "metrics")]
+impl purgatory::Clock for Stopping {
+    fn now(&self) -> Duration {
+        let clock = &self.0;
+        let watcher = std::thread::current().name() == Some("watcher");
+        if watcher
+            && clock.armed.load(SeqCst)
+            && clock.reads.fetch_add(1, SeqCst) + 1 == clock.stop_at
+        {
+            let _ = clock.stopped.send(Event::Stopped);
+            let _ = clock.release.lock().unwrap().recv();
+        }
+        clock.inner.now()
+    }
+}
+
+/// Calls `check_and_complete` on another member's key from its `on_complete`, and
+/// records which thread answered it.
+#[cfg(feature = "metrics")]
+struct ChecksAnother {
+    purgatory: Arc<Mutex<Option<Purgatory<u64, ChecksAnother>>>>,
+    other: u64,
+    answered_by: Arc<Mutex<Vec<Option<String>>>>,
+}
+
+#[cfg(feature = "metrics")]
+impl DelayedOperation for ChecksAnother {
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(10)
+    }
+    fn try_complete(&mut self) -> bool {
+        false
+    }
+    fn on_complete(&mut self, how: Completion) {
+        let thread = std::thread::current().name().map(str::to_string);
+        self.answered_by.lock().unwrap().push(thread);
+        assert_eq!(how, Completion::Expired, "its timeout fired");
+        let purgatory = self.purgatory.lock().unwrap().clone();
+        if let Some(purgatory) = purgatory {
+            purgatory.check_and_complete(&self.other);
+        }
+    }
+}
+
+/// From the review of issue #28: a chunk whose expiries were handed over to it (their
+/// timeouts fired while the watch held their slots, between arming and letting go; a
+/// shutdown's drain does the same) must answer them with none of the chunk's slots held:
+/// an answer's `on_complete` that checks another member's key waited for the watching
+/// thread itself, forever. The clock stops the watch at each of its readings in turn
+/// while a round fires every timeout; the one after arming (the wait samples' of
+/// feature `metrics`) is the window.
+#[cfg(feature = "metrics")]
+#[test]
+fn a_chunk_answers_handed_over_expiries_with_none_of_its_slots_held() {
+    const MEMBERS: u64 = 40;
+    let mut answered_by_the_watch = 0;
+    for stop_at in 1..=4 {
+        let (events_tx, events) = std::sync::mpsc::channel();
+        let (release, release_rx) = std::sync::mpsc::channel();
+        let clock = Arc::new(StoppingClock {
+            inner: ManualClock::new(),
+            armed: std::sync::atomic::AtomicBool::new(false),
+            reads: std::sync::atomic::AtomicUsize::new(0),
+            stop_at,
+            stopped: events_tx.clone(),
+            release: Mutex::new(release_rx),
+        });
+        let purgatory: Purgatory<u64, ChecksAnother> = purgatory::PurgatoryBuilder::new()
+            .timer(
+                purgatory::TimerBuilder::new()
+                    .clock(Stopping(Arc::clone(&clock)))
+                    .reaper(false),
+            )
+            .build()
+            .unwrap();
+        let shared = Arc::new(Mutex::new(Some(purgatory.clone())));
+        let answered_by = Arc::new(Mutex::new(Vec::new()));
+        let batch: Vec<_> = (0..MEMBERS)
+            .map(|k| {
+                let op = ChecksAnother {
+                    purgatory: Arc::clone(&shared),
+                    other: (k + 1) % MEMBERS,
+                    answered_by: Arc::clone(&answered_by),
+                };
+                (op, vec![k])
+            })
+            .collect();
+        let watcher = {
+            let purgatory = purgatory.clone();
+            let clock = Arc::clone(&clock);
+            std::thread::Builder::new()
+                .name("watcher".into())
+                .spawn(move || {
+                    clock.armed.store(true, SeqCst);
+                    let results = purgatory.watch_batch(batch);
+                    let refused = results.iter().filter(|r| r.is_err()).count();
+                    let _ = events_tx.send(Event::Done(results.len(), refused));
+                })
+                .unwrap()
+        };
+        let mut event = events.recv_timeout(Duration::from_secs(10));
+        if let Ok(Event::Stopped) = event {
+            // The watch holds its chunk's slots here (or has not taken them yet): every
+            // timeout armed so far fires (a round never waits for a slot).
+            clock.inner.advance(Duration::from_millis(20));
+            purgatory.advance_clock(Duration::ZERO);
+            release.send(()).unwrap();
+            event = events.recv_timeout(Duration::from_secs(10));
+        }
+        let Ok(Event::Done(watched, refused)) = event else {
+            panic!("stop {stop_at}: watch_batch never returned");
+        };
+        assert_eq!(watched, MEMBERS as usize);
+        watcher.join().unwrap();
+        // The rest time out now.
+        clock.inner.advance(Duration::from_millis(20));
+        purgatory.advance_clock(Duration::ZERO);
+        purgatory.shutdown();
+        *shared.lock().unwrap() = None;
+        let answered_by = answered_by.lock().unwrap().clone();
+        assert_eq!(refused, 0, "stop {stop_at}");
+        assert_eq!(
+            answered_by.len(),
+            MEMBERS as usize,
+            "stop {stop_at}: each answered once"
+        );
+        assert_eq!(purgatory.stats().panicked, 0, "stop {stop_at}");
+        answered_by_the_watch += answered_by
+            .iter()
+            .filter(|t| t.as_deref() == Some("watcher"))
+            .count();
+    }
+    assert!(
+        answered_by_the_watch > 0,
+        "no stop fell in the window: the test tests nothing"
+    );
+}

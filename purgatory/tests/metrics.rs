@@ -598,15 +598,15 @@ impl DelayedOperation for Gated {
 }
 
 /// Issue #27, finding 5: an operation whose `try_complete` was running when shutdown
-/// came (its timeout fired meanwhile, so shutdown left it to that thread) is answered
-/// after shutdown returned: its count and its wait sample must still reach the published
-/// figures.
+/// came (its timeout fired meanwhile, or shutdown drained its timer, and left it to that
+/// thread) is answered after shutdown returned: its count and its wait sample must still
+/// reach the published figures, as the timeout's or shutdown's (issue #28) expiry.
 #[test]
 fn answers_made_after_shutdown_reach_the_published_figures() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    for ready in [false, true] {
-        let name = format!("late-answer-{ready}");
+    for (ready, timed_out) in [(false, true), (true, true), (false, false)] {
+        let name = format!("late-answer-{ready}-{timed_out}");
         let (purgatory, clock) = manual_with::<Gated>(&recorder, &name);
         let gated = Arc::new(AtomicBool::new(false));
         let (entered_tx, entered) = std::sync::mpsc::channel();
@@ -625,18 +625,23 @@ fn answers_made_after_shutdown_reach_the_published_figures() {
             });
             entered.recv().unwrap();
             metrics::with_local_recorder(&recorder, || {
-                // Its timeout fires while the checker holds it; shutdown leaves it there.
-                clock.advance(Duration::from_millis(50));
-                assert_eq!(purgatory.advance_clock(Duration::ZERO), 1);
+                // Its timeout fires while the checker holds it (or not yet: shutdown drains
+                // it); shutdown leaves it there.
+                if timed_out {
+                    clock.advance(Duration::from_millis(50));
+                    assert_eq!(purgatory.advance_clock(Duration::ZERO), 1);
+                }
                 purgatory.shutdown();
             });
             release.send(ready).unwrap();
             assert_eq!(checker.join().unwrap(), usize::from(ready));
         });
         let stats = purgatory.stats();
+        // A timeout that came before the shutdown is a timeout's, answered after it.
+        let (timeout, drained) = (!ready && timed_out, !ready && !timed_out);
         assert_eq!(
-            (stats.completed, stats.expired_at_shutdown, stats.expired),
-            (u64::from(ready), u64::from(!ready), 0),
+            (stats.completed, stats.expired, stats.expired_at_shutdown),
+            (u64::from(ready), u64::from(timeout), u64::from(drained)),
             "{stats:?}"
         );
         // One snapshot: a snapshot drains what it reads.
@@ -647,12 +652,21 @@ fn answers_made_after_shutdown_reach_the_published_figures() {
         assert_eq!(
             (
                 figure("purgatory_completed_total"),
+                figure("purgatory_expired_total"),
                 figure("purgatory_shutdown_expired_total")
             ),
-            (Some(stats.completed), Some(stats.expired_at_shutdown)),
+            (
+                Some(stats.completed),
+                Some(stats.expired),
+                Some(stats.expired_at_shutdown)
+            ),
             "published after the late answer: {published:?}"
         );
-        let outcome = if ready { "ready" } else { "shutdown" };
+        let outcome = match (ready, timed_out) {
+            (true, _) => "ready",
+            (false, true) => "expired",
+            (false, false) => "shutdown",
+        };
         assert_eq!(
             samples.get(outcome).map(Vec::len),
             Some(1),
