@@ -558,6 +558,30 @@ fn handed_over_check_and_shutdown_model() {
     assert_eq!((stats.expired, stats.expired_at_shutdown), (1, 0));
 }
 
+/// A waiting operation (its 60 s timeout far off) is held by a check on one thread while
+/// another shuts the purgatory down: the drain of its timer meets the held slot and
+/// leaves the expiry to the check, marked as shutdown's. However they interleave, it is
+/// answered once, told `Shutdown`, and counted so (not as a timeout).
+fn drained_while_checked_model() {
+    EXPLORED.fetch_add(1, SeqCst);
+    let clock = ManualClock::new();
+    let purgatory = purgatory(&clock);
+    let (op, outcome) = never_ready(Duration::from_secs(60));
+    let WatchOutcome::Pending(_) = purgatory.watch(op, [KEY]).expect("accepted") else {
+        panic!("never ready");
+    };
+    let check = {
+        let purgatory = purgatory.clone();
+        spawn(move || purgatory.check_and_complete(&KEY))
+    };
+    purgatory.shutdown();
+    assert_eq!(check.join().unwrap(), 0, "never ready");
+    assert_eq!(outcome.completions.load(SeqCst), 1, "answered exactly once");
+    assert_eq!(outcome.how.load(SeqCst), 4, "told Shutdown");
+    let stats = purgatory.stats();
+    assert_eq!((stats.expired, stats.expired_at_shutdown), (0, 1));
+}
+
 /// A waiting operation is forced on one thread while another shuts the purgatory down. If
 /// the force had taken it out of its slot when the shutdown began, it was answered by the
 /// time the shutdown returned; either way it is answered exactly once (forced, or expired
@@ -595,6 +619,11 @@ fn force_and_shutdown_model() {
             how => panic!("forced or shut down, not {how}"),
         }
     );
+}
+
+#[test]
+fn an_expiry_shutdown_leaves_to_a_check_is_told_shutdown() {
+    explore("drained while checked", drained_while_checked_model);
 }
 
 #[test]
