@@ -4,7 +4,7 @@
 //! | endpoint | answers | purgatory |
 //! |---|---|---|
 //! | `GET /poll/{topic}?after=N&wait_ms=M` | 200 with the end offset once it passes `N`; 204 after `M` ms; 503 at shutdown | polls: `wait_until` (a condition and a timeout), [`long_poll`] |
-//! | `POST /produce/{topic}?acks=K&timeout_ms=M` | appends; 200 with the record's offset once `K` followers copied it; 408 after `M` ms; 503 at shutdown | produces: a [`DelayedProduce`](produce::DelayedProduce) parked with `park_with`, [`produce`] |
+//! | `POST /produce/{topic}?acks=K&timeout_ms=M` | appends; 200 with the record's offset once `K` followers copied it; 408 after `M` ms; 503 at shutdown | produces: a [`DelayedProduce`] parked with `park_with`, [`produce`] |
 //! | `GET /metrics` | both purgatories' figures as Prometheus text | [`metrics`] |
 //!
 //! Followers are simulated: tasks that copy every append `replication_delay` after it
