@@ -17,7 +17,10 @@
 //!   `completed` (200), `expired` (408), `expired_at_shutdown` (503, parked before the
 //!   shutdown) or `cancelled` (its client left); a produce refused because the purgatory
 //!   had shut down is answered 503 and counted nowhere.
-//! - The body is read (hyper then sees a client that leaves while it waits) and dropped.
+//! - The body is read before the produce is parked, then dropped: hyper (HTTP/1)
+//!   notices a client that leaves only once it has read the whole request, so a
+//!   produce parked with its body unread would wait out its timeout after the client
+//!   left.
 
 use std::sync::Arc;
 use std::time::Duration;
