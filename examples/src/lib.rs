@@ -4,6 +4,9 @@
 //!   `delayed_produce` and `delayed_fetch`), an acks=all produce and a long-poll fetch.
 //! - [`broker`]: a small Kafka-protocol broker (binary `broker`) with in-memory partitions,
 //!   simulated followers and both purgatories in its request path.
+//! - [`axum_service`]: an axum service (binary `axum_service`) with a long poll, a produce
+//!   waiting for acks and Prometheus metrics, whose graceful shutdown answers every
+//!   parked request at once: the purgatory as a tokio HTTP service uses it.
 //! - [`load`]: the broker's load and measurement tool (binary `broker_load`), over
 //!   [`wire_client`], a raw Kafka-protocol client also used by the tests.
 //!
@@ -14,6 +17,7 @@
 //! purgatories, whose parked operations are awaited through the purgatory's own
 //! `Parked` future, cargo feature `tokio`).
 
+pub mod axum_service;
 pub mod broker;
 pub mod cli;
 pub mod delayed_fetch;
