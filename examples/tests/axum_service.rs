@@ -242,12 +242,16 @@ async fn prometheus_counters_equal_the_clients_tally() {
     let config = Config {
         followers: 2,
         replication_delay: Duration::from_millis(20),
-        name_prefix: "tally-".into(),
         prometheus: Some(prometheus.clone()),
         ..Config::default()
     };
     let mut running = Running::start(config).await;
     let (addr, service) = (running.addr, running.service.clone());
+    // Other tests' services in this process may publish as `poll` too.
+    let (poll_label, produce_label) = (
+        service.polls().metrics_label(),
+        service.produces().metrics_label(),
+    );
     let polls = service.polls().clone();
     let mut poll_answers = Vec::new();
     let mut produce_answers = Vec::new();
@@ -292,13 +296,13 @@ async fn prometheus_counters_equal_the_clients_tally() {
     let polls_204 = count(&poll_answers, StatusCode::NO_CONTENT);
     assert_eq!((polls_200, polls_204, poll_answers.len()), (41, 25, 66));
     assert_eq!(
-        tally_of(text, "tally-poll"),
+        tally_of(text, &poll_label),
         [polls_200, polls_204, 0, disconnects]
     );
     // The acks=0 produce parks nothing; the ten acks=2 ones complete.
     let produced_200 = count(&produce_answers, StatusCode::OK);
     assert_eq!(produced_200, 11);
-    assert_eq!(tally_of(text, "tally-produce"), [produced_200 - 1, 0, 0, 0]);
+    assert_eq!(tally_of(text, &produce_label), [produced_200 - 1, 0, 0, 0]);
 
     // Polls parked when the service shuts down (503). The server is gone afterwards, so
     // the counters are read from the exporter's text: what `/metrics` would serve.
@@ -313,7 +317,7 @@ async fn prometheus_counters_equal_the_clients_tally() {
     assert_eq!(polls_503, 12);
     let text = prometheus.render();
     assert_eq!(
-        tally_of(&text, "tally-poll"),
+        tally_of(&text, &poll_label),
         [polls_200, polls_204, polls_503, disconnects]
     );
 }

@@ -305,8 +305,21 @@ where
     /// running then); the label is freed when the purgatory is dropped: its series keep
     /// their last values (the facade cannot remove them) until a later purgatory of that
     /// name takes it over.
+    ///
+    /// A scrape handler (a Prometheus `/metrics` endpoint) that must show exact figures
+    /// calls this before it renders: otherwise what it shows may be up to about a
+    /// second old.
     pub fn publish_metrics(&self) {
         let state = self.state();
         state.publish_now(&mut state.metrics.publisher.lock());
+    }
+
+    /// The value of the label `purgatory` on this purgatory's series: its
+    /// [name](Self::name), or `name#2`, `name#3`, ... if others of that name were alive
+    /// when it was built (see [`publish_metrics`](Self::publish_metrics)). For finding
+    /// its own series in a scrape, when several purgatories share a name (two services
+    /// in one process, or tests). Only with the cargo feature `metrics`.
+    pub fn metrics_label(&self) -> String {
+        self.state().metrics.publisher.lock().label.value.clone()
     }
 }

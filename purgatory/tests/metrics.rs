@@ -479,6 +479,11 @@ fn purgatories_of_one_name_alive_together_publish_distinct_series() {
     let (first, _) = manual(&recorder, name);
     let (second, _) = manual(&recorder, name);
     assert_eq!((first.name(), second.name()), (name, name));
+    // What each was labelled, for a user finding its own series.
+    assert_eq!(
+        (first.metrics_label(), second.metrics_label()),
+        (name.to_string(), "twin#2".to_string())
+    );
     watch(&first, 1);
     watch(&second, 2);
     metrics::with_local_recorder(&recorder, || {

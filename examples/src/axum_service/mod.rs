@@ -53,10 +53,6 @@ pub struct Config {
     pub max_wait: Duration,
     /// The most topics the service makes.
     pub max_topics: usize,
-    /// Put before the purgatories' names, `poll` and `produce` (their metrics label): two
-    /// services in one process need different ones, or the second's series are labelled
-    /// `poll#2`, `produce#2`.
-    pub name_prefix: String,
     /// The Prometheus recorder's handle ([`metrics::install_prometheus`]) that `/metrics`
     /// renders; `None` answers 404 there.
     pub prometheus: Option<PrometheusHandle>,
@@ -69,7 +65,6 @@ impl Default for Config {
             replication_delay: Duration::from_millis(50),
             max_wait: Duration::from_secs(300),
             max_topics: 10_000,
-            name_prefix: String::new(),
             prometheus: None,
         }
     }
@@ -95,8 +90,10 @@ impl Service {
     /// # Panics
     /// Outside a tokio runtime.
     pub fn new(config: Config) -> Self {
-        let polls = Purgatory::new(&format!("{}poll", config.name_prefix));
-        let produces = Purgatory::new(&format!("{}produce", config.name_prefix));
+        // Two services in one process (tests) publish as `poll` and `poll#2`:
+        // `Purgatory::metrics_label` says which is whose.
+        let polls = Purgatory::new("poll");
+        let produces = Purgatory::new("produce");
         assert!(
             polls.runtime().is_some() && produces.runtime().is_some(),
             "build the service inside a tokio runtime"
