@@ -39,6 +39,7 @@ struct Stripe {
     shutdown_expired: AtomicU64,
     cancelled: AtomicU64,
     purged: AtomicU64,
+    refused: AtomicU64,
 }
 
 /// Which total to bump.
@@ -52,6 +53,8 @@ pub(crate) enum Count {
     ShutdownExpired,
     Cancelled,
     Purged,
+    /// Refused by a watch (given back in a `WatchError`): never accepted.
+    Refused,
 }
 
 #[derive(Default)]
@@ -68,6 +71,7 @@ pub(crate) struct Totals {
     pub(crate) shutdown_expired: u64,
     pub(crate) cancelled: u64,
     pub(crate) purged: u64,
+    pub(crate) refused: u64,
 }
 
 impl Counters {
@@ -86,6 +90,7 @@ impl Counters {
             Count::ShutdownExpired => &stripe.shutdown_expired,
             Count::Cancelled => &stripe.cancelled,
             Count::Purged => &stripe.purged,
+            Count::Refused => &stripe.refused,
         };
         counter.fetch_add(n, SeqCst);
     }
@@ -99,6 +104,7 @@ impl Counters {
             t.shutdown_expired += s.shutdown_expired.load(SeqCst);
             t.cancelled += s.cancelled.load(SeqCst);
             t.purged += s.purged.load(SeqCst);
+            t.refused += s.refused.load(SeqCst);
         }
         t
     }

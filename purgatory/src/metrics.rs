@@ -98,7 +98,7 @@ const GAUGES: [(&str, &str, Figure); 4] = [
 ];
 
 /// Counters: name, help text, figure.
-const COUNTERS: [(&str, &str, Figure); 7] = [
+const COUNTERS: [(&str, &str, Figure); 8] = [
     (
         "purgatory_completed_total",
         "Operations completed because try_complete returned true.",
@@ -128,6 +128,11 @@ const COUNTERS: [(&str, &str, Figure); 7] = [
         "purgatory_purged_total",
         "Completed watcher entries dropped by purges.",
         |s| s.purged,
+    ),
+    (
+        "purgatory_refused_total",
+        "Operations refused by a watch and given back to the caller.",
+        |s| s.refused,
     ),
     (
         "purgatory_panicked_total",
@@ -223,7 +228,14 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
             return; // the final publish, still to come, reads this call's counts
         };
         let stats = self.stats();
-        if stats != last {
+        // Refusals alone do not publish: a service still sending requests to a purgatory
+        // it shut down would publish every figure for each. They reach the series with
+        // the next change, or the next `publish_metrics` (a scrape handler's).
+        let answered = PurgatoryStats {
+            refused: last.refused,
+            ..stats
+        };
+        if answered != last {
             publisher.finished = Some(stats);
             self.publish_stats(&mut publisher, stats);
         }
@@ -290,6 +302,7 @@ where
     /// | `purgatory_shutdown_expired_total` | counter | `expired_at_shutdown`: by shutdown, before their timeout | |
     /// | `purgatory_cancelled_total` | counter | `cancelled`: handed back by a cancel | |
     /// | `purgatory_purged_total` | counter | `purged`: completed entries dropped by purges | |
+    /// | `purgatory_refused_total` | counter | `refused`: given back by a watch, never accepted | |
     /// | `purgatory_panicked_total` | counter | `panicked`: user code that panicked, caught | |
     /// | `purgatory_wait_seconds` | histogram, label `outcome` | how long each operation waited | |
     ///

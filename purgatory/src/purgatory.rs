@@ -212,6 +212,9 @@ where
         let keys: Keys<K> = keys.into_iter().collect();
         let state = self.state();
         let result = state.settle(state.watch_one(op, keys, &self.driver), &self.driver);
+        if result.is_err() {
+            state.counters.add(Count::Refused, 1);
+        }
         state.after_call();
         result
     }
@@ -251,6 +254,10 @@ where
             while staged.len() > 0 {
                 state.watch_chunk(staged.by_ref().take(CHUNK), &mut results, &self.driver);
             }
+        }
+        let refused = results.iter().filter(|result| result.is_err()).count();
+        if refused > 0 {
+            state.counters.add(Count::Refused, refused as u64);
         }
         state.after_call();
         results

@@ -47,6 +47,13 @@ pub struct PurgatoryStats {
     pub cancelled: u64,
     /// Completed entries dropped from lists by purges (not by checks of their key).
     pub purged: u64,
+    /// Operations refused by a watch (`watch`, `try_complete_else_watch`, a member of
+    /// `watch_batch`, `park_with`, `wait_until`), given back in a
+    /// [`WatchError`](crate::WatchError): the purgatory shut down, no keys, a key's
+    /// `Hash` or `Eq` or the operation's `timeout()` panicked. Never accepted, so never
+    /// answered by the purgatory: counted so that a service's tally of requests it
+    /// answered itself (a 503 to a request that came during shutdown) meets the figures.
+    pub refused: u64,
     /// User code that panicked, caught and reported: every panic the door of
     /// `user_code.rs` caught (callbacks, `try_complete`, `timeout()`, an operation's or a
     /// key's `Drop`, a key's `Hash` or `Eq` while being watched, the metrics recorder, the
@@ -76,6 +83,7 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
             expired_at_shutdown: totals.shutdown_expired,
             cancelled: totals.cancelled,
             purged: totals.purged,
+            refused: totals.refused,
             panicked: self.user.panicked() + self.timer.clock_panics(),
         }
     }
@@ -98,6 +106,7 @@ mod tests {
             expired_at_shutdown: 7,
             cancelled: 8,
             purged: 9,
+            refused: 12,
             panicked: 10,
         };
         let json = serde_json::to_value(stats).unwrap();
@@ -106,7 +115,7 @@ mod tests {
             serde_json::json!({
                 "pending": 1, "watched": 2, "watched_live": 11, "keys": 3, "completed": 4, "forced": 5,
                 "expired": 6, "expired_at_shutdown": 7, "cancelled": 8, "purged": 9,
-                "panicked": 10,
+                "refused": 12, "panicked": 10,
             })
         );
         assert_eq!(

@@ -447,6 +447,8 @@ fn run_epoch(number: u64, budget: Duration, totals: &mut Totals) {
         "epoch {number}: 60 s timeouts answered as timeouts"
     );
     if explicit_shutdown {
+        // Every refusal the clients saw was counted.
+        assert_eq!(stats.refused, refused_total, "epoch {number}: {stats:?}");
         // What the operations were told is what was counted.
         assert_eq!(
             (stats.expired, stats.expired_at_shutdown),

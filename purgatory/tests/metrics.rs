@@ -140,6 +140,7 @@ fn publish_metrics_reports_every_figure_labelled_with_the_purgatory() {
         ),
         ("purgatory_cancelled_total", stats.cancelled),
         ("purgatory_purged_total", stats.purged),
+        ("purgatory_refused_total", stats.refused),
         ("purgatory_panicked_total", stats.panicked),
     ]
     .into_iter()
@@ -705,4 +706,6 @@ fn calls_after_shutdown_that_change_nothing_publish_nothing() {
         count,
         "calls that changed nothing published again"
     );
+    // Counted all the same, and published on demand.
+    assert_eq!(purgatory.stats().refused, 100);
 }

@@ -367,6 +367,7 @@ impl World {
                 stats.expired,
                 stats.expired_at_shutdown,
                 stats.cancelled,
+                stats.refused,
                 stats.panicked,
             ),
             (
@@ -375,6 +376,7 @@ impl World {
                 ledger.count(Completion::Expired),
                 ledger.count(Completion::Shutdown),
                 cancelled,
+                self.fate.iter().filter(|&&f| f == Fate::Refused).count() as u64,
                 u64::from(injected),
             ),
             "{context}: stats() against the ledger: {stats:?}"
