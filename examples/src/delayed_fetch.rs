@@ -86,11 +86,6 @@ impl DelayedFetch {
     pub fn available(&self) -> u64 {
         self.waits.iter().map(BytesWait::available).sum()
     }
-
-    /// Answers without the purgatory (when it refused the operation).
-    pub fn answer_now(mut self, how: Completion) {
-        self.on_complete(how);
-    }
 }
 
 impl DelayedOperation for DelayedFetch {

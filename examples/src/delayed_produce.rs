@@ -72,12 +72,6 @@ impl DelayedProduce {
     pub fn keys(&self) -> Vec<PartitionKey> {
         PartitionKey::distinct(self.waits.iter().map(|w| w.key))
     }
-
-    /// Answers without the purgatory (when it refused the operation): each partition as it
-    /// stands now.
-    pub fn answer_now(mut self, how: Completion) {
-        self.on_complete(how);
-    }
 }
 
 impl DelayedOperation for DelayedProduce {

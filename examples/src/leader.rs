@@ -40,26 +40,9 @@ pub type ProduceAnswer = Parked<PartitionKey, DelayedProduce, ProduceCompletion>
 /// The answer of a long-poll fetch handed to the purgatory.
 pub type FetchAnswer = Parked<PartitionKey, DelayedFetch, FetchCompletion>;
 
-/// An operation that can answer at once, without the purgatory.
-trait AnswerNow: DelayedOperation + Sized {
-    fn answer_now(self, how: Completion);
-}
-
-impl AnswerNow for DelayedProduce {
-    fn answer_now(self, how: Completion) {
-        DelayedProduce::answer_now(self, how);
-    }
-}
-
-impl AnswerNow for DelayedFetch {
-    fn answer_now(self, how: Completion) {
-        DelayedFetch::answer_now(self, how);
-    }
-}
-
 /// Hands the operation `make` builds around its reply to `purgatory`, watched on `keys`;
 /// dropping the result unanswered cancels the operation.
-fn park<O: AnswerNow, T>(
+fn park<O: DelayedOperation, T>(
     purgatory: &Purgatory<PartitionKey, O>,
     keys: Vec<PartitionKey>,
     make: impl FnOnce(Reply<T>) -> O,
@@ -67,14 +50,13 @@ fn park<O: AnswerNow, T>(
     match purgatory.park_with(keys, make) {
         Ok(parked) => parked,
         Err(refused) => {
-            // Shut down (or nothing to wait on): answer with the state as it is.
-            let (refused, answer) = refused.into_parts();
+            // Shut down (or nothing to wait on): answered here with the state as it is,
+            // through the same future.
             let how = match refused.kind() {
                 WatchErrorKind::Shutdown => Completion::Shutdown,
                 _ => Completion::Expired,
             };
-            refused.into_operation().answer_now(how);
-            Parked::settled(answer)
+            refused.answer_as(how)
         }
     }
 }

@@ -10,8 +10,8 @@
 //!   watched when `wait_until` returns (not at the first poll), and dropping it
 //!   unanswered cancels the operation, exactly once.
 //! - A refusal by shutdown resolves as [`Completion::Shutdown`], what a caller answers
-//!   either way. It is counted nowhere (no operation was accepted, as for any refused
-//!   watch): `expired_at_shutdown` counts the polls that were waiting. Every other way not to be answered (a refusal for a key whose `Hash`
+//!   either way. It is counted in `PurgatoryStats::refused` (no operation was accepted,
+//!   as for any refused watch): `expired_at_shutdown` counts the polls that were waiting. Every other way not to be answered (a refusal for a key whose `Hash`
 //!   panicked, no keys, or the operation taken back by `cancel_for_key` or `cancel`) is
 //!   a [`WaitError`].
 

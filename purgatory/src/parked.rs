@@ -184,6 +184,54 @@ impl<O, T> Refused<O, T> {
     }
 }
 
+impl<O: DelayedOperation, T> Refused<O, T> {
+    /// Answers the refused operation here, as `how`: its `on_complete(how)`, then
+    /// `on_expiration` if [`how.is_expiry()`](Completion::is_expiry), on this thread,
+    /// then its drop; and returns the future of that answer, settled. So one `await`
+    /// serves a request refused at once and one parked: with `Completion::Shutdown`, a
+    /// request that came during shutdown is answered as the parked ones are.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use purgatory::{Completion, DelayedOperation, Purgatory, Reply};
+    ///
+    /// struct Poll { reply: Reply<u16> }
+    /// impl DelayedOperation for Poll {
+    ///     fn timeout(&self) -> Duration { Duration::from_secs(8) }
+    ///     fn try_complete(&mut self) -> bool { false }
+    ///     fn on_complete(&mut self, how: Completion) {
+    ///         self.reply.send(how, if how == Completion::Shutdown { 503 } else { 204 });
+    ///     }
+    /// }
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let polls: Purgatory<u32, Poll> = Purgatory::new("polls");
+    /// polls.shutdown_async().await;
+    /// let parked = polls
+    ///     .park_with([7], |reply| Poll { reply })
+    ///     .unwrap_or_else(|refused| refused.answer_as(Completion::Shutdown));
+    /// assert_eq!(parked.await.unwrap().answer, 503);
+    /// # });
+    /// ```
+    ///
+    /// This is the caller's own code, run outside the purgatory: a panic in it reaches
+    /// the caller, and it is counted in no figure (the refusal is, in
+    /// `PurgatoryStats::refused`).
+    pub fn answer_as<K>(self, how: Completion) -> Parked<K, O, T>
+    where
+        K: Hash + Eq + Clone + Send + Sync + 'static,
+    {
+        let Refused { error, answer } = self;
+        let mut op = error.into_operation();
+        op.on_complete(how);
+        if how.is_expiry() {
+            op.on_expiration();
+        }
+        drop(op);
+        Parked::settled(answer)
+    }
+}
+
 impl<O, T> std::fmt::Debug for Refused<O, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Refused")

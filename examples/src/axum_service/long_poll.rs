@@ -15,7 +15,7 @@
 //! - A poll is counted exactly once by the poll purgatory: `completed` (200), `expired`
 //!   (204), `expired_at_shutdown` (503, parked before the shutdown) or `cancelled` (its
 //!   client left: hyper drops this handler, which drops the `Wait`). A poll that comes
-//!   after the shutdown is answered 503 at once and counted nowhere.
+//!   after the shutdown is answered 503 at once and counted in `refused`.
 
 use std::sync::Arc;
 

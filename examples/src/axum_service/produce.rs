@@ -16,7 +16,7 @@
 //! - A produce with `acks >= 1` is counted exactly once by the produce purgatory:
 //!   `completed` (200), `expired` (408), `expired_at_shutdown` (503, parked before the
 //!   shutdown) or `cancelled` (its client left); a produce refused because the purgatory
-//!   had shut down is answered 503 and counted nowhere.
+//!   had shut down is answered 503 and counted in `refused`.
 //! - The body is read before the produce is parked, then dropped: hyper (HTTP/1)
 //!   notices a client that leaves only once it has read the whole request, so a
 //!   produce parked with its body unread would wait out its timeout after the client
