@@ -105,6 +105,7 @@ mod tokio_time;
 mod user_code;
 mod watch;
 mod watchers;
+mod weak;
 #[cfg(feature = "tokio")]
 #[doc = include_str!("with_tokio.md")]
 pub mod with_tokio {}
@@ -126,6 +127,7 @@ pub use stats::PurgatoryStats;
 pub use timer_core::{Clock, Executor, ManualClock, SystemClock, TimerBuilder};
 #[cfg(feature = "tokio")]
 pub use tokio_time::TokioClock;
+pub use weak::WeakPurgatory;
 
 /// The package README's examples, compiled and run as doctests so they stay true.
 #[cfg(doctest)]

@@ -29,18 +29,17 @@
 use std::future::Future;
 use std::hash::Hash;
 use std::pin::Pin;
-use std::sync::{Arc, Weak};
+
 use std::task::{Context, Poll};
 
-use timer_core::Driver;
 use tokio::sync::oneshot;
 
 use crate::error::WatchError;
 use crate::handle::{OperationHandle, WatchOutcome};
 use crate::operation::{Completion, DelayedOperation};
 use crate::purgatory::Purgatory;
-use crate::state::State;
 use crate::user_code::Site;
+use crate::weak::WeakPurgatory;
 
 /// A reply channel for one operation: the [`Reply`] goes into the operation, which
 /// answers through it from `on_complete`; the [`Answer`] goes to
@@ -154,9 +153,6 @@ impl std::fmt::Display for Unanswered {
 }
 
 impl std::error::Error for Unanswered {}
-
-/// A purgatory held without keeping it alive.
-type WeakPurgatory<K, O> = Weak<Driver<State<K, O>>>;
 
 /// [`Purgatory::park_with`] refused the operation (see [`WatchError`]): the operation is in
 /// the error, the answer is given back with it, so the caller can answer the refused
@@ -333,7 +329,7 @@ where
     #[must_use = "a cancelled operation is handed back: answer its request or drop it"]
     pub fn try_cancel(&mut self) -> Option<O> {
         let (purgatory, handle) = self.waiting.take()?;
-        Purgatory::from_shared(purgatory.upgrade()?).cancel(&handle)
+        purgatory.upgrade()?.cancel(&handle)
     }
 
     /// Lets the operation wait on even if this future is dropped; awaiting the returned
@@ -383,7 +379,7 @@ where
             return;
         };
         // Gone: its shutdown answered the operation.
-        let Some(purgatory) = purgatory.upgrade().map(Purgatory::from_shared) else {
+        let Some(purgatory) = purgatory.upgrade() else {
             return;
         };
         // Still waiting: taken back and dropped here, in the runtime's context and the
@@ -504,7 +500,7 @@ where
     {
         let waiting = match self.watch(op, keys) {
             Ok(WatchOutcome::Completed) => None,
-            Ok(WatchOutcome::Pending(handle)) => Some((Arc::downgrade(self.driver()), handle)),
+            Ok(WatchOutcome::Pending(handle)) => Some((self.downgrade(), handle)),
             Err(error) => return Err(Refused { error, answer }),
         };
         Ok(Parked {

@@ -129,15 +129,13 @@ where
         }
     }
 
-    /// The driver, shared: for the tokio-time driving task and parked futures, which
-    /// hold it weakly so as not to keep the purgatory alive.
-    #[cfg(feature = "tokio")]
+    /// The driver, shared: for weak handles (`weak.rs`: parked futures, the tokio-time
+    /// driving task), which do not keep the purgatory alive.
     pub(crate) fn driver(&self) -> &Arc<Driver<State<K, O>>> {
         &self.driver
     }
 
     /// A handle of a driver upgraded from a weak reference (its drop is a handle's drop).
-    #[cfg(feature = "tokio")]
     pub(crate) fn from_shared(driver: Arc<Driver<State<K, O>>>) -> Self {
         Purgatory {
             driver: ManuallyDrop::new(driver),

@@ -516,3 +516,30 @@ fn shutdown_waits_for_the_answers_of_operations_a_force_took_before_it_began() {
     assert!(answered_by_then.iter().all(|(_, at)| *at <= returned));
     assert_eq!(forcer.join().unwrap(), 3);
 }
+
+/// A weak handle (a task feeding the purgatory events) never keeps the purgatory alive:
+/// the last strong handle's drop shuts it down, answering what was pending, and the weak
+/// one then upgrades to nothing (issue #28, from the axum example's author).
+#[test]
+fn a_weak_handle_does_not_keep_the_purgatory_alive() {
+    let purgatory: Purgatory<&str, Probe> = Purgatory::new("weak");
+    let weak = purgatory.downgrade();
+    let ledger = Ledger::new(1);
+    let no = never();
+    assert!(!purgatory
+        .try_complete_else_watch(Probe::new(0, LONG, &ledger, &no), ["a"])
+        .unwrap());
+    // Upgraded while alive: a handle like any other, whose drop is not the last.
+    let feeder = weak.upgrade().expect("alive");
+    assert_eq!(feeder.check_and_complete("a"), 0);
+    drop(feeder);
+    assert!(!purgatory.is_shutdown());
+    let kept = weak.clone();
+    within(Duration::from_secs(10), "last drop", move || {
+        drop(purgatory)
+    });
+    assert_eq!(ledger.how(0), Some(Completion::Shutdown));
+    assert!(weak.upgrade().is_none() && kept.upgrade().is_none());
+    assert!(format!("{weak:?}").contains("alive: false"));
+    assert_eq!(ledger.violations(), 0);
+}

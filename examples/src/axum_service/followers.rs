@@ -9,8 +9,8 @@
 //!   so a produce that the copy satisfies is answered then (the purgatory never misses a
 //!   copy made while the produce was being parked).
 //! - [`Followers::stop`] aborts the tasks; so does dropping the `Followers` (their
-//!   channels close). A follower task holds a handle of the produce purgatory, so it
-//!   keeps it alive until then.
+//!   channels close). A follower task holds the produce purgatory weakly
+//!   (`WeakPurgatory`): it never keeps it alive, and ends once it is gone.
 //! - The channels are unbounded: an append never waits for a follower. A follower that
 //!   falls behind holds one small notice per append it has not copied yet.
 
@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use purgatory::Purgatory;
+use purgatory::{Purgatory, WeakPurgatory};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -55,7 +55,7 @@ impl Followers {
         let (notices, tasks) = (0..count)
             .map(|follower| {
                 let (sender, receiver) = mpsc::unbounded_channel();
-                let task = tokio::spawn(follow(follower, receiver, produces.clone()));
+                let task = tokio::spawn(follow(follower, receiver, produces.downgrade()));
                 (sender, task)
             })
             .unzip();
@@ -97,11 +97,14 @@ impl Followers {
 async fn follow(
     follower: usize,
     mut notices: mpsc::UnboundedReceiver<Notice>,
-    produces: Purgatory<String, DelayedProduce>,
+    produces: WeakPurgatory<String, DelayedProduce>,
 ) {
     while let Some(notice) = notices.recv().await {
         tokio::time::sleep_until(notice.due).await;
         notice.topic.copied_to(follower, notice.end);
+        let Some(produces) = produces.upgrade() else {
+            return; // the service is gone, and its purgatory with it
+        };
         produces.check_and_complete(notice.topic.name());
     }
 }
