@@ -33,4 +33,5 @@ pub mod partition_log;
 pub mod producer_sequences;
 pub mod record_batch;
 pub mod replication;
+pub mod signal;
 pub mod wire_client;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use purgatory_examples::axum_service::metrics::install_prometheus;
 use purgatory_examples::axum_service::{serve, Config, Service};
 use purgatory_examples::cli::{FlagError, Flags};
+use purgatory_examples::signal::terminated;
 
 const USAGE: &str = "usage: axum_service [--listen ADDR] [--followers N] [--replication-delay-ms D]
 Serves on ADDR (default 127.0.0.1:8080; port 0 picks one, printed at start):
@@ -78,7 +79,7 @@ fn main() -> ExitCode {
             ),
             Err(e) => eprintln!("axum_service: listening, address unknown: {e}"),
         }
-        if let Err(e) = serve(listener, service.clone(), wait_for_signal()).await {
+        if let Err(e) = serve(listener, service.clone(), terminated()).await {
             eprintln!("axum_service: {e}");
             return ExitCode::FAILURE;
         }
@@ -95,20 +96,4 @@ fn main() -> ExitCode {
         );
         ExitCode::SUCCESS
     })
-}
-
-/// Waits for Ctrl-C or SIGTERM.
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut terminate) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = terminate.recv() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }

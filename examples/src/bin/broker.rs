@@ -7,6 +7,7 @@ use purgatory_examples::broker::config::USAGE;
 use purgatory_examples::broker::{metrics_endpoint, Broker, BrokerConfig};
 use purgatory_examples::cli::FlagError;
 use purgatory_examples::huge_allocations::HugeAllocationsMappedLazily;
+use purgatory_examples::signal::terminated;
 
 /// Survives the impossible allocations a malformed request can make the codec ask for.
 #[global_allocator]
@@ -73,7 +74,7 @@ fn main() -> ExitCode {
             config.topic,
             config.partitions,
         );
-        wait_for_signal().await;
+        terminated().await;
         // After the shutdown, which expires what still waits.
         let stats = broker.shutdown().await;
         let counters = |p: &purgatory::PurgatoryStats| {
@@ -89,20 +90,4 @@ fn main() -> ExitCode {
         );
         ExitCode::SUCCESS
     })
-}
-
-/// Waits for Ctrl-C or SIGTERM.
-async fn wait_for_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    match signal(SignalKind::terminate()) {
-        Ok(mut terminate) => {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = terminate.recv() => {}
-            }
-        }
-        Err(_) => {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
 }
