@@ -104,6 +104,8 @@ impl<K, O: DelayedOperation> Drop for State<K, O> {
         self.expire_orphans();
         self.watchers.clear(&self.user);
         #[cfg(feature = "metrics")]
+        self.publish_at_drop();
+        #[cfg(feature = "metrics")]
         self.metrics.release(&self.user);
     }
 }

@@ -154,7 +154,7 @@ fn publish(label: &str, stats: &PurgatoryStats) {
     }
 }
 
-impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
+impl<K, O: DelayedOperation> State<K, O> {
     /// End of a round whose next sleep is `wait`: publishes if the last publish is an
     /// [`INTERVAL`] old, and returns how long the reaper may sleep (see the module doc).
     pub(crate) fn publish_if_due(&self, wait: NextRound) -> NextRound {
@@ -230,12 +230,27 @@ impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
         let stats = self.stats();
         // Refusals alone do not publish: a service still sending requests to a purgatory
         // it shut down would publish every figure for each. They reach the series with
-        // the next change, or the next `publish_metrics` (a scrape handler's).
+        // the next change, the next `publish_metrics` (a scrape handler's), or the drop.
         let answered = PurgatoryStats {
             refused: last.refused,
             ..stats
         };
         if answered != last {
+            publisher.finished = Some(stats);
+            self.publish_stats(&mut publisher, stats);
+        }
+    }
+
+    /// At the drop of the purgatory's memory: publishes once more if any figure changed
+    /// since the last publish after shutdown (refusals included, which
+    /// [`publish_late`](Self::publish_late) leaves), so the series keep the final counts.
+    pub(crate) fn publish_at_drop(&self) {
+        let mut publisher = self.metrics.publisher.lock();
+        let Some(last) = publisher.finished else {
+            return;
+        };
+        let stats = self.stats();
+        if stats != last {
             publisher.finished = Some(stats);
             self.publish_stats(&mut publisher, stats);
         }

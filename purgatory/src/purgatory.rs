@@ -23,6 +23,7 @@
 use std::borrow::Borrow;
 use std::hash::Hash;
 use std::mem::ManuallyDrop;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -83,6 +84,9 @@ where
 {
     /// Taken only by `drop`, which hands it to [`release`].
     driver: ManuallyDrop<Arc<Driver<State<K, O>>>>,
+    /// Counted among the owners (`State::owners`): every handle but one a `WeakPurgatory`
+    /// upgraded to (and its clones).
+    owner: bool,
 }
 
 impl<K, O> Clone for Purgatory<K, O>
@@ -91,8 +95,14 @@ where
     O: DelayedOperation,
 {
     fn clone(&self) -> Self {
+        if self.owner {
+            // As `Arc::clone`: a new owner comes from an existing one, which keeps the
+            // count above zero meanwhile.
+            self.state().owners.fetch_add(1, Ordering::Relaxed);
+        }
         Purgatory {
             driver: ManuallyDrop::new(Arc::clone(&self.driver)),
+            owner: self.owner,
         }
     }
 }
@@ -123,9 +133,11 @@ where
         crate::PurgatoryBuilder::new()
     }
 
+    /// The first owning handle of a new purgatory (`State::owners` starts at 1).
     pub(crate) fn from_driver(driver: Driver<State<K, O>>) -> Self {
         Purgatory {
             driver: ManuallyDrop::new(Arc::new(driver)),
+            owner: true,
         }
     }
 
@@ -135,10 +147,12 @@ where
         &self.driver
     }
 
-    /// A handle of a driver upgraded from a weak reference (its drop is a handle's drop).
+    /// A handle of a driver upgraded from a weak reference: not an owner (its drop lets
+    /// go of its reference, and shuts nothing down unless it is the very last one).
     pub(crate) fn from_shared(driver: Arc<Driver<State<K, O>>>) -> Self {
         Purgatory {
             driver: ManuallyDrop::new(driver),
+            owner: false,
         }
     }
 
@@ -605,8 +619,33 @@ where
         // SAFETY: `driver` is taken here, once, and `self` is never used again: this is
         // its drop.
         let driver = unsafe { ManuallyDrop::take(&mut self.driver) };
-        release(driver);
+        // As `Arc`'s drop: the last owner sees every other owner's work before it.
+        if self.owner && driver.target().owners.fetch_sub(1, Ordering::AcqRel) == 1 {
+            shut_down_unowned(driver);
+        } else {
+            release(driver);
+        }
     }
+}
+
+/// The last owning handle is gone: shuts the purgatory down though handles that a
+/// `WeakPurgatory` upgraded to may still be in use (their calls are refused from now on),
+/// then lets go of this reference. With the feature `tokio`, on a thread in a runtime's
+/// context, the shutdown runs on that runtime's blocking pool, as `release` does the last
+/// drop. (If that pool takes no more work, the runtime shutting down, the last reference's
+/// drop shuts the purgatory down instead, whenever it comes.)
+fn shut_down_unowned<K, O>(driver: Arc<Driver<State<K, O>>>)
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    O: DelayedOperation,
+{
+    let handle = Purgatory::from_shared(driver);
+    #[cfg(feature = "tokio")]
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        drop(runtime.spawn_blocking(move || handle.shutdown()));
+        return;
+    }
+    handle.shutdown();
 }
 
 /// Lets go of one reference to a purgatory's driver. The last one shuts the purgatory

@@ -50,6 +50,10 @@ pub(crate) struct State<K, O: DelayedOperation> {
     pub(crate) user: UserCode,
     #[cfg(feature = "metrics")]
     pub(crate) metrics: crate::series::Series,
+    /// The owning handles (`Purgatory::new`, `build`, and their clones; not the handles a
+    /// `WeakPurgatory` upgrades to): the last one's drop shuts the purgatory down
+    /// (`purgatory.rs`, `weak.rs`).
+    pub(crate) owners: std::sync::atomic::AtomicUsize,
 }
 
 impl<K, O: DelayedOperation> State<K, O> {
@@ -76,6 +80,8 @@ impl<K, O: DelayedOperation> State<K, O> {
             user,
             #[cfg(feature = "metrics")]
             metrics,
+            // The handle `Purgatory::from_driver` makes of this state.
+            owners: std::sync::atomic::AtomicUsize::new(1),
         }
     }
 }

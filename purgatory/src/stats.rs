@@ -1,7 +1,5 @@
 //! A snapshot of one purgatory's figures, for metrics.
 
-use std::hash::Hash;
-
 use crate::operation::DelayedOperation;
 use crate::state::State;
 
@@ -61,7 +59,7 @@ pub struct PurgatoryStats {
     pub panicked: u64,
 }
 
-impl<K: Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
+impl<K, O: DelayedOperation> State<K, O> {
     /// The figures of [`Purgatory::stats`](crate::Purgatory::stats), for the API and for
     /// metrics published from the reaper. Applies the queued timer cancels first, so
     /// `pending` counts only operations still waiting.

@@ -174,6 +174,16 @@ pub(crate) struct PurgeCursor {
 }
 
 impl<K> Watchers<K> {
+    /// Total watcher entries (Kafka's `PurgatorySize`).
+    pub(crate) fn entries(&self) -> usize {
+        self.shards.iter().map(|s| s.state.lock().entries).sum()
+    }
+
+    /// Number of keys with a list.
+    pub(crate) fn keys(&self) -> usize {
+        self.shards.iter().map(|s| s.state.lock().lists.len()).sum()
+    }
+
     /// Records that an operation listed on `keys` entries was taken (completed, expired
     /// or cancelled): its entries are stale from now on.
     #[inline]
@@ -600,16 +610,6 @@ impl<K: Hash + Eq> Watchers<K> {
         self.removed_stale(removed);
         user.drop_each(Site::KeyDrop, emptied.into_iter().map(|list| list.key));
         (removed, next)
-    }
-
-    /// Total watcher entries (Kafka's `PurgatorySize`).
-    pub(crate) fn entries(&self) -> usize {
-        self.shards.iter().map(|s| s.state.lock().entries).sum()
-    }
-
-    /// Number of keys with a list.
-    pub(crate) fn keys(&self) -> usize {
-        self.shards.iter().map(|s| s.state.lock().lists.len()).sum()
     }
 }
 

@@ -3,16 +3,18 @@
 //! poller), so that the service's last handle still shuts it down.
 //!
 //! # Invariants
-//! - A `WeakPurgatory` never keeps the purgatory alive nor delays its shutdown: the drop
-//!   of the last `Purgatory` handle shuts it down (`purgatory.rs`, `release`) whatever
-//!   weak ones exist. That drop moves the driver out of its `Arc` before shutting down,
-//!   so no upgrade can begin once it has begun.
-//! - `upgrade` gives a handle while another handle lives, `None` once the last was
-//!   dropped (whose shutdown answered every operation). A handle got by `upgrade` is a
-//!   handle like any other: if it turns out to be the last, its drop shuts the
-//!   purgatory down.
+//! - A `WeakPurgatory` never keeps the purgatory alive nor delays its shutdown, and
+//!   neither does a handle it upgrades to: such a handle is not an owner
+//!   (`State::owners` counts the others). The drop of the last owning handle shuts the
+//!   purgatory down (`purgatory.rs`, `shut_down_unowned`) whatever upgraded handles are
+//!   in use; their calls are refused from then on, as on any shut-down purgatory.
+//! - `upgrade` gives a handle while an owner lives, `None` once the last owner was
+//!   dropped (its shutdown begun, or queued on a runtime's blocking pool: it answers
+//!   every operation that was pending). An upgraded handle that happens to be the last
+//!   reference frees the purgatory when dropped, as the last handle does.
 
 use std::hash::Hash;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use timer_core::Driver;
@@ -38,12 +40,18 @@ where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     O: DelayedOperation,
 {
-    /// A handle to the purgatory, if a handle to it still lives; `None` once its last
-    /// handle was dropped (and its shutdown answered what was pending). A purgatory shut
-    /// down by `shutdown` with handles alive still upgrades: its calls are refused or
-    /// find nothing, as on any handle.
+    /// A handle to the purgatory, while an owning handle (not an upgraded one) lives;
+    /// `None` once the last owner was dropped (its shutdown then has begun, or is queued
+    /// on the runtime's blocking pool, and answers what was pending). The handle given
+    /// does not own the purgatory: hold it for a call or a batch of calls, not for
+    /// ever; the last owner's drop shuts the purgatory down even while it is in use (its
+    /// calls are refused from then on). A purgatory shut down by `shutdown` while owners
+    /// live still upgrades: its calls are refused or find nothing, as on any handle.
     pub fn upgrade(&self) -> Option<Purgatory<K, O>> {
-        self.driver.upgrade().map(Purgatory::from_shared)
+        let handle = Purgatory::from_shared(self.driver.upgrade()?);
+        // No owner left: its shutdown has begun (or is queued on a runtime's blocking
+        // pool).
+        (handle.state().owners.load(Ordering::Acquire) > 0).then_some(handle)
     }
 }
 

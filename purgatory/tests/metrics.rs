@@ -706,6 +706,12 @@ fn calls_after_shutdown_that_change_nothing_publish_nothing() {
         count,
         "calls that changed nothing published again"
     );
-    // Counted all the same, and published on demand.
+    // Counted all the same, and published once more by the drop.
     assert_eq!(purgatory.stats().refused, 100);
+    drop(purgatory);
+    assert_eq!(
+        publishes(name),
+        count + 1,
+        "the drop publishes the refusals"
+    );
 }

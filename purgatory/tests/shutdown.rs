@@ -543,3 +543,94 @@ fn a_weak_handle_does_not_keep_the_purgatory_alive() {
     assert!(format!("{weak:?}").contains("alive: false"));
     assert_eq!(ledger.violations(), 0);
 }
+
+/// Feeders that upgrade a weak handle again and again, each holding the handle for a
+/// watch and a check, never keep the purgatory up: the last owner's drop shuts it down
+/// while their handles are in use (from a review: with upgraded handles as owners, busy
+/// feeders kept it alive for as long as they ran, accepting new operations). Every
+/// operation accepted is answered once; the feeders' later watches are refused.
+#[test]
+fn busy_feeders_with_weak_handles_do_not_hold_the_shutdown_back() {
+    const FEEDERS: usize = 3;
+    const OPS: usize = 200_000;
+    const ACCEPTED: u8 = 1;
+    const REFUSED: u8 = 2;
+    let purgatory: Purgatory<u32, Probe> = Purgatory::new("weak-feeders");
+    let ledger = Arc::new(Ledger::new(OPS));
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let fate: Arc<Vec<std::sync::atomic::AtomicU8>> = Arc::new(
+        (0..OPS)
+            .map(|_| std::sync::atomic::AtomicU8::new(0))
+            .collect(),
+    );
+    let feeders: Vec<_> = (0..FEEDERS)
+        .map(|f| {
+            let (weak, ledger, next, fate) = (
+                purgatory.downgrade(),
+                Arc::clone(&ledger),
+                Arc::clone(&next),
+                Arc::clone(&fate),
+            );
+            std::thread::spawn(move || {
+                let no = never();
+                while let Some(handle) = weak.upgrade() {
+                    let id = next.fetch_add(1, SeqCst);
+                    if id >= OPS {
+                        return;
+                    }
+                    let key = (id % 64) as u32 + f as u32;
+                    let op = Probe::new(id, LONG, &ledger, &no);
+                    let outcome = match handle.try_complete_else_watch(op, [key]) {
+                        Ok(_) => ACCEPTED,
+                        Err(_) => REFUSED,
+                    };
+                    fate[id].store(outcome, SeqCst);
+                    handle.check_and_complete(&key);
+                }
+            })
+        })
+        .collect();
+    while next.load(SeqCst) < 1_000 {
+        std::thread::yield_now();
+    }
+    within(Duration::from_secs(10), "the owner's drop", move || {
+        drop(purgatory)
+    });
+    for feeder in feeders {
+        feeder.join().unwrap();
+    }
+    let drawn = next.load(SeqCst);
+    assert!(
+        drawn < OPS,
+        "the feeders ran out of work: the shutdown never stopped them"
+    );
+    let (mut accepted, mut refused) = (0, 0);
+    for id in 0..drawn.min(OPS) {
+        match fate[id].load(SeqCst) {
+            ACCEPTED => {
+                accepted += 1;
+                assert_eq!(
+                    ledger.completions(id),
+                    1,
+                    "op {id}: accepted, answered once"
+                );
+                assert_eq!(ledger.how(id), Some(Completion::Shutdown), "op {id}");
+            }
+            REFUSED => {
+                refused += 1;
+                assert_eq!(
+                    ledger.completions(id),
+                    0,
+                    "op {id}: refused, never answered"
+                );
+            }
+            _ => {} // drawn as its feeder's upgrade failed: never watched
+        }
+    }
+    assert!(accepted >= 1_000, "{accepted} accepted");
+    assert!(
+        refused <= FEEDERS * 2,
+        "{refused} refused: at most a watch or two each"
+    );
+    assert_eq!(ledger.violations(), 0);
+}
