@@ -210,9 +210,10 @@ impl<O: DelayedOperation, T> Refused<O, T> {
     /// # });
     /// ```
     ///
-    /// This is the caller's own code, run outside the purgatory: a panic in it reaches
-    /// the caller, and it is counted in no figure (the refusal is, in
-    /// `PurgatoryStats::refused`).
+    /// `how` is the caller's to choose (`Shutdown` for a refusal by shutdown, most
+    /// often): whatever it is, the operation is counted only as refused
+    /// (`PurgatoryStats::refused`), never as completed or expired. This is the caller's
+    /// own code, run outside the purgatory: a panic in it reaches the caller.
     pub fn answer_as<K>(self, how: Completion) -> Parked<K, O, T>
     where
         K: Hash + Eq + Clone + Send + Sync + 'static,

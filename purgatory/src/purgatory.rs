@@ -611,9 +611,10 @@ where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     O: DelayedOperation,
 {
-    /// The last handle's drop shuts the purgatory down, expiring what is pending. With
-    /// the feature `tokio`, in a runtime's context, that runs on the runtime's blocking
-    /// pool and the drop returns at once.
+    /// The last owning handle's drop (every handle but those a `WeakPurgatory` upgraded
+    /// to) shuts the purgatory down, expiring what is pending. With the feature `tokio`,
+    /// in a runtime's context, that runs on the runtime's blocking pool and the drop
+    /// returns at once.
     fn drop(&mut self) {
         // See `release`.
         // SAFETY: `driver` is taken here, once, and `self` is never used again: this is
