@@ -140,7 +140,9 @@ fn run_one(scenario: &FetchScenario) -> io::Result<FetchReport> {
                         .expect("the example's own batch is valid");
                 // Stamped before the append: the answer can go out from inside it.
                 appended_at.push(Instant::now());
-                leader.append(key, batch);
+                leader
+                    .append(key, batch)
+                    .expect("the example's partition has offsets to spare");
             }
             appended_at
         })

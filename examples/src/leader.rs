@@ -29,8 +29,17 @@ use purgatory::{
 use crate::delayed_fetch::{BytesWait, DelayedFetch, FetchCompletion};
 use crate::delayed_produce::{DelayedProduce, ProduceCompletion, ReplicaWait};
 use crate::followers::{FollowerConfig, FollowerListener, FollowerSet};
-use crate::partition::{Appended, Partition, PartitionKey};
+use crate::partition::{Appended, OffsetSpaceExhausted, Partition, PartitionKey};
 use crate::record_batch::ProducedBatch;
+
+/// Why [`Leader::append`] appended nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AppendRefused {
+    /// No partition has that key.
+    UnknownPartition,
+    /// The batches would take the log end offset past `i64::MAX`.
+    OffsetSpaceExhausted,
+}
 
 type ProducePurgatory = Purgatory<PartitionKey, DelayedProduce>;
 type FetchPurgatory = Purgatory<PartitionKey, DelayedFetch>;
@@ -143,16 +152,25 @@ impl Leader {
     }
 
     /// Appends a produce request's batches to partition `key` and tells the followers.
-    /// `None` for an unknown partition.
-    pub fn append(&self, key: PartitionKey, batches: Vec<ProducedBatch>) -> Option<Appended> {
-        let appended = self.partition(key)?.append(batches);
+    /// Refused whole for an unknown partition or when the batches would take the log end
+    /// offset past `i64::MAX`.
+    pub fn append(
+        &self,
+        key: PartitionKey,
+        batches: Vec<ProducedBatch>,
+    ) -> Result<Appended, AppendRefused> {
+        let appended = self
+            .partition(key)
+            .ok_or(AppendRefused::UnknownPartition)?
+            .append(batches)
+            .map_err(|OffsetSpaceExhausted| AppendRefused::OffsetSpaceExhausted)?;
         self.followers
             .lock()
             .leader_appended(key, appended.log_end_offset);
         if appended.high_watermark_advanced {
             self.events.high_watermark_moved(key);
         }
-        Some(appended)
+        Ok(appended)
     }
 
     /// Waits (up to `timeout`) until every partition of `waits` has its required offset on

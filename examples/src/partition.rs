@@ -8,6 +8,8 @@
 //!   `committed_position` is exactly the number of bytes below the high watermark.
 //! - No method calls out (no purgatory, no callback) while holding the lock: callers fire
 //!   `check_and_complete` after these methods return, never from inside them.
+//! - The log end offset never passes `i64::MAX`: an append whose batches' offsets (retries
+//!   included, to decide before appending any) would take it there is refused whole.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
@@ -43,6 +45,10 @@ struct PartitionState {
     replicas: ReplicaProgress,
     producers: ProducerSequences,
 }
+
+/// An append refused because the log end offset would pass `i64::MAX`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OffsetSpaceExhausted;
 
 /// What an append did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,9 +104,15 @@ impl Partition {
     }
 
     /// Appends the batches of one produce request, skipping retried batches of idempotent
-    /// producers (their original offsets are answered).
-    pub fn append(&self, batches: Vec<ProducedBatch>) -> Appended {
+    /// producers (their original offsets are answered); all or nothing.
+    pub fn append(&self, batches: Vec<ProducedBatch>) -> Result<Appended, OffsetSpaceExhausted> {
         let mut state = self.state.lock();
+        batches
+            .iter()
+            .try_fold(state.log.end_offset(), |end, b| {
+                end.checked_add(b.offset_count)
+            })
+            .ok_or(OffsetSpaceExhausted)?;
         let mut base_offset = None;
         let mut end_offset = state.log.end_offset();
         for batch in batches {
@@ -126,12 +138,12 @@ impl Partition {
         let log_end_offset = state.log.end_offset();
         state.replicas.leader_appended(log_end_offset);
         let high_watermark_advanced = self.publish_high_watermark(&mut state);
-        Appended {
+        Ok(Appended {
             base_offset: base_offset.unwrap_or(end_offset),
             end_offset,
             log_end_offset,
             high_watermark_advanced,
-        }
+        })
     }
 
     /// Follower `follower` has copied everything below `offset`. Returns whether the high
@@ -222,7 +234,7 @@ mod tests {
     #[test]
     fn without_followers_an_append_is_committed_at_once() {
         let partition = Partition::new(0);
-        let appended = partition.append(batch(3));
+        let appended = partition.append(batch(3)).unwrap();
         assert_eq!((appended.base_offset, appended.end_offset), (0, 3));
         assert!(appended.high_watermark_advanced);
         assert_eq!(partition.high_watermark(), 3);
@@ -235,8 +247,8 @@ mod tests {
     #[test]
     fn followers_move_the_high_watermark_and_reads_stop_below_it() {
         let partition = Partition::new(2);
-        let first = partition.append(batch(2));
-        partition.append(batch(2));
+        let first = partition.append(batch(2)).unwrap();
+        partition.append(batch(2)).unwrap();
         assert!(!first.high_watermark_advanced);
         assert!(partition
             .read_committed(0, usize::MAX, true)
@@ -278,10 +290,27 @@ mod tests {
         RecordBatchEncoder::encode(&mut buf, [&record], &options).unwrap();
         let raw = buf.freeze();
         let partition = Partition::new(0);
-        let first = partition.append(ProducedBatch::parse_all(&raw).unwrap());
-        let retry = partition.append(ProducedBatch::parse_all(&raw).unwrap());
+        let first = partition
+            .append(ProducedBatch::parse_all(&raw).unwrap())
+            .unwrap();
+        let retry = partition
+            .append(ProducedBatch::parse_all(&raw).unwrap())
+            .unwrap();
         assert_eq!((first.base_offset, first.end_offset), (0, 1));
         assert_eq!((retry.base_offset, retry.end_offset), (0, 1));
         assert_eq!(partition.log_end_offset(), 1);
+    }
+
+    #[test]
+    fn an_append_past_the_last_offset_is_refused_whole() {
+        let partition = Partition::new(0);
+        partition.append(batch(1)).unwrap();
+        let mut huge = batch(1);
+        // A compressed batch's count is a claim: one that fills the offset space.
+        huge[0].offset_count = i64::MAX;
+        let both = [batch(1), huge].concat();
+        assert_eq!(partition.append(both), Err(OffsetSpaceExhausted));
+        assert_eq!(partition.log_end_offset(), 1);
+        assert_eq!(partition.append(batch(2)).unwrap().end_offset, 3);
     }
 }

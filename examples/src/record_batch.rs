@@ -6,11 +6,22 @@
 //! and the two header fields the broker rewrites or needs beyond that are read here at their
 //! fixed places in the v2 header.
 //!
+//! The CRC proves only that the bytes arrived as the client wrote them, not that its header
+//! tells the truth: a client can claim any `lastOffsetDelta` and record count and checksum
+//! them. The offsets a batch takes in the log are therefore checked against its records as
+//! Kafka's `LogValidator` does, and refused with INVALID_RECORD (Kafka's
+//! `InvalidRecordException`) when they disagree.
+//!
 //! Invariants of a [`ProducedBatch`]:
 //! - `bytes` holds exactly one v2 batch whose CRC was valid when it was parsed; stamping
 //!   changes only the base offset and the partition leader epoch, which the CRC does not cover
 //!   (it starts at the attributes field), so a stamped batch stays valid.
-//! - `offset_count >= 1`: a batch occupies `last_offset_delta + 1` offsets of the log.
+//! - `offset_count >= 1`: a batch occupies `last_offset_delta + 1` offsets of the log, and
+//!   `last_offset_delta + 1` is its record count field.
+//! - For an uncompressed batch, the record count field is the number of records its bytes
+//!   hold (each record's length prefix walked to the batch's end). A compressed batch's
+//!   records are not decompressed, so its count stays a claim, bounded by `i32::MAX`
+//!   offsets per batch; the partition refuses an append past `i64::MAX` (`partition.rs`).
 
 use std::fmt;
 
@@ -27,8 +38,10 @@ mod header {
     pub const ATTRIBUTES: usize = 21;
     pub const LAST_OFFSET_DELTA: usize = 23;
     pub const MAX_TIMESTAMP: usize = 35;
-    /// The whole fixed header, up to and including the record count.
+    /// The whole fixed header, up to and including the record count; the records follow.
     pub const SIZE: usize = 61;
+    /// Attribute bits of the compression codec (0: none).
+    pub const COMPRESSION: i16 = 0b111;
     /// Attribute bits of transactional and control batches.
     pub const TRANSACTIONAL_OR_CONTROL: i16 = (1 << 4) | (1 << 5);
 }
@@ -44,6 +57,9 @@ pub enum BatchError {
     UnsupportedFormat,
     /// A transactional or control batch: this broker has no transactions.
     Transactional,
+    /// A well-formed batch whose header disagrees with its records (offset range, record
+    /// count): Kafka's `InvalidRecordException`.
+    Invalid(String),
 }
 
 impl fmt::Display for BatchError {
@@ -53,6 +69,7 @@ impl fmt::Display for BatchError {
             BatchError::Corrupt(why) => write!(f, "corrupt record batch: {why}"),
             BatchError::UnsupportedFormat => write!(f, "message format older than v2"),
             BatchError::Transactional => write!(f, "transactional batches are not supported"),
+            BatchError::Invalid(why) => write!(f, "invalid record batch: {why}"),
         }
     }
 }
@@ -115,11 +132,24 @@ impl ProducedBatch {
             return Err(BatchError::Transactional);
         }
         let last_offset_delta = read_i32(&one, header::LAST_OFFSET_DELTA).unwrap_or(-1);
-        if last_offset_delta < 0 || last_offset_delta < info.record_count - 1 {
-            return Err(BatchError::Corrupt(format!(
-                "last offset delta {last_offset_delta} for {} records",
+        // Kafka's LogValidator.validateBatch: the offset range is not empty and holds
+        // exactly the record count.
+        if info.record_count <= 0
+            || i64::from(last_offset_delta) + 1 != i64::from(info.record_count)
+        {
+            return Err(BatchError::Invalid(format!(
+                "last offset delta {last_offset_delta} for a record count of {}",
                 info.record_count
             )));
+        }
+        if attributes & header::COMPRESSION == 0 {
+            let held = count_records(&one[header::SIZE..])?;
+            if held != i64::from(info.record_count) {
+                return Err(BatchError::Invalid(format!(
+                    "record count {} for {held} records",
+                    info.record_count
+                )));
+            }
         }
         Ok(ProducedBatch {
             bytes: BytesMut::from(&one[..]),
@@ -149,6 +179,38 @@ impl ProducedBatch {
         self.bytes[at..at + 4].copy_from_slice(&leader_epoch.to_be_bytes());
         self.bytes.freeze()
     }
+}
+
+/// How many records an uncompressed batch's record section holds: each record is its length
+/// (a zigzag varint) and that many bytes, and the last one ends where the batch ends (Kafka's
+/// record iterator refuses leftover or missing bytes the same way).
+fn count_records(mut records: &[u8]) -> Result<i64, BatchError> {
+    let mut count = 0i64;
+    while !records.is_empty() {
+        let (length, prefix) = read_varint(records)
+            .ok_or_else(|| BatchError::Invalid("truncated record length".into()))?;
+        let end = usize::try_from(length)
+            .ok()
+            .and_then(|l| l.checked_add(prefix))
+            .filter(|&end| end <= records.len())
+            .ok_or_else(|| BatchError::Invalid(format!("bad record length {length}")))?;
+        records = &records[end..];
+        count += 1;
+    }
+    Ok(count)
+}
+
+/// A zigzag-encoded varint of at most 5 bytes (an i32) and how many bytes it took.
+fn read_varint(bytes: &[u8]) -> Option<(i64, usize)> {
+    let mut raw = 0u64;
+    for (i, &byte) in bytes.iter().take(5).enumerate() {
+        raw |= u64::from(byte & 0x7f) << (7 * i);
+        if byte & 0x80 == 0 {
+            let value = (raw >> 1) as i64 ^ -((raw & 1) as i64);
+            return Some((value, i + 1));
+        }
+    }
+    None
 }
 
 fn read_i16(bytes: &[u8], at: usize) -> Option<i16> {

@@ -7,7 +7,8 @@
 //!   partition, or answers REQUEST_TIMED_OUT at the request's `timeout_ms` (capped by
 //!   `--max-produce-wait-ms` when given).
 //!
-//! Partitions with an error (unknown partition, corrupt or old-format batches) get it in
+//! Partitions with an error (unknown partition, corrupt or old-format batches, batches whose
+//! offsets disagree with their records or would pass `i64::MAX`: INVALID_RECORD) get it in
 //! their answer and are not waited on; the others are appended.
 
 use std::time::Duration;
@@ -18,6 +19,7 @@ use kafka_protocol::ResponseError;
 
 use super::BrokerState;
 use crate::delayed_produce::ReplicaWait;
+use crate::leader::AppendRefused;
 use crate::record_batch::{BatchError, ProducedBatch};
 
 const ACKS_NONE: i16 = 0;
@@ -107,13 +109,14 @@ fn append(
     let records = records.ok_or(ResponseError::CorruptMessage)?;
     let batches = ProducedBatch::parse_all(records).map_err(|e| match e {
         BatchError::UnsupportedFormat => ResponseError::UnsupportedForMessageFormat,
-        BatchError::Transactional => ResponseError::InvalidRecord,
+        BatchError::Transactional | BatchError::Invalid(_) => ResponseError::InvalidRecord,
         BatchError::Empty | BatchError::Corrupt(_) => ResponseError::CorruptMessage,
     })?;
-    let appended = state
-        .leader
-        .append(key, batches)
-        .ok_or(ResponseError::UnknownTopicOrPartition)?;
+    let appended = state.leader.append(key, batches).map_err(|e| match e {
+        AppendRefused::UnknownPartition => ResponseError::UnknownTopicOrPartition,
+        // Out of offsets: the batches are no more appendable than an invalid one.
+        AppendRefused::OffsetSpaceExhausted => ResponseError::InvalidRecord,
+    })?;
     let wait = ReplicaWait {
         key,
         partition: partition.clone(),

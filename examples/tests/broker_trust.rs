@@ -1,0 +1,120 @@
+//! What the broker must not take on a client's word (issue #29): raw frames from the wire
+//! client against a fresh in-process broker on 127.0.0.1, each wait bounded.
+//!
+//! - Finding 8: a record batch's `lastOffsetDelta` and record count are claims; the broker
+//!   moves its log end offset only by the records a batch really holds.
+
+use bytes::{Bytes, BytesMut};
+use purgatory_examples::record_batch::encode_batch;
+use purgatory_examples::wire_client::{requests, WireClient};
+use tokio::time::timeout;
+
+mod support;
+use support::{config, connect, start, LIMIT};
+
+/// Kafka's answer to a batch that fails the broker's validation (InvalidRecordException).
+const INVALID_RECORD: i16 = 87;
+
+/// Where the v2 header fields these tests forge sit, in bytes from the batch's start.
+const CRC: usize = 17;
+const ATTRIBUTES: usize = 21;
+const LAST_OFFSET_DELTA: usize = 23;
+const RECORD_COUNT: usize = 57;
+
+/// CRC-32C (Castagnoli), as the v2 batch's checksum: bitwise, enough for a test.
+fn crc32c(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &byte in bytes {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0x82F6_3B78
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+/// `batch` with its `lastOffsetDelta` and record count replaced, and a valid CRC again: what
+/// a hostile client sends, since the checksum proves nothing about who wrote the header.
+fn forge(batch: &Bytes, last_offset_delta: i32, record_count: i32) -> Bytes {
+    let mut forged = BytesMut::from(&batch[..]);
+    forged[LAST_OFFSET_DELTA..LAST_OFFSET_DELTA + 4]
+        .copy_from_slice(&last_offset_delta.to_be_bytes());
+    forged[RECORD_COUNT..RECORD_COUNT + 4].copy_from_slice(&record_count.to_be_bytes());
+    let crc = crc32c(&forged[ATTRIBUTES..]);
+    forged[CRC..CRC + 4].copy_from_slice(&crc.to_be_bytes());
+    forged.freeze()
+}
+
+/// The partition's log end offset as ListOffsets (latest) tells it.
+async fn log_end_offset(client: &mut WireClient) -> i64 {
+    let answer = timeout(
+        LIMIT,
+        client.call(4, &requests::list_offsets("demo", 0, -1)),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    answer.topics[0].partitions[0].offset
+}
+
+/// Produces `records` (acks=1) and returns the partition's error code and base offset.
+async fn produce(client: &mut WireClient, version: i16, records: Bytes) -> (i16, i64) {
+    let answer = timeout(
+        LIMIT,
+        client.call(version, &requests::produce("demo", 0, 1, 1000, records)),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let partition = &answer.responses[0].partition_responses[0];
+    (partition.error_code, partition.base_offset)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding_8_a_batch_claiming_more_offsets_than_it_holds_records_is_refused() {
+    let broker = start(config(1)).await;
+    let mut client = connect(broker.local_addr()).await;
+    let one = encode_batch(&[Bytes::from_static(b"few")], 1_000);
+    let three = encode_batch(
+        &[
+            Bytes::from_static(b"a"),
+            Bytes::from_static(b"b"),
+            Bytes::from_static(b"c"),
+        ],
+        1_000,
+    );
+    // The CRC helper agrees with the encoder's: an untouched header forges to itself.
+    assert_eq!(forge(&one, 0, 1), one);
+    let forged = [
+        (
+            "lastOffsetDelta past the record count",
+            forge(&one, 999_999, 1),
+        ),
+        ("lastOffsetDelta i32::MAX", forge(&one, i32::MAX, 1)),
+        (
+            "count and lastOffsetDelta agreeing over one record",
+            forge(&one, 999_999, 1_000_000),
+        ),
+        ("count below the records held", forge(&three, 1, 2)),
+        ("count of zero", forge(&one, -1, 0)),
+    ];
+    for version in [3, 7, 9] {
+        for (what, records) in &forged {
+            let (error, _) = produce(&mut client, version, records.clone()).await;
+            assert_eq!(error, INVALID_RECORD, "Produce v{version}, {what}");
+            assert_eq!(
+                log_end_offset(&mut client).await,
+                0,
+                "Produce v{version}, {what}: the log end offset moved"
+            );
+        }
+    }
+    // An honest batch is still appended, at the offset the forged ones did not move.
+    assert_eq!(produce(&mut client, 7, three).await, (0, 0));
+    assert_eq!(log_end_offset(&mut client).await, 3);
+    broker.shutdown().await;
+}
