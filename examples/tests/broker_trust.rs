@@ -1,10 +1,16 @@
 //! What the broker must not take on a client's word (issue #29): raw frames from the wire
 //! client against a fresh in-process broker on 127.0.0.1, each wait bounded.
 //!
+//! - Finding 7: a producer id is a claim; the broker takes only ids it handed out, and hands
+//!   out ids no client can guess, so no client can produce as another one before it does.
 //! - Finding 8: a record batch's `lastOffsetDelta` and record count are claims; the broker
 //!   moves its log end offset only by the records a batch really holds.
 
 use bytes::{Bytes, BytesMut};
+use kafka_protocol::messages::InitProducerIdRequest;
+use kafka_protocol::records::{
+    Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+};
 use purgatory_examples::record_batch::encode_batch;
 use purgatory_examples::wire_client::{requests, WireClient};
 use tokio::time::timeout;
@@ -14,6 +20,8 @@ use support::{config, connect, start, LIMIT};
 
 /// Kafka's answer to a batch that fails the broker's validation (InvalidRecordException).
 const INVALID_RECORD: i16 = 87;
+/// Kafka's answer to a produce under a producer id it holds no state for.
+const UNKNOWN_PRODUCER_ID: i16 = 59;
 
 /// Where the v2 header fields these tests forge sit, in bytes from the batch's start.
 const CRC: usize = 17;
@@ -116,5 +124,101 @@ async fn finding_8_a_batch_claiming_more_offsets_than_it_holds_records_is_refuse
     // An honest batch is still appended, at the offset the forged ones did not move.
     assert_eq!(produce(&mut client, 7, three).await, (0, 0));
     assert_eq!(log_end_offset(&mut client).await, 3);
+    broker.shutdown().await;
+}
+
+/// One idempotent batch of `value` as producer `producer_id`, epoch 0, sequence 0: the first
+/// batch any idempotent client sends.
+fn idempotent_batch(producer_id: i64, value: &'static [u8]) -> Bytes {
+    let record = Record {
+        transactional: false,
+        control: false,
+        delete_horizon: false,
+        partition_leader_epoch: 0,
+        producer_id,
+        producer_epoch: 0,
+        timestamp_type: TimestampType::Creation,
+        offset: 0,
+        sequence: 0,
+        timestamp: 1_000,
+        key: None,
+        value: Some(Bytes::from_static(value)),
+        headers: Default::default(),
+    };
+    let mut buf = BytesMut::new();
+    let options = RecordEncodeOptions {
+        version: 2,
+        compression: Compression::None,
+    };
+    RecordBatchEncoder::encode(&mut buf, [&record], &options).unwrap();
+    buf.freeze()
+}
+
+/// A fresh producer id from InitProducerId (v4, no transactional id).
+async fn init_producer_id(client: &mut WireClient) -> i64 {
+    let mut request = InitProducerIdRequest::default();
+    request.transactional_id = None;
+    let answer = timeout(LIMIT, client.call(4, &request))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(answer.error_code, 0);
+    assert_eq!(answer.producer_epoch, 0);
+    answer.producer_id.0
+}
+
+/// The values of every record of partition 0.
+async fn values(client: &mut WireClient) -> Vec<Bytes> {
+    let answer = timeout(LIMIT, client.call(11, &requests::fetch("demo", 0, 0, 1, 0)))
+        .await
+        .unwrap()
+        .unwrap();
+    let mut records = answer.responses[0].partitions[0].records.clone().unwrap();
+    let mut values = Vec::new();
+    while !records.is_empty() {
+        let set = RecordBatchDecoder::decode(&mut records).unwrap();
+        values.extend(set.records.into_iter().filter_map(|r| r.value));
+    }
+    values
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding_7_a_producer_id_never_handed_out_cannot_shadow_the_next_client() {
+    let broker = start(config(1)).await;
+    let mut attacker = connect(broker.local_addr()).await;
+    let mut good = connect(broker.local_addr()).await;
+    // The attacker learns an id and produces first as the ids it would guess next (and as
+    // ids nobody was handed: 0, 1, its own plus or minus one).
+    let own = init_producer_id(&mut attacker).await;
+    for guess in [own + 1, own + 2, own - 1, 0, 1, i64::MAX] {
+        let (error, _) = produce(&mut attacker, 7, idempotent_batch(guess, b"attacker")).await;
+        assert_eq!(
+            error, UNKNOWN_PRODUCER_ID,
+            "producing as the guessed id {guess}"
+        );
+    }
+    assert_eq!(log_end_offset(&mut attacker).await, 0);
+    // The good client's acks=all produce is appended, not taken for a duplicate.
+    let id = init_producer_id(&mut good).await;
+    assert!(id > 0 && id != own, "handed out {id} after {own}");
+    let answer = timeout(
+        LIMIT,
+        good.call(
+            7,
+            &requests::produce("demo", 0, -1, 1000, idempotent_batch(id, b"good")),
+        ),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let partition = &answer.responses[0].partition_responses[0];
+    assert_eq!((partition.error_code, partition.base_offset), (0, 0));
+    assert_eq!(values(&mut good).await, vec![Bytes::from_static(b"good")]);
+    // The attacker's own id still works: it is refused nothing it was given.
+    assert_eq!(
+        produce(&mut attacker, 7, idempotent_batch(own, b"own")).await,
+        (0, 1)
+    );
+    assert_eq!(broker.stats().producer_ids, 2);
     broker.shutdown().await;
 }

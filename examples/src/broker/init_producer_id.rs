@@ -1,7 +1,10 @@
 //! InitProducerId: hands idempotent producers their id (current clients enable idempotence
 //! by default). Transactions are not supported: a transactional id is refused.
-
-use std::sync::atomic::Ordering;
+//!
+//! Every request gets a new, unguessable id at epoch 0 (`producer_ids.rs`), also one naming
+//! its current id and epoch to bump it (v3+): Kafka's coordinator does the same for a
+//! producer without a transactional id, and keeping a named id would let a client that
+//! names another's id share it.
 
 use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse, ProducerId};
 use kafka_protocol::ResponseError;
@@ -17,13 +20,7 @@ pub fn handle(state: &BrokerState, request: &InitProducerIdRequest) -> InitProdu
         response.producer_epoch = -1;
         return response;
     }
-    if request.producer_id.0 >= 0 && request.producer_epoch >= 0 {
-        // A producer bumping its epoch (v3+) keeps its id.
-        response.producer_id = request.producer_id;
-        response.producer_epoch = request.producer_epoch.saturating_add(1);
-    } else {
-        response.producer_id = ProducerId(state.next_producer_id.fetch_add(1, Ordering::Relaxed));
-        response.producer_epoch = 0;
-    }
+    response.producer_id = ProducerId(state.producer_ids.hand_out());
+    response.producer_epoch = 0;
     response
 }

@@ -30,12 +30,13 @@ mod memory;
 mod metadata;
 pub mod metrics_endpoint;
 mod produce;
+mod producer_ids;
 mod reply;
 mod request_budget;
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -47,10 +48,8 @@ pub use config::BrokerConfig;
 
 use crate::leader::{Leader, LeaderStats};
 use crate::partition::{Partition, PartitionKey};
+use producer_ids::ProducerIds;
 use request_budget::RequestBudget;
-
-/// First producer id handed out.
-const FIRST_PRODUCER_ID: i64 = 1000;
 
 /// What every connection shares.
 pub(crate) struct BrokerState {
@@ -60,8 +59,8 @@ pub(crate) struct BrokerState {
     pub leader: Leader,
     /// The address clients are told to connect to (the bound address).
     pub advertised: SocketAddr,
-    /// Next id for InitProducerId.
-    pub next_producer_id: AtomicI64,
+    /// The producer ids InitProducerId handed out: the only ones a produce may use.
+    pub producer_ids: ProducerIds,
     /// Open connections.
     pub connections: AtomicUsize,
     /// Request bytes held beyond each connection's own allowance, over all connections.
@@ -93,6 +92,7 @@ impl BrokerState {
                 .filter_map(|i| self.leader.partition(PartitionKey(i as u32)))
                 .map(|p| p.log_bytes())
                 .sum(),
+            producer_ids: self.producer_ids.live(),
             leader: self.leader.stats(),
         }
     }
@@ -115,6 +115,8 @@ pub struct BrokerStats {
     pub queued_request_bytes: usize,
     /// Bytes held by the partitions' logs (what retention keeps).
     pub log_bytes: u64,
+    /// Producer ids handed out and still live (at most `MAX_LIVE_PRODUCER_IDS`).
+    pub producer_ids: usize,
     /// The purgatories' counters.
     pub leader: LeaderStats,
 }
@@ -147,7 +149,7 @@ impl Broker {
             config,
             leader,
             advertised: local_addr,
-            next_producer_id: AtomicI64::new(FIRST_PRODUCER_ID),
+            producer_ids: ProducerIds::default(),
             connections: AtomicUsize::new(0),
             request_budget: Arc::new(RequestBudget::new(queued_max_request_bytes)),
             closed_since_trim: AtomicUsize::new(0),

@@ -8,8 +8,9 @@
 //!   `--max-produce-wait-ms` when given).
 //!
 //! Partitions with an error (unknown partition, corrupt or old-format batches, batches whose
-//! offsets disagree with their records or would pass `i64::MAX`: INVALID_RECORD) get it in
-//! their answer and are not waited on; the others are appended.
+//! offsets disagree with their records or would pass `i64::MAX`: INVALID_RECORD; a producer
+//! id this broker did not hand out or has retired: UNKNOWN_PRODUCER_ID) get it in their
+//! answer and are not waited on; the others are appended.
 
 use std::time::Duration;
 
@@ -112,6 +113,14 @@ fn append(
         BatchError::Transactional | BatchError::Invalid(_) => ResponseError::InvalidRecord,
         BatchError::Empty | BatchError::Corrupt(_) => ResponseError::CorruptMessage,
     })?;
+    // An idempotent batch names its producer id; only ids handed out may be named, or a
+    // client could take another's next batches for retries of its own.
+    if batches
+        .iter()
+        .any(|b| b.producer_id >= 0 && !state.producer_ids.is_live(b.producer_id))
+    {
+        return Err(ResponseError::UnknownProducerId);
+    }
     let appended = state.leader.append(key, batches).map_err(|e| match e {
         AppendRefused::UnknownPartition => ResponseError::UnknownTopicOrPartition,
         // Out of offsets: the batches are no more appendable than an invalid one.
