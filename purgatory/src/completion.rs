@@ -35,7 +35,7 @@ use smallvec::SmallVec;
 use timer_core::TimerHandle;
 
 use crate::counters::Count;
-use crate::op_table::{Locked, Taken};
+use crate::op_table::{Locked, Taken, TakenExpiry};
 use crate::operation::{Completion, DelayedOperation};
 use crate::span::CarriedSpan;
 use crate::state::{Expiry, State};
@@ -113,7 +113,7 @@ impl<K, O: DelayedOperation> State<K, O> {
     /// [`expire_all`](Self::expire_all)'s.
     #[inline]
     pub(crate) fn expire_one(&self, expiry: Expiry) {
-        if let Some(taken) = self.table.take_for_expiry(expiry.0, false) {
+        if let Some(taken) = self.table.take_for_expiry(expiry.0, Completion::Expired) {
             self.complete_one_as(taken, Completion::Expired, Count::Expired);
         }
     }
@@ -167,8 +167,7 @@ impl<K, O: DelayedOperation> State<K, O> {
         let mut taken: SmallVec<[Taken<O>; 16]> = SmallVec::new();
         let mut done = 0;
         for expiry in expired {
-            let by_shutdown = how == Completion::Shutdown;
-            if let Some(mut t) = self.table.take_for_expiry(expiry.0, by_shutdown) {
+            if let Some(mut t) = self.table.take_for_expiry(expiry.0, how) {
                 t.timer = None;
                 taken.push(t);
                 if taken.len() == taken.inline_size() {
@@ -190,32 +189,18 @@ impl<K, O: DelayedOperation> State<K, O> {
     /// how many.
     pub(crate) fn expire_orphans(&self) -> usize {
         let orphans = self.table.take_orphans();
-        if orphans.is_empty() {
-            return 0;
-        }
-        let mut timeouts = SmallVec::<[Taken<O>; 1]>::new();
-        let mut shutdowns = SmallVec::<[Taken<O>; 1]>::new();
+        let n = orphans.len();
         for orphan in orphans {
-            if orphan.by_shutdown {
-                shutdowns.push(orphan.taken);
-            } else {
-                timeouts.push(orphan.taken);
-            }
+            self.complete_expiry(orphan);
         }
-        self.complete(&mut timeouts, Completion::Expired)
-            + self.complete(&mut shutdowns, Completion::Shutdown)
+        n
     }
 
-    /// Answers an expiry an unlock handed over (`watch.rs`), as whose it was: its
-    /// timeout's (`Expired`, even if shutdown began meanwhile: the deadline had passed) or
+    /// Answers an expiry taken out of its slot, as whose it was: its timeout's
+    /// (`Expired`, even if shutdown began meanwhile: the deadline had passed) or
     /// shutdown's.
-    pub(crate) fn complete_handed_over(&self, taken: Taken<O>, by_shutdown: bool) {
-        let how = if by_shutdown {
-            Completion::Shutdown
-        } else {
-            Completion::Expired
-        };
-        self.complete_one(taken, how);
+    pub(crate) fn complete_expiry(&self, expiry: TakenExpiry<O>) {
+        self.complete_one(expiry.taken, expiry.how);
     }
 }
 

@@ -223,34 +223,36 @@ impl<K, O: DelayedOperation> State<K, O> {
     #[cold]
     #[inline(never)]
     fn publish_late(&self) {
-        let mut publisher = self.metrics.publisher.lock();
-        let Some(last) = publisher.finished else {
-            return; // the final publish, still to come, reads this call's counts
-        };
-        let stats = self.stats();
         // Refusals alone do not publish: a service still sending requests to a purgatory
         // it shut down would publish every figure for each. They reach the series with
         // the next change, the next `publish_metrics` (a scrape handler's), or the drop.
-        let answered = PurgatoryStats {
-            refused: last.refused,
-            ..stats
-        };
-        if answered != last {
-            publisher.finished = Some(stats);
-            self.publish_stats(&mut publisher, stats);
-        }
+        self.publish_if_changed(false);
     }
 
     /// At the drop of the purgatory's memory: publishes once more if any figure changed
     /// since the last publish after shutdown (refusals included, which
     /// [`publish_late`](Self::publish_late) leaves), so the series keep the final counts.
     pub(crate) fn publish_at_drop(&self) {
+        self.publish_if_changed(true);
+    }
+
+    /// After shutdown's final publish: publishes the figures if they changed since the
+    /// last publish, a change of `refused` alone counting only if `refusals`.
+    fn publish_if_changed(&self, refusals: bool) {
         let mut publisher = self.metrics.publisher.lock();
         let Some(last) = publisher.finished else {
-            return;
+            return; // the final publish, still to come, reads this call's counts
         };
         let stats = self.stats();
-        if stats != last {
+        let compared = if refusals {
+            stats
+        } else {
+            PurgatoryStats {
+                refused: last.refused,
+                ..stats
+            }
+        };
+        if compared != last {
             publisher.finished = Some(stats);
             self.publish_stats(&mut publisher, stats);
         }

@@ -76,7 +76,7 @@ use std::sync::OnceLock;
 use timer_core::TimerHandle;
 
 use crate::counters::{stripe_index, STRIPES};
-use crate::operation::DelayedOperation;
+use crate::operation::{Completion, DelayedOperation};
 pub(crate) use crate::slot::RETIRED;
 use crate::slot::{ExpiryAttempt, Slot, Unlocked};
 use crate::span::CarriedSpan;
@@ -253,7 +253,7 @@ pub(crate) struct OpTable<O> {
     parker: Parker,
     /// Operations whose expiry came while a [`Locked`] that was dropped unconsumed held
     /// their slot (see the module doc), for [`take_orphans`](Self::take_orphans).
-    orphans: parking_lot::Mutex<Vec<Orphan<O>>>,
+    orphans: parking_lot::Mutex<Vec<TakenExpiry<O>>>,
     has_orphans: AtomicBool,
 }
 
@@ -529,12 +529,12 @@ impl<O: DelayedOperation> OpTable<O> {
     /// Takes the operation `op` names for its expiry, without waiting: if another thread
     /// holds its slot, the expiry is left to that holder, whose unlock hands it to its
     /// caller to complete as expired (see `slot.rs`), and this returns `None`, as it does
-    /// when the operation is already gone. The timer entry has fired (or was drained by
-    /// shutdown: `by_shutdown`, which the holder is told): the taken operation has no
-    /// timer to cancel.
-    pub(crate) fn take_for_expiry(&self, op: OpRef, by_shutdown: bool) -> Option<Taken<O>> {
+    /// when the operation is already gone. The timer entry has fired (`how` is
+    /// `Expired`) or was drained by shutdown (`Shutdown`), which a holder is told: the
+    /// taken operation has no timer to cancel.
+    pub(crate) fn take_for_expiry(&self, op: OpRef, how: Completion) -> Option<Taken<O>> {
         let slot = &self.slot(op.index).slot;
-        match slot.lock_or_request_expiry(op.generation, by_shutdown) {
+        match slot.lock_or_request_expiry(op.generation, how == Completion::Shutdown) {
             ExpiryAttempt::Locked => Some(
                 HandedOver {
                     locked: Locked {
@@ -542,9 +542,10 @@ impl<O: DelayedOperation> OpTable<O> {
                         slot,
                         op,
                     },
-                    by_shutdown,
+                    how,
                 }
-                .take(),
+                .take()
+                .taken,
             ),
             ExpiryAttempt::Requested | ExpiryAttempt::Gone => None,
         }
@@ -552,7 +553,7 @@ impl<O: DelayedOperation> OpTable<O> {
 
     /// The operations whose expiry only a dropped, unconsumed [`Locked`] saw (see the
     /// module doc), for the caller to complete as expired. Cheap when there are none.
-    pub(crate) fn take_orphans(&self) -> Vec<Orphan<O>> {
+    pub(crate) fn take_orphans(&self) -> Vec<TakenExpiry<O>> {
         if !self.has_orphans.load(Ordering::Acquire) {
             return Vec::new();
         }
@@ -640,7 +641,11 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
             Unlocked::Released => Ok(()),
             Unlocked::MustExpire { by_shutdown } => Err(HandedOver {
                 locked: ManuallyDrop::into_inner(this),
-                by_shutdown,
+                how: if by_shutdown {
+                    Completion::Shutdown
+                } else {
+                    Completion::Expired
+                },
             }),
         }
     }
@@ -657,12 +662,12 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
     }
 }
 
-/// An operation whose expiry only an unwinding holder saw, taken out for the next round
-/// (or shutdown, or the drop) to answer.
-pub(crate) struct Orphan<O> {
+/// An operation taken out of its slot for its expiry, with whose expiry it was: what it
+/// is to be answered (and counted) as, whenever that is.
+pub(crate) struct TakenExpiry<O> {
     pub(crate) taken: Taken<O>,
-    /// The expiry was shutdown's, not the timeout's (see [`HandedOver::by_shutdown`]).
-    pub(crate) by_shutdown: bool,
+    /// `Expired` (its timer fired) or `Shutdown` (shutdown drained it).
+    pub(crate) how: Completion,
 }
 
 /// A slot still held whose operation's timeout fired while it was held: its holder's to
@@ -672,23 +677,21 @@ pub(crate) struct Orphan<O> {
 #[must_use = "an expiry handed over is the holder's to answer"]
 pub(crate) struct HandedOver<'a, O: DelayedOperation> {
     locked: Locked<'a, O>,
-    /// The expiry is shutdown's (it drained the operation's timer), not its timeout's.
-    by_shutdown: bool,
+    /// Whose expiry: `Expired` (its timer fired) or `Shutdown` (shutdown drained it),
+    /// what the operation is told whenever it is answered.
+    how: Completion,
 }
 
 impl<O: DelayedOperation> HandedOver<'_, O> {
-    /// Whether the expiry is shutdown's rather than the timeout's: what the operation is
-    /// told (`Completion::Shutdown` or `Completion::Expired`), whenever it is answered.
-    pub(crate) fn by_shutdown(&self) -> bool {
-        self.by_shutdown
-    }
-
-    /// Takes the operation out as expired (its timer fired, so it has none to cancel),
-    /// freeing its slot.
-    pub(crate) fn take(self) -> Taken<O> {
+    /// Takes the operation out as expired (its timer fired or was drained, so it has
+    /// none to cancel), freeing its slot.
+    pub(crate) fn take(self) -> TakenExpiry<O> {
         let mut taken = self.locked.take();
         taken.timer = None;
-        taken
+        TakenExpiry {
+            taken,
+            how: self.how,
+        }
     }
 }
 
@@ -704,11 +707,7 @@ impl<O: DelayedOperation> Drop for Locked<'_, O> {
         };
         // `this` is consumed by `unlock` (no second drop); `self` is dropped by its caller.
         if let Err(handed_over) = this.unlock() {
-            let by_shutdown = handed_over.by_shutdown();
-            let orphan = Orphan {
-                taken: handed_over.take(),
-                by_shutdown,
-            };
+            let orphan = handed_over.take();
             let table = self.table;
             table.orphans.lock().push(orphan);
             table.has_orphans.store(true, Ordering::Release);
@@ -780,7 +779,7 @@ mod tests {
         assert_eq!(b.index, a.index);
         assert!(table.lock(a).is_none(), "a stale lock returns at once");
         assert!(table.take(a).is_none());
-        assert!(table.take_for_expiry(a, false).is_none());
+        assert!(table.take_for_expiry(a, Completion::Expired).is_none());
         // Nothing of those reached B: its holder unlocks it with no expiry to honour.
         assert!(held.unlock().is_ok());
         assert_eq!(table.take(b).map(|t| t.op.0), Some("b"));
@@ -792,7 +791,7 @@ mod tests {
         let held = table.insert_one(Named("x"), CarriedSpan::default());
         let x = held.op();
         assert!(
-            table.take_for_expiry(x, false).is_none(),
+            table.take_for_expiry(x, Completion::Expired).is_none(),
             "the expiry does not wait"
         );
         assert!(table.is_waiting(x), "left to the holder");
@@ -800,10 +799,14 @@ mod tests {
             .unlock()
             .expect_err("the unlock hands the expiry over")
             .take();
-        assert_eq!(expired.op.0, "x");
-        assert!(expired.timer.is_none(), "its timer fired");
+        assert_eq!(expired.taken.op.0, "x");
+        assert!(expired.taken.timer.is_none(), "its timer fired");
+        assert_eq!(expired.how, Completion::Expired, "the timeout's");
         assert!(!table.is_waiting(x));
-        assert!(table.take_for_expiry(x, false).is_none(), "taken once");
+        assert!(
+            table.take_for_expiry(x, Completion::Expired).is_none(),
+            "taken once"
+        );
     }
 
     #[test]
@@ -811,7 +814,7 @@ mod tests {
         let table = OpTable::new();
         let held = table.insert_one(Named("x"), CarriedSpan::default());
         let x = held.op();
-        assert!(table.take_for_expiry(x, false).is_none());
+        assert!(table.take_for_expiry(x, Completion::Expired).is_none());
         assert_eq!(held.take().op.0, "x");
         // The slot is free and clean: the next occupant has no expiry waiting for it.
         let next = table.insert_one(Named("y"), CarriedSpan::default());
@@ -825,7 +828,7 @@ mod tests {
         assert!(table.take_orphans().is_empty());
         let held = table.insert_one(Named("x"), CarriedSpan::default());
         let x = held.op();
-        assert!(table.take_for_expiry(x, false).is_none());
+        assert!(table.take_for_expiry(x, Completion::Expired).is_none());
         drop(held);
         let orphans = table.take_orphans();
         assert_eq!(

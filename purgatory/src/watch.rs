@@ -75,7 +75,7 @@ use timer_core::{AddError, Driver, DriverWork, TimerHandle};
 
 use crate::error::WatchError;
 use crate::handle::{OperationHandle, WatchOutcome};
-use crate::op_table::{HandedOver, Locked, OpRef, Taken, Vacated};
+use crate::op_table::{HandedOver, Locked, OpRef, Taken, TakenExpiry, Vacated};
 use crate::operation::{Completion, DelayedOperation};
 use crate::span::CarriedSpan;
 use crate::state::{Expiry, State};
@@ -344,8 +344,7 @@ where
     /// takes the operation and expires it, here and now.
     pub(crate) fn answer_handed_over(&self, handed_over: HandedOver<'_, O>, driver: &Driver<Self>) {
         let _work = driver.work();
-        let by_shutdown = handed_over.by_shutdown();
-        self.complete_handed_over(handed_over.take(), by_shutdown);
+        self.complete_expiry(handed_over.take());
     }
 
     /// Watches the operations of `chunk` (at most [`CHUNK`]) and appends one result per
@@ -371,18 +370,15 @@ where
         // keys), all under one `work` taken before the first take (a shutdown that begins
         // after it waits for the answers).
         let work = (!handed_over.is_empty()).then(|| driver.work());
-        let taken_over: SmallVec<[(Taken<O>, bool); 1]> = handed_over
-            .into_iter()
-            .map(|handed_over| (handed_over.by_shutdown(), handed_over))
-            .map(|(by_shutdown, handed_over)| (handed_over.take(), by_shutdown))
-            .collect();
+        let taken_over: SmallVec<[TakenExpiry<O>; 1]> =
+            handed_over.into_iter().map(HandedOver::take).collect();
         // No slot of the chunk is held any more once the emptied ones are free: answer
         // the expiries, then close the refused members' spans (user code, both).
         if !chunk.vacated.is_empty() {
             self.table.vacate(&chunk.vacated);
         }
-        for (taken, by_shutdown) in taken_over {
-            self.complete_handed_over(taken, by_shutdown);
+        for expiry in taken_over {
+            self.complete_expiry(expiry);
         }
         drop(work);
         for span in chunk.spans.drain(..) {
