@@ -10,14 +10,21 @@
 //!   `check_and_complete` after these methods return, never from inside them.
 //! - The log end offset never passes `i64::MAX`: an append whose batches' offsets (retries
 //!   included, to decide before appending any) would take it there is refused whole.
+//! - Idempotent producers' state is bounded and expires (`producer_sequences.rs`): an
+//!   append first forgets the producers expired at its time, and one whose batch names a
+//!   producer not remembered at a sequence other than 0 is refused whole
+//!   ([`AppendError::OutOfOrderSequence`]).
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
 
 use crate::partition_log::PartitionLog;
-use crate::producer_sequences::{BatchSequence, ProducerSequences};
+use crate::producer_sequences::{
+    BatchSequence, ProducerSequences, DEFAULT_PRODUCER_EXPIRATION, MAX_PRODUCERS_PER_PARTITION,
+};
 use crate::record_batch::ProducedBatch;
 use crate::replication::ReplicaProgress;
 
@@ -46,9 +53,15 @@ struct PartitionState {
     producers: ProducerSequences,
 }
 
-/// An append refused because the log end offset would pass `i64::MAX`.
+/// Why an append was refused (nothing of it was appended).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OffsetSpaceExhausted;
+pub enum AppendError {
+    /// The log end offset would pass `i64::MAX`.
+    OffsetSpaceExhausted,
+    /// A batch names an idempotent producer this partition does not remember (never seen,
+    /// or expired) at a sequence other than 0.
+    OutOfOrderSequence,
+}
 
 /// What an append did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,11 +105,24 @@ impl Partition {
     /// An empty partition whose log keeps about `retention_bytes` of committed batches
     /// (see [`PartitionLog::apply_retention`]).
     pub fn with_retention(followers: usize, retention_bytes: u64) -> Self {
+        Self::with_limits(followers, retention_bytes, DEFAULT_PRODUCER_EXPIRATION)
+    }
+
+    /// Like [`Partition::with_retention`], forgetting an idempotent producer
+    /// `producer_expiration` after its last append (Kafka's `producer.id.expiration.ms`).
+    pub fn with_limits(
+        followers: usize,
+        retention_bytes: u64,
+        producer_expiration: Duration,
+    ) -> Self {
         Self {
             state: Mutex::new(PartitionState {
                 log: PartitionLog::with_retention(retention_bytes),
                 replicas: ReplicaProgress::new(followers),
-                producers: ProducerSequences::default(),
+                producers: ProducerSequences::with_limits(
+                    MAX_PRODUCERS_PER_PARTITION,
+                    producer_expiration,
+                ),
             }),
             high_watermark: AtomicI64::new(0),
             committed_position: AtomicU64::new(0),
@@ -105,30 +131,47 @@ impl Partition {
 
     /// Appends the batches of one produce request, skipping retried batches of idempotent
     /// producers (their original offsets are answered); all or nothing.
-    pub fn append(&self, batches: Vec<ProducedBatch>) -> Result<Appended, OffsetSpaceExhausted> {
+    pub fn append(&self, batches: Vec<ProducedBatch>) -> Result<Appended, AppendError> {
+        let now = Instant::now();
         let mut state = self.state.lock();
         batches
             .iter()
             .try_fold(state.log.end_offset(), |end, b| {
                 end.checked_add(b.offset_count)
             })
-            .ok_or(OffsetSpaceExhausted)?;
+            .ok_or(AppendError::OffsetSpaceExhausted)?;
+        state.producers.expire(now);
+        // A producer not remembered may only start at sequence 0; a later batch of the same
+        // request may continue what an earlier one starts.
+        let sequence_of = |batch: &ProducedBatch| BatchSequence {
+            producer_id: batch.producer_id,
+            epoch: batch.producer_epoch,
+            first_sequence: batch.base_sequence,
+            count: batch.offset_count,
+        };
+        let refused = batches.iter().enumerate().any(|(i, batch)| {
+            state.producers.refuses(&sequence_of(batch))
+                && !batches[..i]
+                    .iter()
+                    .any(|earlier| earlier.producer_id == batch.producer_id)
+        });
+        if refused {
+            return Err(AppendError::OutOfOrderSequence);
+        }
         let mut base_offset = None;
         let mut end_offset = state.log.end_offset();
         for batch in batches {
-            let sequence = BatchSequence {
-                producer_id: batch.producer_id,
-                epoch: batch.producer_epoch,
-                first_sequence: batch.base_sequence,
-                count: batch.offset_count,
-            };
+            let sequence = sequence_of(&batch);
             let (base, end) = match state.producers.duplicate_of(&sequence) {
                 Some(original) => original,
                 None => {
                     let appended = state.log.append(batch, LEADER_EPOCH);
-                    state
-                        .producers
-                        .appended(&sequence, appended.base_offset, appended.end_offset);
+                    state.producers.appended(
+                        &sequence,
+                        appended.base_offset,
+                        appended.end_offset,
+                        now,
+                    );
                     (appended.base_offset, appended.end_offset)
                 }
             };
@@ -189,9 +232,14 @@ impl Partition {
         self.state.lock().log.start_offset()
     }
 
-    /// Bytes the log holds (what retention keeps).
+    /// How many idempotent producers this partition remembers.
+    pub fn producer_states(&self) -> usize {
+        self.state.lock().producers.len()
+    }
+
+    /// Bytes the log holds, its batch index included (what retention keeps).
     pub fn log_bytes(&self) -> u64 {
-        self.state.lock().log.retained_bytes()
+        self.state.lock().log.held_bytes()
     }
 
     /// Byte position of the batch holding `offset` (see [`PartitionLog::position_of`]).
@@ -309,7 +357,10 @@ mod tests {
         // A compressed batch's count is a claim: one that fills the offset space.
         huge[0].offset_count = i64::MAX;
         let both = [batch(1), huge].concat();
-        assert_eq!(partition.append(both), Err(OffsetSpaceExhausted));
+        assert_eq!(
+            partition.append(both),
+            Err(AppendError::OffsetSpaceExhausted)
+        );
         assert_eq!(partition.log_end_offset(), 1);
         assert_eq!(partition.append(batch(2)).unwrap().end_offset, 3);
     }
