@@ -448,3 +448,63 @@ async fn finding_9_tiny_batches_keep_the_memory_near_the_retention_bytes() {
         "RSS grew {grown} bytes for a retention of {RETENTION}"
     );
 }
+
+/// A measurement, not a check (run with `--ignored --nocapture`): `PRODUCERS` (default
+/// 300,000) fresh producer ids each produce one batch, with `--retention-bytes 8388608`;
+/// prints the broker's RSS growth.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn measure_memory_of_many_producer_ids() {
+    let producers: usize = std::env::var("PRODUCERS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(300_000);
+    // As in the issue: a small retention, so the log's own bytes stay out of the figure.
+    let (running, printed, _stderr) = start_binary(&["--retention-bytes", "8388608"]);
+    let kafka = printed_address(&printed, "broker listening on ");
+    let pid = running.0.id();
+    let before = resident_bytes(pid);
+    let started = Instant::now();
+    let per_task = producers / 4;
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut client = connect(kafka).await;
+                let mut request = InitProducerIdRequest::default();
+                request.transactional_id = None;
+                for _ in 0..per_task / 100 {
+                    for _ in 0..100 {
+                        client.send(4, &request).await.unwrap();
+                    }
+                    let mut ids = Vec::with_capacity(100);
+                    for _ in 0..100 {
+                        let answer = client.receive::<InitProducerIdRequest>().await.unwrap();
+                        ids.push(answer.producer_id.0);
+                    }
+                    for id in ids {
+                        let batch = idempotent_batch(id, 0, b"p");
+                        let produce = requests::produce("demo", 0, 1, 1000, batch);
+                        client.send(7, &produce).await.unwrap();
+                    }
+                    for _ in 0..100 {
+                        let answer = client
+                            .receive::<kafka_protocol::messages::ProduceRequest>()
+                            .await
+                            .unwrap();
+                        assert_eq!(answer.responses[0].partition_responses[0].error_code, 0);
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let grown = resident_bytes(pid).saturating_sub(before);
+    eprintln!(
+        "{} producer ids, one batch each, in {:?}: RSS grew {:.1} MiB",
+        per_task / 100 * 100 * 4,
+        started.elapsed(),
+        grown as f64 / f64::from(1 << 20)
+    );
+}
