@@ -15,6 +15,7 @@
 //!   producer not remembered at a sequence other than 0 is refused whole
 //!   ([`AppendError::OutOfOrderSequence`]).
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -149,14 +150,15 @@ impl Partition {
             first_sequence: batch.base_sequence,
             count: batch.offset_count,
         };
-        let refused = batches.iter().enumerate().any(|(i, batch)| {
-            state.producers.refuses(&sequence_of(batch))
-                && !batches[..i]
-                    .iter()
-                    .any(|earlier| earlier.producer_id == batch.producer_id)
-        });
-        if refused {
-            return Err(AppendError::OutOfOrderSequence);
+        // One pass with the producers seen so far (a request may hold a million batches).
+        let mut seen = HashSet::new();
+        for batch in &batches {
+            if state.producers.refuses(&sequence_of(batch)) && !seen.contains(&batch.producer_id) {
+                return Err(AppendError::OutOfOrderSequence);
+            }
+            if batch.producer_id >= 0 {
+                seen.insert(batch.producer_id);
+            }
         }
         let mut base_offset = None;
         let mut end_offset = state.log.end_offset();
@@ -347,6 +349,26 @@ mod tests {
         assert_eq!((first.base_offset, first.end_offset), (0, 1));
         assert_eq!((retry.base_offset, retry.end_offset), (0, 1));
         assert_eq!(partition.log_end_offset(), 1);
+    }
+
+    #[test]
+    fn an_unknown_producer_must_start_at_sequence_zero_even_within_one_request() {
+        let partition = Partition::new(0);
+        let mut first = batch(1);
+        first[0].producer_id = 9;
+        first[0].base_sequence = 0;
+        let mut next = batch(1);
+        next[0].producer_id = 9;
+        next[0].base_sequence = 1;
+        // Sequence 1 alone: unknown producer, refused; after 0 in the same request: taken.
+        assert_eq!(
+            partition.append(next.clone()),
+            Err(AppendError::OutOfOrderSequence)
+        );
+        assert_eq!(partition.log_end_offset(), 0);
+        let both = [first, next].concat();
+        assert_eq!(partition.append(both).unwrap().end_offset, 2);
+        assert_eq!(partition.producer_states(), 1);
     }
 
     #[test]

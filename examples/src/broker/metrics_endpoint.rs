@@ -15,7 +15,7 @@
 //!   descriptors from the ones the Kafka listener's default `--max-connections` leaves to
 //!   the broker, so idle scrapers cannot starve Kafka clients of descriptors.
 //! - A connection still reading its request head is *idle*; it ends after
-//!   [`REQUEST_TIMEOUT`] (2 s). At the cap a new connection takes the place of the oldest
+//!   `REQUEST_TIMEOUT` (2 s). At the cap a new connection takes the place of the oldest
 //!   idle one (which is closed), and is closed at once only when every connection is being
 //!   answered. So clients that connect and say nothing, however quickly they reconnect,
 //!   cannot keep a scraper out (issue #29: 16 of them made 56 of 56 scrapes fail).
@@ -36,7 +36,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 /// Longest wait for a scraper's request head, and its largest accepted size.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 const MAX_REQUEST_BYTES: usize = 8 * 1024;
 
 /// A running metrics endpoint; stops serving when dropped.
