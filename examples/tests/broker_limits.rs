@@ -143,6 +143,16 @@ async fn finding_5_one_address_is_capped_and_another_still_gets_in() {
     eventually("the freed place", || broker.stats().connections == PER_IP).await;
     let mut again = connect_from(loopback(1), addr).await;
     assert!(served(&mut again).await);
+    // At its cap again, with one connection idle: a newcomer of the address takes its place.
+    let mut newcomer = connect_from(loopback(1), addr).await;
+    assert!(
+        served(&mut newcomer).await,
+        "the address's idle connection made no room"
+    );
+    assert!(
+        closed_by_broker(&mut again, LIMIT).await,
+        "the idle connection was kept"
+    );
     broker.shutdown().await;
 }
 

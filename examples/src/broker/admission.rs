@@ -7,19 +7,22 @@
 //! a new connection takes the place of the least recently active idle connection **of the
 //! address that holds the most connections** (its own address included), so a client that
 //! opens thousands of idle connections loses its own first, and a fresh client always gets
-//! in as long as any connection is idle.
+//! in as long as any connection is idle. Likewise at the cap of its address
+//! (`max_connections_per_ip`, Kafka's `max.connections.per.ip`, where Kafka refuses) a new
+//! connection takes the place of that address's least recently active idle connection.
 //!
 //! | connection state | entered by | may be evicted |
 //! |---|---|---|
 //! | busy | [`Admission::admit`], [`Slot::busy`] | no |
-//! | idle | [`Slot::idle`] | yes: at the broker-wide cap, by a newcomer |
+//! | idle | [`Slot::idle`] | yes: by a newcomer at the broker-wide cap, or from its address at the address's cap |
 //! | evicted | a newcomer's [`Admission::admit`] | no longer counted; [`Slot::evicted`] fires and its task closes the socket |
 //!
 //! Invariants:
 //! - The table counts at most `max_connections` connections, and at most
-//!   `max_connections_per_ip` from one IP address. A connection over the address's cap is
-//!   refused ([`Refused::PerIp`]), one over the broker-wide cap when no connection is idle
-//!   too ([`Refused::Full`]); neither evicts anything.
+//!   `max_connections_per_ip` from one IP address. A connection over the address's cap
+//!   when none of that address's connections is idle is refused ([`Refused::PerIp`]), one
+//!   over the broker-wide cap when no connection is idle ([`Refused::Full`]); a refusal
+//!   evicts nothing.
 //! - An evicted connection leaves the count at once; its descriptor closes as soon as its
 //!   task runs (it is idle: nothing of it is waiting), so descriptors exceed the cap only by
 //!   the evictions whose task has not run yet.
@@ -77,7 +80,7 @@ struct Address {
 /// Why a connection was not admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refused {
-    /// Its address holds `max_connections_per_ip` connections already.
+    /// Its address holds `max_connections_per_ip` connections already, none idle.
     PerIp,
     /// `max_connections` are open and none is idle.
     Full,
@@ -86,7 +89,7 @@ pub enum Refused {
 impl fmt::Display for Refused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Refused::PerIp => write!(f, "the --max-connections-per-ip cap"),
+            Refused::PerIp => write!(f, "the --max-connections-per-ip cap, none idle"),
             Refused::Full => write!(f, "the --max-connections cap, no connection idle"),
         }
     }
@@ -112,14 +115,14 @@ impl Admission {
     }
 
     /// Admits a connection from `ip` (busy: its first request is awaited by its task),
-    /// evicting an idle connection if the broker-wide cap is reached.
+    /// evicting an idle connection of the same address at its cap, or one of the largest
+    /// address at the broker-wide cap.
     pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<Slot, Refused> {
         let mut table = self.table.lock();
         let from_ip = table.addresses.get(&ip).map_or(0, |a| a.open);
         if from_ip >= self.max_per_ip {
-            return Err(Refused::PerIp);
-        }
-        if table.open >= self.max_connections {
+            table.evict_idle_of(ip).ok_or(Refused::PerIp)?;
+        } else if table.open >= self.max_connections {
             table.evict_one().ok_or(Refused::Full)?;
         }
         let id = table.next_id;
@@ -153,6 +156,11 @@ impl Table {
     /// connections; `None` if no connection is idle.
     fn evict_one(&mut self) -> Option<()> {
         let &(_, ip) = self.with_idle.last()?;
+        self.evict_idle_of(ip)
+    }
+
+    /// Evicts the least recently active idle connection of `ip`; `None` if it has none.
+    fn evict_idle_of(&mut self, ip: IpAddr) -> Option<()> {
         let (_, &id) = self.addresses.get(&ip)?.idle.first_key_value()?;
         let entry = self.connections.remove(&id)?;
         let stamp = entry.idle_since;
@@ -264,15 +272,22 @@ mod tests {
     use std::future::Future;
 
     #[test]
-    fn the_per_address_cap_refuses_without_evicting() {
+    fn at_the_per_address_cap_the_address_loses_its_own_idle_connection_or_is_refused() {
         let admission = Arc::new(Admission::new(10, 2));
         let a: Vec<Slot> = (0..2).map(|_| admission.admit(ip(1)).unwrap()).collect();
-        a.iter().for_each(Slot::idle);
+        let other = admission.admit(ip(2)).unwrap();
+        other.idle();
+        // Both busy: refused, and nothing of another address is touched.
         assert_eq!(admission.admit(ip(1)).unwrap_err(), Refused::PerIp);
-        assert!(admission.admit(ip(2)).is_ok());
-        drop(a);
-        assert!(admission.admit(ip(1)).is_ok());
         assert_eq!(admission.evicted(), 0);
+        // One idle: it makes room for the newcomer of its own address.
+        a[1].idle();
+        let fresh = admission.admit(ip(1)).unwrap();
+        assert!(evicted_now(&a[1]) && !evicted_now(&a[0]) && !evicted_now(&other));
+        assert_eq!(admission.evicted(), 1);
+        drop(a);
+        drop(fresh);
+        assert!(admission.admit(ip(1)).is_ok());
     }
 
     #[test]

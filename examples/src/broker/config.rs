@@ -37,9 +37,10 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
                             takes the place of an idle one (no request started or waiting), the
                             least recently active of the address holding the most connections,
                             and is closed at once only when none is idle
-  --max-connections-per-ip N  open connections from one IP address at most; one more is closed
-                            at once (default 1000; Kafka's max.connections.per.ip, whose default
-                            is unbounded)
+  --max-connections-per-ip N  open connections from one IP address at most: one more takes the
+                            place of that address's least recently active idle connection, and
+                            is closed at once when none is idle (default 1000; Kafka's
+                            max.connections.per.ip, whose default is unbounded)
   --connections-max-idle-ms T  close a connection with no request for T ms (default 600000,
                             Kafka's connections.max.idle.ms; a waiting request is not idle)
   --frame-read-timeout-ms T close a connection whose started request is not whole after T ms
@@ -89,7 +90,8 @@ pub struct BrokerConfig {
     /// Open connections at most; at the cap a new connection takes an idle one's place, or
     /// is closed at once when none is idle (`admission.rs`).
     pub max_connections: usize,
-    /// Open connections from one IP address at most; one more is closed at once.
+    /// Open connections from one IP address at most; one more takes the place of an idle
+    /// one of that address, or is closed at once when none is idle.
     pub max_connections_per_ip: usize,
     /// A connection that sends no request for this long is closed.
     pub connections_max_idle: Duration,

@@ -11,10 +11,10 @@
 //!   (`connection.rs`); waiting requests hold no thread.
 //! - At most `max_connections` connections are open, at most `max_connections_per_ip`
 //!   from one address (`admission.rs`): at the broker-wide cap a new connection takes the
-//!   place of an idle one (the least recently active of the address holding the most), and
-//!   is closed at once only when none is idle or its address is at its own cap (refusals
-//!   logged at most once a second, with a count), so clients cannot use up the broker's
-//!   file descriptors, and one client's idle connections cannot keep others out.
+//!   place of an idle one (the least recently active of the address holding the most; at
+//!   its address's cap, of its own address), and is closed at once only when none is idle
+//!   (refusals logged at most once a second, with a count), so clients cannot use up the
+//!   broker's file descriptors, and one client's idle connections cannot keep others out.
 //! - Connection-level log lines are rate-limited per kind, with a count of those
 //!   suppressed (`log_limit.rs`).
 //! - After a burst of closed connections the freed memory goes back to the operating
