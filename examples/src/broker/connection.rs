@@ -157,7 +157,8 @@ pub async fn serve(
 }
 
 /// Why an idle connection was closed to make room (`admission.rs`).
-const EVICTED: &str = "idle, closed to make room for a new connection (--max-connections)";
+const EVICTED: &str =
+    "idle, closed to make room for a new connection (--max-connections, --max-connections-per-ip)";
 
 /// Writes the parts of `answer` back to back.
 async fn write_answer(
