@@ -134,7 +134,8 @@ impl Leader {
     }
 
     /// Like [`Leader::start_with_retention`], each partition forgetting an idempotent
-    /// producer `producer_expiration` after its last append there.
+    /// producer `producer_expiration` after its last append there, and remembering at most
+    /// [`max_producers_per_partition`](crate::producer_sequences::max_producers_per_partition).
     pub fn start_with_limits(
         partitions: usize,
         followers: FollowerConfig,
@@ -142,11 +143,13 @@ impl Leader {
         producer_expiration: std::time::Duration,
     ) -> Leader {
         let in_sync = followers.count;
+        let max_producers = crate::producer_sequences::max_producers_per_partition(partitions);
         let partitions: Arc<[Arc<Partition>]> = (0..partitions)
             .map(|_| {
                 Arc::new(Partition::with_limits(
                     in_sync,
                     retention_bytes,
+                    max_producers,
                     producer_expiration,
                 ))
             })

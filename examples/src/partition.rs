@@ -106,24 +106,28 @@ impl Partition {
     /// An empty partition whose log keeps about `retention_bytes` of committed batches
     /// (see [`PartitionLog::apply_retention`]).
     pub fn with_retention(followers: usize, retention_bytes: u64) -> Self {
-        Self::with_limits(followers, retention_bytes, DEFAULT_PRODUCER_EXPIRATION)
+        Self::with_limits(
+            followers,
+            retention_bytes,
+            MAX_PRODUCERS_PER_PARTITION,
+            DEFAULT_PRODUCER_EXPIRATION,
+        )
     }
 
-    /// Like [`Partition::with_retention`], forgetting an idempotent producer
-    /// `producer_expiration` after its last append (Kafka's `producer.id.expiration.ms`).
+    /// Like [`Partition::with_retention`], remembering at most `max_producers` idempotent
+    /// producers, each until `producer_expiration` after its last append (Kafka's
+    /// `producer.id.expiration.ms`).
     pub fn with_limits(
         followers: usize,
         retention_bytes: u64,
+        max_producers: usize,
         producer_expiration: Duration,
     ) -> Self {
         Self {
             state: Mutex::new(PartitionState {
                 log: PartitionLog::with_retention(retention_bytes),
                 replicas: ReplicaProgress::new(followers),
-                producers: ProducerSequences::with_limits(
-                    MAX_PRODUCERS_PER_PARTITION,
-                    producer_expiration,
-                ),
+                producers: ProducerSequences::with_limits(max_producers, producer_expiration),
             }),
             high_watermark: AtomicI64::new(0),
             committed_position: AtomicU64::new(0),

@@ -8,10 +8,13 @@
 //! tracked.
 //!
 //! Invariants:
-//! - At most `max_producers` producers are remembered (65,536 by default,
-//!   [`MAX_PRODUCERS_PER_PARTITION`], the broker's cap on live producer ids): remembering
-//!   one more forgets the one whose last append is the oldest. Each costs about 300 bytes,
-//!   so one partition's state stays under about 20 MiB however many ids clients use.
+//! - At most `max_producers` producers are remembered: remembering one more forgets the
+//!   one whose last append is the oldest. A broker gives each of its `P` partitions
+//!   [`max_producers_per_partition`]`(P)`: [`MAX_PRODUCER_STATES`] shared out, at least
+//!   [`MIN_PRODUCERS_PER_PARTITION`] and at most [`MAX_PRODUCERS_PER_PARTITION`] (65,536,
+//!   the broker's cap on live producer ids) each. So a broker remembers at most
+//!   `max(262,144, 8 x P)` producers, at about 300 bytes each (75 MiB; 240 MiB at the
+//!   100,000 partitions a broker may have), however many ids clients use.
 //! - A producer whose last append is `expiration` old or more is forgotten (Kafka's
 //!   `producer.id.expiration.ms`); expiry runs at each append, oldest first, so it costs
 //!   one step per producer forgotten. A partition that receives no append keeps its state
@@ -35,8 +38,22 @@ use std::time::{Duration, Instant};
 /// How many recent batches are remembered per producer (Kafka's in-flight limit).
 pub const REMEMBERED_BATCHES: usize = 5;
 
-/// How many producers one partition remembers at most by default.
+/// How many producers one partition remembers at most.
 pub const MAX_PRODUCERS_PER_PARTITION: usize = 1 << 16;
+
+/// How many producers one partition may remember however many partitions share
+/// [`MAX_PRODUCER_STATES`].
+pub const MIN_PRODUCERS_PER_PARTITION: usize = 8;
+
+/// How many producers a broker's partitions remember together (unless
+/// [`MIN_PRODUCERS_PER_PARTITION`] each is more).
+pub const MAX_PRODUCER_STATES: usize = 1 << 18;
+
+/// The cap on remembered producers of each of `partitions` partitions.
+pub fn max_producers_per_partition(partitions: usize) -> usize {
+    (MAX_PRODUCER_STATES / partitions.max(1))
+        .clamp(MIN_PRODUCERS_PER_PARTITION, MAX_PRODUCERS_PER_PARTITION)
+}
 
 /// How long a producer is remembered after its last append by default: one day, Kafka's
 /// `producer.id.expiration.ms` default.
@@ -291,6 +308,21 @@ mod tests {
         }
         assert_eq!(state.len(), 3);
         assert_eq!(state.by_last_append.len(), 3);
+    }
+
+    #[test]
+    fn partitions_share_the_broker_wide_count() {
+        assert_eq!(max_producers_per_partition(1), MAX_PRODUCERS_PER_PARTITION);
+        assert_eq!(max_producers_per_partition(4), MAX_PRODUCERS_PER_PARTITION);
+        assert_eq!(max_producers_per_partition(64), 4096);
+        assert_eq!(
+            max_producers_per_partition(100_000),
+            MIN_PRODUCERS_PER_PARTITION
+        );
+        for partitions in [1, 3, 100, 5_000, 32_768, 100_000] {
+            let total = partitions * max_producers_per_partition(partitions);
+            assert!(total <= MAX_PRODUCER_STATES.max(MIN_PRODUCERS_PER_PARTITION * partitions));
+        }
     }
 
     #[test]

@@ -67,8 +67,9 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
                             once (default 16; Kafka has none, it serves JMX)
   --producer-id-expiration-ms T  a partition forgets an idempotent producer T ms after its last
                             append there (default 86400000, one day, Kafka's
-                            producer.id.expiration.ms); each remembers 65536 producers at most,
-                            forgetting the least recently appending one";
+                            producer.id.expiration.ms); each remembers 262144 / partitions
+                            producers at most (8 to 65536), forgetting the least recently
+                            appending one";
 
 /// How a broker is set up.
 #[derive(Debug, Clone, PartialEq, Eq)]

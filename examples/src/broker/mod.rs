@@ -145,7 +145,8 @@ pub struct BrokerStats {
     /// Producer ids handed out and still live (at most `MAX_LIVE_PRODUCER_IDS`).
     pub producer_ids: usize,
     /// Idempotent producers remembered, over all partitions (at most
-    /// `MAX_PRODUCERS_PER_PARTITION` each; expired after `producer_id_expiration`).
+    /// `max(262,144, 8 x partitions)`, `producer_sequences.rs`; each expired after
+    /// `producer_id_expiration`).
     pub producer_states: usize,
     /// Idle connections closed to make room for new ones at the `max_connections` cap.
     pub evicted_connections: u64,
