@@ -18,9 +18,9 @@
 //!   its answer is written for a Metadata request, whose answer shares its names) count against the broker's request
 //!   budget (`request_budget.rs`); a read beyond it closes the connection. Answers share
 //!   the log's bytes and the request's echoed names rather than copying them (`reply.rs`).
-//! - A connection waiting for its next request is idle (`admission.rs`): at the
-//!   broker-wide connection cap a newcomer may evict it, which closes it; once its next
-//!   request has started it is never evicted.
+//! - A connection waiting for its next request is idle (`admission.rs`): at a connection
+//!   cap (the broker's, or its address's) a newcomer may evict it, which closes it; once
+//!   its next request has started it is never evicted.
 //! - Bad input ends only its own connection: a frame size outside the limit, a header that
 //!   does not decode, an unknown API, an unsupported version (except ApiVersions, answered
 //!   with UNSUPPORTED_VERSION as KIP-511 asks), a body that does not decode, or a request
