@@ -5,7 +5,8 @@
 # FLOOD_S (default 20) s; a good client's acks=all produces (timeout 5 s) during the flood,
 # how long after it the high watermark caught up, then how long SIGTERM takes.
 #
-# Environment: RUNS (default 3); CONNECTIONS; FLOOD_S; BROKER (a broker binary to measure
+# Environment: RUNS (default 3); CONNECTIONS; FLOOD_S; CATCH_UP_S (default 300: how long
+# after the flood the high watermark may take); BROKER_FLAGS (e.g. "--followers 0"); BROKER (a broker binary to measure
 # instead of this workspace's, e.g. one built at another commit); CARGO_TARGET_DIR as for
 # cargo.
 set -euo pipefail
@@ -16,6 +17,7 @@ target_dir="${CARGO_TARGET_DIR:-$workspace/target}"
 runs="${RUNS:-3}"
 connections="${CONNECTIONS:-10000}"
 flood_s="${FLOOD_S:-20}"
+catch_up_s="${CATCH_UP_S:-300}"
 work="$(mktemp -d)"
 # shellcheck source=broker_process.sh
 source "$here/broker_process.sh"
@@ -28,9 +30,11 @@ if [[ "$(ulimit -n)" -lt $((connections + 100)) ]]; then
 fi
 
 for run in $(seq 1 "$runs"); do
-    echo "== run $run: $connections parked polls, 8 connections of acks=0 produces for $flood_s s (load average $(cut -d' ' -f1-3 /proc/loadavg))"
-    start_broker
-    timeout 900 "$load" flood --broker "$address" --connections "$connections" --flood-s "$flood_s" || true
+    echo "== run $run: ${BROKER_FLAGS:-default flags}, $connections parked polls, 8 connections of acks=0 produces for $flood_s s (load average $(cut -d' ' -f1-3 /proc/loadavg))"
+    # shellcheck disable=SC2086
+    start_broker ${BROKER_FLAGS:-}
+    timeout 900 "$load" flood --broker "$address" --connections "$connections" --flood-s "$flood_s" \
+        --catch-up-s "$catch_up_s" || true
     sent=$(date +%s.%N)
     kill -TERM "$broker_pid"
     for _ in $(seq 1 3000); do kill -0 "$broker_pid" 2>/dev/null || break; sleep 0.1; done
