@@ -28,7 +28,7 @@
 //!   thread returns as soon as it sees the mark (before its next report), whatever it still
 //!   has queued, so a shutdown waits for one report at most, never for a backlog.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -65,7 +65,7 @@ struct Slot {
     /// The first notice's due time: later notices join while due before `opened + TICK`.
     opened: Instant,
     /// Reported at `opened + TICK`, after every notice it holds is due.
-    ends: Vec<(PartitionKey, i64)>,
+    ends: HashMap<PartitionKey, i64>,
 }
 
 impl Slot {
@@ -88,7 +88,7 @@ impl Queue {
             _ => {
                 self.slots.push_back(Slot {
                     opened: due,
-                    ends: Vec::new(),
+                    ends: HashMap::new(),
                 });
                 self.slots.back_mut().expect("just pushed")
             }
@@ -97,7 +97,7 @@ impl Queue {
     }
 
     /// Moves every slot due at `now` into `due_now`, merged per partition.
-    fn take_due(&mut self, now: Instant, due_now: &mut Vec<(PartitionKey, i64)>) {
+    fn take_due(&mut self, now: Instant, due_now: &mut HashMap<PartitionKey, i64>) {
         due_now.clear();
         while self.slots.front().is_some_and(|slot| slot.due_at() <= now) {
             let slot = self.slots.pop_front().expect("checked");
@@ -108,11 +108,9 @@ impl Queue {
     }
 }
 
-fn merge(ends: &mut Vec<(PartitionKey, i64)>, partition: PartitionKey, end_offset: i64) {
-    match ends.iter_mut().find(|(p, _)| *p == partition) {
-        Some((_, offset)) => *offset = (*offset).max(end_offset),
-        None => ends.push((partition, end_offset)),
-    }
+fn merge(ends: &mut HashMap<PartitionKey, i64>, partition: PartitionKey, end_offset: i64) {
+    let offset = ends.entry(partition).or_insert(end_offset);
+    *offset = (*offset).max(end_offset);
 }
 
 /// One follower's queue, shared by the leader (who pushes) and the follower's thread.
@@ -194,7 +192,7 @@ impl Drop for FollowerSet {
 }
 
 fn follow(follower: usize, shared: &Shared, listener: &dyn FollowerListener) {
-    let mut due_now: Vec<(PartitionKey, i64)> = Vec::new();
+    let mut due_now: HashMap<PartitionKey, i64> = HashMap::new();
     loop {
         {
             let mut queue = shared.queue.lock();
@@ -212,7 +210,7 @@ fn follow(follower: usize, shared: &Shared, listener: &dyn FollowerListener) {
             }
             queue.take_due(Instant::now(), &mut due_now);
         }
-        for &(partition, offset) in &due_now {
+        for (&partition, &offset) in &due_now {
             if shared.queue.lock().stopped {
                 return;
             }
@@ -308,14 +306,17 @@ mod tests {
             queue.push(now, PartitionKey(p), end_offset);
         }
         queue.push(now + Duration::from_secs(60), PartitionKey(0), 9);
-        let mut due = Vec::new();
+        let mut due = HashMap::new();
         queue.take_due(now, &mut due);
         assert!(
             due.is_empty(),
             "a slot is due a tick after its first notice"
         );
         queue.take_due(now + TICK, &mut due);
-        assert_eq!(due, vec![(PartitionKey(0), 3), (PartitionKey(1), 4)]);
+        assert_eq!(
+            due,
+            HashMap::from([(PartitionKey(0), 3), (PartitionKey(1), 4)])
+        );
         assert_eq!(queue.slots.len(), 1);
     }
 
@@ -330,16 +331,15 @@ mod tests {
         // 10 ms of notices: about one slot per tick, each one entry per partition.
         assert!(queue.slots.len() <= 11, "{} slots", queue.slots.len());
         assert!(queue.slots.iter().all(|slot| slot.ends.len() == 3));
-        let mut due = Vec::new();
+        let mut due = HashMap::new();
         queue.take_due(now + Duration::from_secs(1), &mut due);
-        due.sort_unstable();
         assert_eq!(
             due,
-            vec![
+            HashMap::from([
                 (PartitionKey(0), 99_999),
                 (PartitionKey(1), 99_997),
                 (PartitionKey(2), 99_998)
-            ]
+            ])
         );
     }
 
