@@ -142,3 +142,75 @@ async fn the_high_watermark_follows_a_flood_and_shutdown_is_prompt() {
     assert!(stats.leader.fetch.expired_at_shutdown as usize >= POLLS);
     drop((parked, flooders_clients));
 }
+
+/// What one check of a partition costs with 10,000 polls parked on it, and what appends
+/// from several threads at once cost when checks are coalesced (no followers: every append
+/// moves the high watermark and asks for a check of both purgatories). Prints; asserts
+/// nothing about time.
+#[test]
+#[ignore = "a measurement: cargo test --release -p purgatory-examples --test broker_flood -- --ignored --nocapture"]
+fn cost_of_a_check_over_parked_polls() {
+    use purgatory_examples::delayed_fetch::BytesWait;
+    use purgatory_examples::leader::Leader;
+    use purgatory_examples::partition::PartitionKey;
+    use purgatory_examples::record_batch::ProducedBatch;
+
+    let raw = encode_batch(&[Bytes::from_static(b"f")], 0);
+    let batch = || ProducedBatch::parse_all(&raw).unwrap();
+    let none = FollowerConfig {
+        count: 0,
+        lag: Duration::ZERO,
+        stalled: false,
+    };
+    for (polls, entries) in [(0, 1), (10_000, 1), (10_000, 6)] {
+        let leader = Arc::new(Leader::start(1, none));
+        let key = PartitionKey(0);
+        let wait = BytesWait {
+            key,
+            partition: leader.partition(key).unwrap().clone(),
+            start_position: 0,
+            max_bytes: u64::MAX,
+        };
+        let parked: Vec<_> = (0..polls)
+            .map(|_| {
+                leader.wait_for_bytes(
+                    Duration::from_secs(600),
+                    u64::MAX,
+                    vec![wait.clone(); entries],
+                )
+            })
+            .collect();
+        // One thread: every append finds no check running and checks inline.
+        let appends = 2_000;
+        let started = Instant::now();
+        for _ in 0..appends {
+            leader.append(key, batch()).unwrap();
+        }
+        let alone = started.elapsed() / appends;
+        // Four threads for one second: an append that finds a check running only marks it.
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let leader = Arc::clone(&leader);
+                let raw = raw.clone();
+                std::thread::spawn(move || {
+                    let until = Instant::now() + Duration::from_secs(1);
+                    let mut done = 0u64;
+                    while Instant::now() < until {
+                        leader
+                            .append(key, ProducedBatch::parse_all(&raw).unwrap())
+                            .unwrap();
+                        done += 1;
+                    }
+                    done
+                })
+            })
+            .collect();
+        let together: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        eprintln!(
+            "{polls} polls x {entries} entries parked: one append (with its check) {alone:?} \
+             from one thread; {together} appends/s from 4 threads"
+        );
+        drop(parked);
+        leader.shutdown();
+    }
+}
