@@ -3,11 +3,11 @@
 //! Each follower is one thread with a queue of append notices. A notice becomes due `lag`
 //! after its append; notices are coalesced as they are queued: one due within [`TICK`]
 //! after the first notice of the queue's last slot joins that slot (the slot keeps the
-//! largest end offset per partition, and is due at its first notice's due time plus
-//! `TICK`). The thread sleeps until the oldest slot is due (or the queue changes), takes
-//! every due slot at once and reports, once per partition (the largest offset wins),
-//! through [`FollowerListener::follower_reached`]: one report covers every notice due,
-//! whatever the append rate.
+//! largest end offset per partition, and is due when its last notice is, so a lone notice
+//! is not delayed). The thread sleeps until the oldest slot is due (or the queue changes),
+//! takes every due slot at once and reports, once per partition (the largest offset
+//! wins), through [`FollowerListener::follower_reached`]: one report covers every notice
+//! due, whatever the append rate.
 //!
 //! | queue state                         | the thread                                      |
 //! |-------------------------------------|-------------------------------------------------|
@@ -62,15 +62,17 @@ pub trait FollowerListener: Send + Sync + 'static {
 /// Notices due at the same time (within [`TICK`]): the largest end offset per partition.
 #[derive(Debug)]
 struct Slot {
-    /// The first notice's due time: later notices join while due before `opened + TICK`.
+    /// The first notice's due time: later notices join while due by `opened + TICK`.
     opened: Instant,
-    /// Reported at `opened + TICK`, after every notice it holds is due.
+    /// The last notice's due time: the slot is reported then, after every notice it holds
+    /// is due (a lone notice is not delayed at all).
+    due: Instant,
     ends: HashMap<PartitionKey, i64>,
 }
 
 impl Slot {
     fn due_at(&self) -> Instant {
-        self.opened + TICK
+        self.due
     }
 }
 
@@ -84,15 +86,17 @@ impl Queue {
     /// Queues `end_offset` of `partition`, due at `due`.
     fn push(&mut self, due: Instant, partition: PartitionKey, end_offset: i64) {
         let slot = match self.slots.back_mut() {
-            Some(slot) if due <= slot.due_at() => slot,
+            Some(slot) if due <= slot.opened + TICK => slot,
             _ => {
                 self.slots.push_back(Slot {
                     opened: due,
+                    due,
                     ends: HashMap::new(),
                 });
                 self.slots.back_mut().expect("just pushed")
             }
         };
+        slot.due = slot.due.max(due);
         merge(&mut slot.ends, partition, end_offset);
     }
 
@@ -302,17 +306,18 @@ mod tests {
     fn due_notices_are_merged_per_partition() {
         let now = Instant::now();
         let mut queue = Queue::default();
-        for (p, end_offset) in [(0, 1), (1, 4), (0, 3)] {
-            queue.push(now, PartitionKey(p), end_offset);
+        for (p, end_offset, after) in [(0, 1, 0), (1, 4, 1), (0, 3, 2)] {
+            queue.push(
+                now + Duration::from_micros(after),
+                PartitionKey(p),
+                end_offset,
+            );
         }
         queue.push(now + Duration::from_secs(60), PartitionKey(0), 9);
         let mut due = HashMap::new();
-        queue.take_due(now, &mut due);
-        assert!(
-            due.is_empty(),
-            "a slot is due a tick after its first notice"
-        );
-        queue.take_due(now + TICK, &mut due);
+        queue.take_due(now + Duration::from_micros(1), &mut due);
+        assert!(due.is_empty(), "a slot is due when its last notice is");
+        queue.take_due(now + Duration::from_micros(2), &mut due);
         assert_eq!(
             due,
             HashMap::from([(PartitionKey(0), 3), (PartitionKey(1), 4)])
