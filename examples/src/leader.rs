@@ -9,9 +9,13 @@
 //! read the partitions):
 //! - append: the partition appends under its lock; then the followers are told; then, if the
 //!   high watermark moved (no followers), both purgatories are checked for that partition.
-//! - follower advance (on the follower's thread): the partition records it under its lock;
-//!   then the produce purgatory is checked for that partition, and, if the high watermark
-//!   moved, the fetch purgatory too.
+//! - follower advance (on the follower's thread, one report for every notice due, see
+//!   `followers.rs`): the partition records it under its lock; then the produce purgatory is
+//!   checked for that partition, and, if the high watermark moved, the fetch purgatory too.
+//! - every check goes through [`CheckRounds`] (one per purgatory): an event that finds a
+//!   check of its partition running asks for one more round instead of running its own, so
+//!   a flood of appends or follower reports costs one check per round of events, not one
+//!   per event, however many operations are parked on the partition.
 //! - a produce or fetch that cannot be answered yet is handed to its purgatory with
 //!   `Purgatory::park_with`; its answer arrives through the operation's `Reply`, from
 //!   whichever thread completed it (an event, the reaper on timeout, or this call). The
@@ -26,6 +30,7 @@ use purgatory::{
     Completion, DelayedOperation, Parked, Purgatory, PurgatoryStats, Reply, WatchErrorKind,
 };
 
+use crate::check_rounds::CheckRounds;
 use crate::delayed_fetch::{BytesWait, DelayedFetch, FetchCompletion};
 use crate::delayed_produce::{DelayedProduce, ProduceCompletion, ReplicaWait};
 use crate::followers::{FollowerConfig, FollowerListener, FollowerSet};
@@ -72,17 +77,29 @@ fn park<O: DelayedOperation, T>(
     }
 }
 
-/// Fires the purgatories when replicas make progress.
-struct CommitEvents {
-    partitions: Arc<[Arc<Partition>]>,
+/// The two purgatories of a leader.
+struct Purgatories {
     produce: ProducePurgatory,
     fetch: FetchPurgatory,
 }
 
+/// Fires the purgatories when replicas make progress.
+struct CommitEvents {
+    partitions: Arc<[Arc<Partition>]>,
+    produce_checks: CheckRounds,
+    fetch_checks: CheckRounds,
+}
+
 impl CommitEvents {
     fn high_watermark_moved(&self, key: PartitionKey) {
-        self.produce.check_and_complete(&key);
-        self.fetch.check_and_complete(&key);
+        self.produce_checks.request(key.0 as usize);
+        self.fetch_checks.request(key.0 as usize);
+    }
+
+    /// Stops the checker threads; later events check nothing.
+    fn stop_checks(&self) {
+        self.produce_checks.stop();
+        self.fetch_checks.stop();
     }
 }
 
@@ -94,9 +111,9 @@ impl FollowerListener for CommitEvents {
         let moved = partition.follower_reached(follower, offset);
         // Every follower advance may complete an acks=all produce (the spec's event);
         // fetches only care about the high watermark.
-        self.produce.check_and_complete(&key);
+        self.produce_checks.request(key.0 as usize);
         if moved {
-            self.fetch.check_and_complete(&key);
+            self.fetch_checks.request(key.0 as usize);
         }
     }
 }
@@ -113,6 +130,7 @@ pub struct LeaderStats {
 /// Partitions led here, their simulated followers, and the purgatories.
 pub struct Leader {
     events: Arc<CommitEvents>,
+    purgatories: Arc<Purgatories>,
     followers: Mutex<FollowerSet>,
 }
 
@@ -154,14 +172,39 @@ impl Leader {
                 ))
             })
             .collect();
-        let events = Arc::new(CommitEvents {
-            partitions,
+        let purgatories = Arc::new(Purgatories {
             produce: Purgatory::new("produce"),
             fetch: Purgatory::new("fetch"),
         });
+        let keys = partitions.len();
+        let produce = Arc::clone(&purgatories);
+        let fetch = Arc::clone(&purgatories);
+        let events = Arc::new(CommitEvents {
+            partitions,
+            produce_checks: CheckRounds::start(
+                "produce-checks",
+                keys,
+                Box::new(move |key| {
+                    produce
+                        .produce
+                        .check_and_complete(&PartitionKey(key as u32));
+                }),
+            ),
+            fetch_checks: CheckRounds::start(
+                "fetch-checks",
+                keys,
+                Box::new(move |key| {
+                    fetch.fetch.check_and_complete(&PartitionKey(key as u32));
+                }),
+            ),
+        });
         let listener: Arc<dyn FollowerListener> = events.clone();
         let followers = Mutex::new(FollowerSet::start(followers, listener));
-        Leader { events, followers }
+        Leader {
+            events,
+            purgatories,
+            followers,
+        }
     }
 
     /// Number of partitions.
@@ -204,7 +247,7 @@ impl Leader {
     /// dropping it unanswered cancels the wait (the records stay appended).
     pub fn wait_for_replicas(&self, timeout: Duration, waits: Vec<ReplicaWait>) -> ProduceAnswer {
         let keys = PartitionKey::distinct(waits.iter().map(|w| w.key));
-        park(&self.events.produce, keys, |reply| {
+        park(&self.purgatories.produce, keys, |reply| {
             DelayedProduce::new(timeout, waits, reply)
         })
     }
@@ -219,7 +262,7 @@ impl Leader {
         waits: Vec<BytesWait>,
     ) -> FetchAnswer {
         let keys = PartitionKey::distinct(waits.iter().map(|w| w.key));
-        park(&self.events.fetch, keys, |reply| {
+        park(&self.purgatories.fetch, keys, |reply| {
             DelayedFetch::new(max_wait, min_bytes, waits, reply)
         })
     }
@@ -227,30 +270,33 @@ impl Leader {
     /// Counters of both purgatories.
     pub fn stats(&self) -> LeaderStats {
         LeaderStats {
-            produce: self.events.produce.stats(),
-            fetch: self.events.fetch.stats(),
+            produce: self.purgatories.produce.stats(),
+            fetch: self.purgatories.fetch.stats(),
         }
     }
 
-    /// Stops the followers, then shuts both purgatories down (every waiting request is
-    /// answered as expired). Idempotent.
+    /// Stops the followers and the checks, then shuts both purgatories down (every
+    /// waiting request is answered as expired). Idempotent.
     pub fn shutdown(&self) {
         self.stop_followers();
-        self.events.produce.shutdown();
-        self.events.fetch.shutdown();
+        self.purgatories.produce.shutdown();
+        self.purgatories.fetch.shutdown();
     }
 
-    /// Stops the follower threads (joins them: it blocks). Idempotent.
+    /// Stops the follower threads, then the checker threads (joins them: it blocks, for
+    /// one report or one check at most, whatever the followers still had to copy).
+    /// Idempotent.
     pub fn stop_followers(&self) {
         self.followers.lock().shutdown();
+        self.events.stop_checks();
     }
 
     /// Shuts both purgatories down without blocking the task's thread (their
     /// `shutdown_async`): every waiting request is answered as expired when this returns.
     /// Idempotent.
     pub async fn shutdown_purgatories(&self) {
-        self.events.produce.shutdown_async().await;
-        self.events.fetch.shutdown_async().await;
+        self.purgatories.produce.shutdown_async().await;
+        self.purgatories.fetch.shutdown_async().await;
     }
 }
 

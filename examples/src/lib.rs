@@ -20,6 +20,7 @@
 pub mod axum_service;
 pub mod batch_index;
 pub mod broker;
+pub mod check_rounds;
 pub mod cli;
 pub mod delayed_fetch;
 pub mod delayed_produce;

@@ -6,7 +6,9 @@ use std::time::Duration;
 use purgatory_examples::broker::{Broker, BrokerConfig};
 use purgatory_examples::followers::FollowerConfig;
 use purgatory_examples::huge_allocations::HugeAllocationsMappedLazily;
-use purgatory_examples::load::{fetch_wakeup, hostile, idle_polls, left_polls, produce_latency};
+use purgatory_examples::load::{
+    fetch_wakeup, flood, hostile, idle_polls, left_polls, produce_latency,
+};
 
 #[global_allocator]
 static ALLOCATOR: HugeAllocationsMappedLazily = HugeAllocationsMappedLazily;
@@ -163,5 +165,29 @@ async fn hostile_clients_stay_connected_and_are_counted() {
     assert_eq!(report.closed_by_broker, 0);
     assert!(report.held.rss_kib > 0 && report.held_files > 0);
     assert!(hostile::Scenario::named("no-such", 0).is_none());
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flood_runs_and_sees_the_high_watermark_catch_up() {
+    let broker = start(2, 5).await;
+    let config = flood::FloodConfig {
+        broker: broker.local_addr(),
+        topic: "demo".into(),
+        partition: 0,
+        connections: 20,
+        fetch_entries: 6,
+        producers: 2,
+        flood: Duration::from_millis(500),
+        record_bytes: 10,
+        good_interval: Duration::from_millis(50),
+        good_timeout_ms: 10_000,
+        catch_up_limit: Duration::from_secs(30),
+    };
+    let report = flood::run(&config).await.unwrap();
+    assert!(report.flooded > 0);
+    assert!(report.good.is_some_and(|good| good.count >= 1));
+    assert_eq!(report.good_failed, 0);
+    assert!(report.caught_up_after.is_some());
     broker.shutdown().await;
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use purgatory_examples::cli::{FlagError, Flags};
 use purgatory_examples::load::latency_summary::{ms, LatencySummary};
 use purgatory_examples::load::{
-    fetch_wakeup, hostile, idle_polls, left_polls, produce_latency, timer_jitter,
+    fetch_wakeup, flood, hostile, idle_polls, left_polls, produce_latency, timer_jitter,
 };
 
 const USAGE: &str = "usage: broker_load COMMAND [--broker ADDR] [--topic NAME] [--partition P] ...
@@ -23,6 +23,11 @@ commands:
   hostile          --broker-pid PID --scenario pipelined-polls|slow-readers|metadata-echo|partial-frames
                    [--connections N (100)] [--names K (3000)]: N clients each doing the scenario
                    of issue #23 and staying; the broker's RSS per connection
+  flood            [--connections N (10000)] [--fetch-entries E (6)] [--producers P (8)] [--flood-s S (20)]
+                   [--record-bytes B (10)] [--timeout-ms T (5000)] [--catch-up-s C (300)]: N polls that cannot complete wait
+                   while P connections send acks=0 produces for S s; a good client's acks=all
+                   produces (timeout T) during the flood, then how long until one is acknowledged
+                   (C s at most)
   timer-jitter     [--sleep-ms D (50)] [--samples N (200)]: lateness of timed sleeps, no broker
 --broker defaults to 127.0.0.1:9092, --topic to demo, --partition to 0.";
 
@@ -60,6 +65,9 @@ fn main() -> ExitCode {
             "--fetch-entries",
             "--scenario",
             "--names",
+            "--producers",
+            "--flood-s",
+            "--catch-up-s",
         ],
         &[],
     );
@@ -307,6 +315,48 @@ async fn run(command: &str, flags: &Flags) -> Result<(), RunError> {
                 "  1 s after they left: RSS {:.1} MiB",
                 mib(report.after.rss_kib)
             );
+        }
+        "flood" => {
+            let config = flood::FloodConfig {
+                broker,
+                topic,
+                partition,
+                connections: flags.get("--connections", 10_000)?,
+                fetch_entries: flags.get("--fetch-entries", 6)?,
+                producers: flags.get("--producers", 8)?,
+                flood: Duration::from_secs(flags.get("--flood-s", 20)?),
+                record_bytes: flags.get("--record-bytes", 10)?,
+                good_interval: Duration::from_millis(100),
+                good_timeout_ms: flags.get("--timeout-ms", 5_000)?,
+                catch_up_limit: Duration::from_secs(flags.get("--catch-up-s", 300)?),
+            };
+            let report = flood::run(&config).await?;
+            println!(
+                "flood: {} polls (each naming the partition {} times) parked; {} connections sent \
+                 {} acks=0 produces in {} s ({:.0}/s)",
+                config.connections,
+                config.fetch_entries,
+                config.producers,
+                report.flooded,
+                config.flood.as_secs(),
+                report.flooded as f64 / config.flood.as_secs_f64().max(1e-9)
+            );
+            println!(
+                "  good acks=all produces during the flood: {} acknowledged, {}; {} failed",
+                report.good.map_or(0, |s| s.count),
+                show(report.good),
+                report.good_failed
+            );
+            match report.caught_up_after {
+                Some(after) => println!(
+                    "  high watermark caught up {:.0} ms after the flood",
+                    after.as_secs_f64() * 1e3
+                ),
+                None => println!(
+                    "  high watermark not caught up {} s after the flood",
+                    config.catch_up_limit.as_secs()
+                ),
+            }
         }
         "timer-jitter" => {
             let sleep = Duration::from_millis(flags.get("--sleep-ms", 50)?);

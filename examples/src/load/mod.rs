@@ -9,6 +9,7 @@
 //! - [`left_polls`]: many long polls whose clients then leave at once; how soon the
 //!   broker's descriptors and memory come back.
 //! - [`hostile`]: the memory each hostile client of issue #23 makes the broker hold.
+//! - [`flood`]: a produce flood while many polls wait; does the high watermark follow?
 //! - [`timer_jitter`]: the machine's own lateness on timed sleeps (no broker), the noise
 //!   floor under the followers' delay.
 //!
@@ -16,6 +17,7 @@
 //! every wait.
 
 pub mod fetch_wakeup;
+pub mod flood;
 pub mod hostile;
 pub mod idle_polls;
 pub mod latency_summary;
