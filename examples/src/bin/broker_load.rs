@@ -21,8 +21,9 @@ commands:
   left-polls       --broker-pid PID [--connections N (5000)]: N long polls (max_wait 2^31-1 ms)
                    whose clients then all leave; the broker's descriptors and RSS until back
   hostile          --broker-pid PID --scenario pipelined-polls|slow-readers|metadata-echo|partial-frames
-                   [--connections N (100)] [--names K (3000)]: N clients each doing the scenario
-                   of issue #23 and staying; the broker's RSS per connection
+                   |padded-poll|list-offsets-echo|produce-echo|fetch-echo|polls-then-partial
+                   [--connections N (100)] [--names K (3000)] [--mib M (90)]: N clients each doing
+                   the scenario of issue #23 or #29 and staying; the broker's RSS per connection
   timer-jitter     [--sleep-ms D (50)] [--samples N (200)]: lateness of timed sleeps, no broker
 --broker defaults to 127.0.0.1:9092, --topic to demo, --partition to 0.";
 
@@ -60,6 +61,7 @@ fn main() -> ExitCode {
             "--fetch-entries",
             "--scenario",
             "--names",
+            "--mib",
         ],
         &[],
     );
@@ -276,7 +278,8 @@ async fn run(command: &str, flags: &Flags) -> Result<(), RunError> {
             };
             let name: String = flags.get("--scenario", String::new())?;
             let names: usize = flags.get("--names", 3000)?;
-            let Some(scenario) = hostile::Scenario::named(&name, names) else {
+            let mib: usize = flags.get("--mib", 90)?;
+            let Some(scenario) = hostile::Scenario::named(&name, names, mib) else {
                 return Err(RunError::Usage(format!(
                     "--scenario {name:?}: see the list"
                 )));

@@ -20,6 +20,8 @@
 //!   of them has waited `frame_read_timeout` ends with [`Left::WaitedTooLong`]. However
 //!   many long polls a client pipelines, what is behind them is held for one
 //!   `frame_read_timeout` at most (issue #29, finding 4).
+//!   The arrival times are kept to 1/64 of that timeout (at most 65 entries however the
+//!   bytes trickle in), which may date a byte earlier than it came, never later.
 //! - An idle or waiting connection holds no buffer: it is allocated when bytes arrive
 //!   during a wait and released once read.
 //!
@@ -43,6 +45,9 @@ use super::request_budget::{ConnectionBudget, OverBudget};
 /// Bytes read at most per read while a request waits (into a buffer on the stack, so a
 /// waiting connection that receives nothing allocates nothing).
 const READ_CHUNK: usize = 16 * 1024;
+
+/// The arrival times of buffered bytes are kept to this fraction of the frame read timeout.
+const ARRIVAL_GRAIN: u32 = 64;
 
 /// How a client left.
 #[derive(Debug)]
@@ -103,6 +108,20 @@ impl ClientReader {
         &self.budget
     }
 
+    /// Records that the bytes up to `buffered_total` arrived `now`. Chunks arriving within
+    /// `1/ARRIVAL_GRAIN` of the limit of the last are merged into it (which dates them a
+    /// little earlier, never later), so a client sending a byte at a time makes at most
+    /// `ARRIVAL_GRAIN` entries before its oldest byte times out.
+    fn arrived(&mut self, now: Instant, frame_read_timeout: Duration) {
+        let grain = frame_read_timeout / ARRIVAL_GRAIN;
+        match self.arrivals.back_mut() {
+            Some((end, at)) if now.saturating_duration_since(*at) < grain => {
+                *end = self.buffered_total;
+            }
+            _ => self.arrivals.push_back((self.buffered_total, now)),
+        }
+    }
+
     /// When the oldest byte still buffered arrived; `None` when nothing is buffered.
     pub fn oldest_arrival(&self) -> Option<Instant> {
         self.arrivals.front().map(|&(_, at)| at)
@@ -148,13 +167,18 @@ impl ClientReader {
                     }
                     self.pending.extend_from_slice(&chunk[..n]);
                     self.buffered_total += n as u64;
-                    self.arrivals
-                        .push_back((self.buffered_total, Instant::now()));
+                    self.arrived(Instant::now(), frame_read_timeout);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                 Err(e) => return Left::Failed(e),
             }
         }
+    }
+
+    /// Arrival entries kept.
+    #[cfg(test)]
+    fn arrival_entries(&self) -> usize {
+        self.arrivals.len()
     }
 
     /// Bytes buffered and not yet read.
@@ -310,5 +334,32 @@ mod tests {
         assert_eq!(reader.oldest_arrival(), None);
         let watched = timeout(Duration::from_millis(600), reader.until_closed(limit)).await;
         assert!(watched.is_err(), "nothing was buffered: {watched:?}");
+    }
+
+    #[tokio::test]
+    async fn a_client_sending_a_byte_at_a_time_makes_few_arrival_entries() {
+        let (mut reader, mut client) = pair().await;
+        let limit = Duration::from_millis(640);
+        let sender = tokio::spawn(async move {
+            for _ in 0..300 {
+                if client.write_all(b"x").await.is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            client
+        });
+        let left = timeout(Duration::from_secs(5), reader.until_closed(limit))
+            .await
+            .unwrap();
+        assert!(matches!(left, Left::WaitedTooLong(_)), "{left}");
+        assert!(reader.buffered() > 0);
+        assert!(
+            reader.arrival_entries() <= ARRIVAL_GRAIN as usize + 1,
+            "{} entries for {} bytes",
+            reader.arrival_entries(),
+            reader.buffered()
+        );
+        drop(sender.await);
     }
 }
