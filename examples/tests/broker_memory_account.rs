@@ -301,3 +301,67 @@ async fn one_connection_holds_no_more_than_its_share_of_the_budget() {
     drop(timeout(LIMIT, writer).await.unwrap().unwrap());
     broker.shutdown().await;
 }
+
+/// A fetch answer joining several batches of a partition's newest segment is a copy made
+/// for that client (up to 1 MiB a partition): never read, it was held outside the budget
+/// (6 readers of 8 partitions: 43 MB, the account at 0). It is now counted until written:
+/// two such answers fit in a 16 MiB budget and the other readers are closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetch_answers_copied_for_a_client_stay_in_the_budget() {
+    const PARTITIONS: usize = 8;
+    const READERS: usize = 6;
+    const BUDGET: usize = 16 * MIB;
+    let broker = start(BrokerConfig {
+        queued_max_request_bytes: BUDGET,
+        ..config(PARTITIONS)
+    })
+    .await;
+    let addr = broker.local_addr();
+    // 100 batches of 9,000 bytes in each partition: 900 KB, below the 1 MiB segment.
+    let mut batches = Vec::new();
+    for i in 0..100 {
+        batches.extend_from_slice(&encode_batch(&[Bytes::from(vec![b'c'; 9_000])], i));
+    }
+    let batches = Bytes::from(batches);
+    let mut producer = connect(addr).await;
+    for partition in 0..PARTITIONS as i32 {
+        let produce = requests::produce("demo", partition, 1, 1000, batches.clone());
+        let answer = producer.call(7, &produce).await.unwrap();
+        assert_eq!(answer.responses[0].partition_responses[0].error_code, 0);
+    }
+    drop(producer);
+    let mut fetch = requests::fetch("demo", 0, 0, 1, 0);
+    let wanted = fetch.topics[0].partitions[0].clone();
+    fetch.topics[0].partitions = (0..PARTITIONS as i32)
+        .map(|partition| {
+            let mut one = wanted.clone();
+            one.partition = partition;
+            one
+        })
+        .collect();
+    let mut readers = Vec::with_capacity(READERS);
+    for _ in 0..READERS {
+        let mut client = connect(addr).await;
+        client.send(12, &fetch).await.unwrap();
+        readers.push(client);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stats = broker.stats();
+    eprintln!(
+        "{READERS} unread 7.2 MB fetch answers: {} connections open, {} bytes counted",
+        stats.connections, stats.queued_request_bytes
+    );
+    assert!(stats.queued_request_bytes <= BUDGET, "{stats:?}");
+    assert!(
+        stats.queued_request_bytes >= 7_000_000,
+        "an unread answer's copy is not counted: {stats:?}"
+    );
+    assert!(
+        (1..=2).contains(&stats.connections),
+        "{} of {READERS} unread copied answers held (at most 2 fit): {stats:?}",
+        stats.connections
+    );
+    drop(readers);
+    broker.shutdown().await;
+}

@@ -261,6 +261,16 @@ async fn dispatch(state: &BrokerState, api: ApiKey, version: i16, id: i32, body:
                 // only an answer made at once may echo names of it.
                 let body = fetch::echoes_unknown_names(state, &request).then_some(body);
                 let response = fetch::handle(state, request, version).await;
+                // Records read as several batches of the newest segment are a copy made
+                // for this answer (nothing else holds them): held for the client.
+                let fresh: usize = response
+                    .responses
+                    .iter()
+                    .flat_map(|topic| topic.partitions.iter())
+                    .filter_map(|partition| partition.records.as_ref())
+                    .filter(|records| records.is_unique())
+                    .map(Bytes::len)
+                    .sum();
                 // The records are slices of the log's segments: the answer shares them,
                 // and the names echoed from the body.
                 let records: Vec<Bytes> = body
@@ -274,7 +284,11 @@ async fn dispatch(state: &BrokerState, api: ApiKey, version: i16, id: i32, body:
                             .filter(|records| !records.is_empty()),
                     )
                     .collect();
-                respond_sharing(api, version, id, &response, &records)
+                let mut reply = respond_sharing(api, version, id, &response, &records);
+                if let Reply::Send(answer) = &mut reply {
+                    answer.count_as_copied(fresh);
+                }
+                reply
             }
             Err(reason) => Reply::Close(reason),
         },

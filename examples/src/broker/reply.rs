@@ -58,9 +58,15 @@ impl Answer {
         self.parts.iter().map(Bytes::len).sum()
     }
 
-    /// Bytes copied into the answer (all but the shared parts).
+    /// Bytes copied into the answer (all but the shared parts), or made for it.
     pub fn copied(&self) -> usize {
         self.len() - self.shared
+    }
+
+    /// Counts `bytes` of the shared parts as copied: they were made for this answer (a
+    /// read that joined several batches), so nothing but the answer holds them.
+    pub fn count_as_copied(&mut self, bytes: usize) {
+        self.shared = self.shared.saturating_sub(bytes);
     }
 }
 
