@@ -116,10 +116,11 @@ impl Drop for BrokerProcess {
 
 /// Finding 1: a parked Fetch v12 padded to 8 MiB in an unknown tagged field. Its decoded
 /// topic name was a slice of the frame, so the wait pinned all 8 MiB, outside the budget
-/// (12 polls: +100 MiB). The wait now keeps nothing of the frame.
+/// (24 polls: +192 MiB). The wait now keeps nothing of the frame; what the allocator keeps
+/// of the freed frames (16-33 MiB over runs) stays well below half of that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finding1_a_parked_fetch_keeps_none_of_its_padded_frame() {
-    const POLLS: usize = 12;
+    const POLLS: usize = 24;
     let broker = BrokerProcess::start(&["--fetch-max-wait-ms", "60000"]);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let before = broker.rss_mib();
@@ -143,8 +144,11 @@ async fn finding1_a_parked_fetch_keeps_none_of_its_padded_frame() {
             "a padded poll was answered or closed instead of parked"
         );
     }
-    // Pinned frames would be 12 x 8 MiB = 96 MiB.
-    assert!(grown < 40, "{POLLS} parked padded fetches hold {grown} MiB");
+    // Pinned frames would be 24 x 8 MiB = 192 MiB.
+    assert!(
+        grown < (POLLS as u64 * 8) / 2,
+        "{POLLS} parked padded fetches hold {grown} MiB"
+    );
     drop(clients);
 }
 
