@@ -29,7 +29,7 @@ use purgatory::{
 use crate::delayed_fetch::{BytesWait, DelayedFetch, FetchCompletion};
 use crate::delayed_produce::{DelayedProduce, ProduceCompletion, ReplicaWait};
 use crate::followers::{FollowerConfig, FollowerListener, FollowerSet};
-use crate::partition::{Appended, OffsetSpaceExhausted, Partition, PartitionKey};
+use crate::partition::{AppendError, Appended, Partition, PartitionKey};
 use crate::record_batch::ProducedBatch;
 
 /// Why [`Leader::append`] appended nothing.
@@ -39,6 +39,8 @@ pub enum AppendRefused {
     UnknownPartition,
     /// The batches would take the log end offset past `i64::MAX`.
     OffsetSpaceExhausted,
+    /// A batch names a producer the partition does not remember at a sequence other than 0.
+    OutOfOrderSequence,
 }
 
 type ProducePurgatory = Purgatory<PartitionKey, DelayedProduce>;
@@ -127,9 +129,30 @@ impl Leader {
         followers: FollowerConfig,
         retention_bytes: u64,
     ) -> Leader {
+        let expiration = crate::producer_sequences::DEFAULT_PRODUCER_EXPIRATION;
+        Self::start_with_limits(partitions, followers, retention_bytes, expiration)
+    }
+
+    /// Like [`Leader::start_with_retention`], each partition forgetting an idempotent
+    /// producer `producer_expiration` after its last append there, and remembering at most
+    /// [`max_producers_per_partition`](crate::producer_sequences::max_producers_per_partition).
+    pub fn start_with_limits(
+        partitions: usize,
+        followers: FollowerConfig,
+        retention_bytes: u64,
+        producer_expiration: std::time::Duration,
+    ) -> Leader {
         let in_sync = followers.count;
+        let max_producers = crate::producer_sequences::max_producers_per_partition(partitions);
         let partitions: Arc<[Arc<Partition>]> = (0..partitions)
-            .map(|_| Arc::new(Partition::with_retention(in_sync, retention_bytes)))
+            .map(|_| {
+                Arc::new(Partition::with_limits(
+                    in_sync,
+                    retention_bytes,
+                    max_producers,
+                    producer_expiration,
+                ))
+            })
             .collect();
         let events = Arc::new(CommitEvents {
             partitions,
@@ -163,7 +186,10 @@ impl Leader {
             .partition(key)
             .ok_or(AppendRefused::UnknownPartition)?
             .append(batches)
-            .map_err(|OffsetSpaceExhausted| AppendRefused::OffsetSpaceExhausted)?;
+            .map_err(|e| match e {
+                AppendError::OffsetSpaceExhausted => AppendRefused::OffsetSpaceExhausted,
+                AppendError::OutOfOrderSequence => AppendRefused::OutOfOrderSequence,
+            })?;
         self.followers
             .lock()
             .leader_appended(key, appended.log_end_offset);

@@ -11,13 +11,14 @@
 //!   [`wire_client`], a raw Kafka-protocol client also used by the tests.
 //!
 //! The building blocks they share: [`record_batch`] (produced batches, checked and stamped),
-//! [`partition_log`], [`replication`], [`producer_sequences`] and [`partition`] (one
+//! [`partition_log`] (over [`batch_index`]), [`replication`], [`producer_sequences`] and [`partition`] (one
 //! partition's state), [`followers`] (simulated follower threads), [`delayed_produce`] and
 //! [`delayed_fetch`] (the delayed operations) and [`leader`] (all of it wired to the
 //! purgatories, whose parked operations are awaited through the purgatory's own
 //! `Parked` future, cargo feature `tokio`).
 
 pub mod axum_service;
+pub mod batch_index;
 pub mod broker;
 pub mod cli;
 pub mod delayed_fetch;

@@ -10,14 +10,22 @@
 //!   `check_and_complete` after these methods return, never from inside them.
 //! - The log end offset never passes `i64::MAX`: an append whose batches' offsets (retries
 //!   included, to decide before appending any) would take it there is refused whole.
+//! - Idempotent producers' state is bounded and expires (`producer_sequences.rs`): an
+//!   append first forgets the producers expired at its time, and one whose batch names a
+//!   producer not remembered at a sequence other than 0 is refused whole
+//!   ([`AppendError::OutOfOrderSequence`]).
 
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
 
 use crate::partition_log::PartitionLog;
-use crate::producer_sequences::{BatchSequence, ProducerSequences};
+use crate::producer_sequences::{
+    BatchSequence, ProducerSequences, DEFAULT_PRODUCER_EXPIRATION, MAX_PRODUCERS_PER_PARTITION,
+};
 use crate::record_batch::ProducedBatch;
 use crate::replication::ReplicaProgress;
 
@@ -46,9 +54,15 @@ struct PartitionState {
     producers: ProducerSequences,
 }
 
-/// An append refused because the log end offset would pass `i64::MAX`.
+/// Why an append was refused (nothing of it was appended).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct OffsetSpaceExhausted;
+pub enum AppendError {
+    /// The log end offset would pass `i64::MAX`.
+    OffsetSpaceExhausted,
+    /// A batch names an idempotent producer this partition does not remember (never seen,
+    /// or expired) at a sequence other than 0.
+    OutOfOrderSequence,
+}
 
 /// What an append did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,11 +106,28 @@ impl Partition {
     /// An empty partition whose log keeps about `retention_bytes` of committed batches
     /// (see [`PartitionLog::apply_retention`]).
     pub fn with_retention(followers: usize, retention_bytes: u64) -> Self {
+        Self::with_limits(
+            followers,
+            retention_bytes,
+            MAX_PRODUCERS_PER_PARTITION,
+            DEFAULT_PRODUCER_EXPIRATION,
+        )
+    }
+
+    /// Like [`Partition::with_retention`], remembering at most `max_producers` idempotent
+    /// producers, each until `producer_expiration` after its last append (Kafka's
+    /// `producer.id.expiration.ms`).
+    pub fn with_limits(
+        followers: usize,
+        retention_bytes: u64,
+        max_producers: usize,
+        producer_expiration: Duration,
+    ) -> Self {
         Self {
             state: Mutex::new(PartitionState {
                 log: PartitionLog::with_retention(retention_bytes),
                 replicas: ReplicaProgress::new(followers),
-                producers: ProducerSequences::default(),
+                producers: ProducerSequences::with_limits(max_producers, producer_expiration),
             }),
             high_watermark: AtomicI64::new(0),
             committed_position: AtomicU64::new(0),
@@ -105,30 +136,48 @@ impl Partition {
 
     /// Appends the batches of one produce request, skipping retried batches of idempotent
     /// producers (their original offsets are answered); all or nothing.
-    pub fn append(&self, batches: Vec<ProducedBatch>) -> Result<Appended, OffsetSpaceExhausted> {
+    pub fn append(&self, batches: Vec<ProducedBatch>) -> Result<Appended, AppendError> {
+        let now = Instant::now();
         let mut state = self.state.lock();
         batches
             .iter()
             .try_fold(state.log.end_offset(), |end, b| {
                 end.checked_add(b.offset_count)
             })
-            .ok_or(OffsetSpaceExhausted)?;
+            .ok_or(AppendError::OffsetSpaceExhausted)?;
+        state.producers.expire(now);
+        // A producer not remembered may only start at sequence 0; a later batch of the same
+        // request may continue what an earlier one starts.
+        let sequence_of = |batch: &ProducedBatch| BatchSequence {
+            producer_id: batch.producer_id,
+            epoch: batch.producer_epoch,
+            first_sequence: batch.base_sequence,
+            count: batch.offset_count,
+        };
+        // One pass with the producers seen so far (a request may hold a million batches).
+        let mut seen = HashSet::new();
+        for batch in &batches {
+            if state.producers.refuses(&sequence_of(batch)) && !seen.contains(&batch.producer_id) {
+                return Err(AppendError::OutOfOrderSequence);
+            }
+            if batch.producer_id >= 0 {
+                seen.insert(batch.producer_id);
+            }
+        }
         let mut base_offset = None;
         let mut end_offset = state.log.end_offset();
         for batch in batches {
-            let sequence = BatchSequence {
-                producer_id: batch.producer_id,
-                epoch: batch.producer_epoch,
-                first_sequence: batch.base_sequence,
-                count: batch.offset_count,
-            };
+            let sequence = sequence_of(&batch);
             let (base, end) = match state.producers.duplicate_of(&sequence) {
                 Some(original) => original,
                 None => {
                     let appended = state.log.append(batch, LEADER_EPOCH);
-                    state
-                        .producers
-                        .appended(&sequence, appended.base_offset, appended.end_offset);
+                    state.producers.appended(
+                        &sequence,
+                        appended.base_offset,
+                        appended.end_offset,
+                        now,
+                    );
                     (appended.base_offset, appended.end_offset)
                 }
             };
@@ -189,9 +238,14 @@ impl Partition {
         self.state.lock().log.start_offset()
     }
 
-    /// Bytes the log holds (what retention keeps).
+    /// How many idempotent producers this partition remembers.
+    pub fn producer_states(&self) -> usize {
+        self.state.lock().producers.len()
+    }
+
+    /// Bytes the log holds, its batch index included (what retention keeps).
     pub fn log_bytes(&self) -> u64 {
-        self.state.lock().log.retained_bytes()
+        self.state.lock().log.held_bytes()
     }
 
     /// Byte position of the batch holding `offset` (see [`PartitionLog::position_of`]).
@@ -302,6 +356,26 @@ mod tests {
     }
 
     #[test]
+    fn an_unknown_producer_must_start_at_sequence_zero_even_within_one_request() {
+        let partition = Partition::new(0);
+        let mut first = batch(1);
+        first[0].producer_id = 9;
+        first[0].base_sequence = 0;
+        let mut next = batch(1);
+        next[0].producer_id = 9;
+        next[0].base_sequence = 1;
+        // Sequence 1 alone: unknown producer, refused; after 0 in the same request: taken.
+        assert_eq!(
+            partition.append(next.clone()),
+            Err(AppendError::OutOfOrderSequence)
+        );
+        assert_eq!(partition.log_end_offset(), 0);
+        let both = [first, next].concat();
+        assert_eq!(partition.append(both).unwrap().end_offset, 2);
+        assert_eq!(partition.producer_states(), 1);
+    }
+
+    #[test]
     fn an_append_past_the_last_offset_is_refused_whole() {
         let partition = Partition::new(0);
         partition.append(batch(1)).unwrap();
@@ -309,7 +383,10 @@ mod tests {
         // A compressed batch's count is a claim: one that fills the offset space.
         huge[0].offset_count = i64::MAX;
         let both = [batch(1), huge].concat();
-        assert_eq!(partition.append(both), Err(OffsetSpaceExhausted));
+        assert_eq!(
+            partition.append(both),
+            Err(AppendError::OffsetSpaceExhausted)
+        );
         assert_eq!(partition.log_end_offset(), 1);
         assert_eq!(partition.append(batch(2)).unwrap().end_offset, 3);
     }

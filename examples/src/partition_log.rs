@@ -11,7 +11,13 @@
 //! - Batches are never modified once appended. Retention (Kafka's `retention.bytes`) drops
 //!   whole sealed segments from the front, oldest first, while the log would still hold at
 //!   least `retention_bytes` without the segment, and only segments wholly below the offset
-//!   the caller allows (the high watermark): the open segment is never dropped.
+//!   the caller allows (the high watermark): the open segment is never dropped. What the
+//!   log holds counts the batch index too ([`PartitionLog::held_bytes`]: 72 bytes a batch),
+//!   so tiny batches cannot take memory to several times `retention_bytes` (68-byte
+//!   batches took it to 2.3 times in issue #29).
+//! - The batch index is a [`ChunkedIndex`]: an append never copies it (a `VecDeque`
+//!   reallocated and copied it whole under the partition lock, stalling a produce 1.9 s
+//!   with millions of small batches).
 //! - Segments: once the batches after the last sealed segment hold [`SEGMENT_BYTES`] or
 //!   more, they are copied once into one contiguous buffer (a sealed segment) and each batch
 //!   then points into it. A read returns batches of one segment only (as Kafka's log does),
@@ -30,6 +36,7 @@ use std::collections::VecDeque;
 
 use bytes::{Bytes, BytesMut};
 
+use crate::batch_index::ChunkedIndex;
 use crate::record_batch::ProducedBatch;
 
 #[derive(Debug)]
@@ -51,6 +58,9 @@ pub struct AppendedBatch {
     pub end_offset: i64,
 }
 
+/// What one batch costs in the index (counted by retention).
+const INDEX_ENTRY_BYTES: usize = std::mem::size_of::<StoredBatch>();
+
 /// Bytes of batches after which they are sealed into one contiguous segment.
 pub const SEGMENT_BYTES: u64 = 1 << 20;
 
@@ -68,7 +78,7 @@ struct Segment {
 /// An append-only, in-memory partition log with a size bound.
 #[derive(Debug)]
 pub struct PartitionLog {
-    batches: VecDeque<StoredBatch>,
+    batches: ChunkedIndex<StoredBatch>,
     /// Sealed segments, in log order; they cover the batches before `open_from`.
     segments: VecDeque<Segment>,
     /// Number of the first batch of the open (unsealed) segment.
@@ -98,7 +108,7 @@ impl PartitionLog {
     /// An empty log that drops its oldest segments beyond `retention_bytes`.
     pub fn with_retention(retention_bytes: u64) -> Self {
         PartitionLog {
-            batches: VecDeque::new(),
+            batches: ChunkedIndex::default(),
             segments: VecDeque::new(),
             open_from: 0,
             dropped: 0,
@@ -148,19 +158,23 @@ impl PartitionLog {
         if size < SEGMENT_BYTES {
             return;
         }
-        let bytes = if self.batches.len() - from == 1 {
-            self.batches[from].bytes.clone()
-        } else {
-            let mut joined = BytesMut::with_capacity(size as usize);
-            for batch in self.batches.range(from..) {
-                joined.extend_from_slice(&batch.bytes);
+        let len = self.batches.len();
+        let bytes = match self.batches.get(from) {
+            Some(only) if len - from == 1 => only.bytes.clone(),
+            _ => {
+                let mut joined = BytesMut::with_capacity(size as usize);
+                for batch in self.batches.range(from, len) {
+                    joined.extend_from_slice(&batch.bytes);
+                }
+                let joined = joined.freeze();
+                for index in from..len {
+                    if let Some(batch) = self.batches.get_mut(index) {
+                        let start = (batch.position - position) as usize;
+                        batch.bytes = joined.slice(start..start + batch.bytes.len());
+                    }
+                }
+                joined
             }
-            let joined = joined.freeze();
-            for batch in self.batches.range_mut(from..) {
-                let start = (batch.position - position) as usize;
-                batch.bytes = joined.slice(start..start + batch.bytes.len());
-            }
-            joined
         };
         self.segments.push_back(Segment {
             first_batch: self.open_from,
@@ -180,13 +194,20 @@ impl PartitionLog {
                 .segments
                 .get(1)
                 .map_or(self.open_from, |s| s.first_batch);
-            let last_end = self.batches[next_first - 1 - self.dropped].end_offset;
-            if self.retained_bytes() - size < self.retention_bytes || last_end > upto {
+            let Some(last_end) = self
+                .batches
+                .get(next_first - 1 - self.dropped)
+                .map(|b| b.end_offset)
+            else {
+                break;
+            };
+            let count = next_first - oldest.first_batch;
+            let freed = size + (count * INDEX_ENTRY_BYTES) as u64;
+            if self.held_bytes() - freed < self.retention_bytes || last_end > upto {
                 break;
             }
             debug_assert_eq!(oldest.position, self.start_position);
-            let count = next_first - oldest.first_batch;
-            self.batches.drain(..count);
+            self.batches.drop_front(count);
             self.dropped += count;
             self.segments.pop_front();
             self.start_position += size;
@@ -211,9 +232,15 @@ impl PartitionLog {
         self.end_position
     }
 
-    /// Bytes the log holds.
+    /// Bytes of batches the log holds.
     pub fn retained_bytes(&self) -> u64 {
         self.end_position - self.start_position
+    }
+
+    /// What retention counts: the batches' bytes and their index's entries. (The index's
+    /// chunks add at most two chunks of free slots, 144 KiB.)
+    pub fn held_bytes(&self) -> u64 {
+        self.retained_bytes() + (self.batches.len() * INDEX_ENTRY_BYTES) as u64
     }
 
     /// Index in `batches` of the batch holding `offset`, or `batches.len()` at the log end.
@@ -270,7 +297,7 @@ impl PartitionLog {
         };
         let mut total = head.bytes.len();
         let mut last = first + 1;
-        for batch in self.batches.range(last..segment_end) {
+        for batch in self.batches.range(last, segment_end) {
             if batch.end_offset > upto || total + batch.bytes.len() > max_bytes {
                 break;
             }
@@ -285,7 +312,7 @@ impl PartitionLog {
             return segment.bytes.slice(start..start + total);
         }
         let mut out = BytesMut::with_capacity(total);
-        for batch in self.batches.range(first..last) {
+        for batch in self.batches.range(first, last) {
             out.extend_from_slice(&batch.bytes);
         }
         out.freeze()

@@ -48,6 +48,28 @@ impl WireClient {
         })
     }
 
+    /// Connects to `addr` from the local address `source` (port chosen by the system): on
+    /// Linux every 127.x.y.z is a loopback address, so tests can be distinct clients.
+    pub async fn connect_from(
+        source: std::net::IpAddr,
+        addr: SocketAddr,
+    ) -> io::Result<WireClient> {
+        let socket = match source {
+            std::net::IpAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+            std::net::IpAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+        };
+        socket.bind(SocketAddr::new(source, 0))?;
+        let stream = socket.connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let (reader, writer) = stream.into_split();
+        Ok(WireClient {
+            reader,
+            writer,
+            next_id: 1,
+            in_flight: VecDeque::new(),
+        })
+    }
+
     /// Sends `request` at `version` without waiting; returns its correlation id.
     pub async fn send<R: Request>(&mut self, version: i16, request: &R) -> io::Result<i32> {
         let id = self.next_id;

@@ -219,8 +219,16 @@ async fn connections_beyond_the_cap_are_closed_at_once() {
         let mut client = connect(broker.local_addr()).await;
         let answer = timeout(LIMIT, client.call(1, &MetadataRequest::default())).await;
         assert!(answer.unwrap().is_ok());
+        // A waiting long poll: the connection is busy, so no newcomer may evict it (an
+        // idle one would make room, tests/broker_limits.rs).
+        let poll = requests::fetch("demo", 0, 0, i32::MAX, i32::MAX);
+        client.send(4, &poll).await.unwrap();
         admitted.push(client);
     }
+    eventually("the polls parked", || {
+        broker.stats().leader.fetch.pending == CAP
+    })
+    .await;
     let mut refused = connect(broker.local_addr()).await;
     assert!(
         closed_by_broker(&mut refused, Duration::from_secs(2)).await,

@@ -3,10 +3,10 @@
 //! Invariants: every limit is at least 1 (a zero would refuse everything or close every
 //! connection at once), and the defaults are Kafka's where Kafka has the setting and its
 //! default is a bound (`connections.max.idle.ms`, `fetch.max.bytes`,
-//! `socket.request.max.bytes`). Where Kafka's default is "unbounded"
-//! (`queued.max.request.bytes`, `retention.bytes`) or Kafka has no such setting (the cap on
-//! a fetch's wait, the write timeout, the metrics listener's cap), the default is a bound
-//! chosen here and said so in [`USAGE`].
+//! `socket.request.max.bytes`, `producer.id.expiration.ms`). Where Kafka's default is
+//! "unbounded" (`queued.max.request.bytes`, `retention.bytes`, `max.connections.per.ip`)
+//! or Kafka has no such setting (the cap on a fetch's wait, the write timeout, the metrics
+//! listener's cap), the default is a bound chosen here and said so in [`USAGE`].
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -20,7 +20,8 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
 [--max-produce-wait-ms T] [--metrics-listen ADDR] [--max-connections N] [--connections-max-idle-ms T] \
 [--frame-read-timeout-ms T] [--fetch-max-bytes B] [--max-partitions-per-request N] \
 [--fetch-max-wait-ms T] [--write-timeout-ms T] [--queued-max-request-bytes B] \
-[--retention-bytes B] [--metrics-max-connections N]
+[--retention-bytes B] [--metrics-max-connections N] [--max-connections-per-ip N] \
+[--producer-id-expiration-ms T]
   --listen ADDR             address to listen on (default 127.0.0.1:9092; port 0 = any free port)
   --topic NAME              the one topic served (default demo)
   --partitions N            its partitions (default 1)
@@ -33,8 +34,15 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
   --max-produce-wait-ms T   cap on an acks=all produce's own timeout (default: none)
   --metrics-listen ADDR     serve the purgatories' figures as Prometheus text over HTTP there
                             (default: not served; port 0 = any free port)
-  --max-connections N       open connections at most; one more is closed at once (default:
-                            the open-file limit minus 64, so clients never use up the descriptors)
+  --max-connections N       open connections at most (default: the open-file limit minus 64, so
+                            clients never use up the descriptors); at the cap a new connection
+                            takes the place of an idle one (no request started or waiting), the
+                            least recently active of the address holding the most connections,
+                            and is closed at once only when none is idle
+  --max-connections-per-ip N  open connections from one IP address at most: one more takes the
+                            place of that address's least recently active idle connection, and
+                            is closed at once when none is idle (default 1000; Kafka's
+                            max.connections.per.ip, whose default is unbounded)
   --connections-max-idle-ms T  close a connection with no request for T ms (default 600000,
                             Kafka's connections.max.idle.ms; a waiting request is not idle)
   --frame-read-timeout-ms T close a connection whose started request is not whole after T ms
@@ -60,7 +68,12 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
                             it (default 1073741824, 1 GiB; Kafka's retention.bytes, whose default
                             is unbounded)
   --metrics-max-connections N  open connections of --metrics-listen at most; one more is closed at
-                            once (default 16; Kafka has none, it serves JMX)";
+                            once (default 16; Kafka has none, it serves JMX)
+  --producer-id-expiration-ms T  a partition forgets an idempotent producer T ms after its last
+                            append there (default 86400000, one day, Kafka's
+                            producer.id.expiration.ms); each remembers 262144 / partitions
+                            producers at most (8 to 65536), forgetting the least recently
+                            appending one";
 
 /// How a broker is set up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,8 +93,12 @@ pub struct BrokerConfig {
     pub max_produce_wait: Option<Duration>,
     /// Where the binary serves Prometheus text (see `metrics_endpoint.rs`), if anywhere.
     pub metrics_listen: Option<SocketAddr>,
-    /// Open connections at most; a connection accepted beyond it is closed at once.
+    /// Open connections at most; at the cap a new connection takes an idle one's place, or
+    /// is closed at once when none is idle (`admission.rs`).
     pub max_connections: usize,
+    /// Open connections from one IP address at most; one more takes the place of an idle
+    /// one of that address, or is closed at once when none is idle.
+    pub max_connections_per_ip: usize,
     /// A connection that sends no request for this long is closed.
     pub connections_max_idle: Duration,
     /// A request whose first byte arrived must be whole within this, or its connection is
@@ -105,6 +122,8 @@ pub struct BrokerConfig {
     pub retention_bytes: u64,
     /// Open connections of the metrics listener at most.
     pub metrics_max_connections: usize,
+    /// A partition forgets an idempotent producer this long after its last append there.
+    pub producer_id_expiration: Duration,
 }
 
 /// Request bytes each connection may hold without drawing on the shared
@@ -116,6 +135,9 @@ pub const OWN_REQUEST_BYTES: usize = 64 * 1024;
 /// and the metrics listener's connections, at most [`DEFAULT_METRICS_MAX_CONNECTIONS`] by
 /// default) when the connection cap is derived from the open-file limit.
 const RESERVED_DESCRIPTORS: u64 = 64;
+
+/// The default cap of connections from one IP address.
+pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 1000;
 
 /// The default cap of the metrics listener's connections (inside `RESERVED_DESCRIPTORS`).
 pub const DEFAULT_METRICS_MAX_CONNECTIONS: usize = 16;
@@ -151,6 +173,7 @@ impl Default for BrokerConfig {
             max_produce_wait: None,
             metrics_listen: None,
             max_connections: default_max_connections(),
+            max_connections_per_ip: DEFAULT_MAX_CONNECTIONS_PER_IP,
             connections_max_idle: Duration::from_secs(600),
             frame_read_timeout: Duration::from_secs(30),
             fetch_max_bytes: 55 * 1024 * 1024,
@@ -160,6 +183,7 @@ impl Default for BrokerConfig {
             queued_max_request_bytes: 256 * 1024 * 1024,
             retention_bytes: 1 << 30,
             metrics_max_connections: DEFAULT_METRICS_MAX_CONNECTIONS,
+            producer_id_expiration: crate::producer_sequences::DEFAULT_PRODUCER_EXPIRATION,
         }
     }
 }
@@ -194,6 +218,8 @@ impl BrokerConfig {
                 "--queued-max-request-bytes",
                 "--retention-bytes",
                 "--metrics-max-connections",
+                "--max-connections-per-ip",
+                "--producer-id-expiration-ms",
             ],
             &["--stall-followers"],
         )?;
@@ -268,6 +294,14 @@ impl BrokerConfig {
                 "--metrics-max-connections",
                 defaults.metrics_max_connections as u64,
             )?),
+            max_connections_per_ip: as_usize(positive(
+                "--max-connections-per-ip",
+                defaults.max_connections_per_ip as u64,
+            )?),
+            producer_id_expiration: millis(positive(
+                "--producer-id-expiration-ms",
+                defaults.producer_id_expiration.as_millis() as u64,
+            )?),
             listen: flags.get("--listen", defaults.listen)?,
             topic,
             partitions,
@@ -339,6 +373,10 @@ mod tests {
             "6000",
             "--metrics-max-connections",
             "3",
+            "--max-connections-per-ip",
+            "9",
+            "--producer-id-expiration-ms",
+            "1234",
         ])
         .unwrap();
         assert_eq!(config.listen.port(), 0);
@@ -358,6 +396,8 @@ mod tests {
         assert_eq!(config.queued_max_request_bytes, 5000);
         assert_eq!(config.retention_bytes, 6000);
         assert_eq!(config.metrics_max_connections, 3);
+        assert_eq!(config.max_connections_per_ip, 9);
+        assert_eq!(config.producer_id_expiration, Duration::from_millis(1234));
     }
 
     #[test]
@@ -372,6 +412,8 @@ mod tests {
         assert!(parse(&["--write-timeout-ms", "0"]).is_err());
         assert!(parse(&["--retention-bytes", "0"]).is_err());
         assert!(parse(&["--metrics-max-connections", "0"]).is_err());
+        assert!(parse(&["--max-connections-per-ip", "0"]).is_err());
+        assert!(parse(&["--producer-id-expiration-ms", "0"]).is_err());
     }
 
     #[test]
@@ -390,5 +432,7 @@ mod tests {
         }
         assert_eq!(BrokerConfig::default().connections_max_idle.as_secs(), 600);
         assert_eq!(BrokerConfig::default().fetch_max_bytes, 57_671_680);
+        let expiration = BrokerConfig::default().producer_id_expiration;
+        assert_eq!(expiration.as_millis(), 86_400_000);
     }
 }

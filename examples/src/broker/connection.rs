@@ -23,6 +23,9 @@
 //!   too until it is written. A read or an answer beyond the budget closes the
 //!   connection. Answers share the log's bytes and the request's echoed names rather than
 //!   copying them (`reply.rs`); nothing kept across a wait is a slice of the frame.
+//! - A connection waiting for its next request is idle (`admission.rs`): at a connection
+//!   cap (the broker's, or its address's) a newcomer may evict it, which closes it; once
+//!   its next request has started it is never evicted.
 //! - Bad input ends only its own connection: a frame size outside the limit, a header that
 //!   does not decode, an unknown API, an unsupported version (except ApiVersions, answered
 //!   with UNSUPPORTED_VERSION as KIP-511 asks), a body that does not decode, or a request
@@ -44,6 +47,7 @@ use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::timeout;
 
+use super::admission::Slot;
 use super::api_versions;
 use super::client_socket::ClientReader;
 use super::frame::{read_frame, FrameError};
@@ -53,7 +57,12 @@ use super::{fetch, init_producer_id, list_offsets, metadata, produce, BrokerStat
 
 /// Serves one connection until the client leaves, it misbehaves, it stays idle or half-way
 /// through a request too long, or the broker stops.
-pub async fn serve(state: Arc<BrokerState>, stream: TcpStream, mut stop: watch::Receiver<bool>) {
+pub async fn serve(
+    state: Arc<BrokerState>,
+    stream: TcpStream,
+    mut stop: watch::Receiver<bool>,
+    slot: Slot,
+) {
     let peer = stream
         .peer_addr()
         .map_or_else(|_| "?".to_string(), |a| a.to_string());
@@ -66,6 +75,7 @@ pub async fn serve(state: Arc<BrokerState>, stream: TcpStream, mut stop: watch::
         // Between requests: the next one must start within the idle timeout, and then
         // arrive whole within the frame read timeout.
         let next = async {
+            slot.idle();
             let started = reader.wait_for_data();
             let started = async {
                 let started = started.await.map_err(FrameError::Io)?;
@@ -73,6 +83,9 @@ pub async fn serve(state: Arc<BrokerState>, stream: TcpStream, mut stop: watch::
             };
             let idle = config.connections_max_idle;
             within(idle, "no request for", "--connections-max-idle-ms", started).await?;
+            if !slot.busy() {
+                return Err(Some(EVICTED.to_string()));
+            }
             // A frame whose first bytes waited behind an earlier request has had that
             // much of its time already.
             let waited = reader
@@ -90,6 +103,7 @@ pub async fn serve(state: Arc<BrokerState>, stream: TcpStream, mut stop: watch::
         };
         let frame = tokio::select! {
             frame = next => frame,
+            _ = slot.evicted() => Err(Some(EVICTED.to_string())),
             _ = stop.changed() => return,
         };
         let frame = match frame {
@@ -154,6 +168,10 @@ pub async fn serve(state: Arc<BrokerState>, stream: TcpStream, mut stop: watch::
         }
     }
 }
+
+/// Why an idle connection was closed to make room (`admission.rs`).
+const EVICTED: &str =
+    "idle, closed to make room for a new connection (--max-connections, --max-connections-per-ip)";
 
 /// Writes the parts of `answer` back to back.
 async fn write_answer(

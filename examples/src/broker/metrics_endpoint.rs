@@ -10,27 +10,33 @@
 //! The recorder is process-wide, so the binary starts this once, not each [`Broker`]
 //! (tests start many brokers in one process).
 //!
-//! Invariant: at most `max_connections` scrapers are served at once; a connection accepted
-//! beyond that is closed at once. The metrics port takes its descriptors from the ones the
-//! Kafka listener's default `--max-connections` leaves to the broker, so idle scrapers
-//! cannot starve Kafka clients of descriptors (each connection also ends after
-//! `REQUEST_TIMEOUT` without a request).
+//! Invariants:
+//! - At most `max_connections` connections are open at once. The metrics port takes its
+//!   descriptors from the ones the Kafka listener's default `--max-connections` leaves to
+//!   the broker, so idle scrapers cannot starve Kafka clients of descriptors.
+//! - A connection still reading its request head is *idle*; it ends after
+//!   `REQUEST_TIMEOUT` (2 s). At the cap a new connection takes the place of the oldest
+//!   idle one (which is closed), and is closed at once only when every connection is being
+//!   answered. So clients that connect and say nothing, however quickly they reconnect,
+//!   cannot keep a scraper out (issue #29: 16 of them made 56 of 56 scrapes fail).
 //!
 //! [`Broker`]: super::Broker
 
+use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 /// Longest wait for a scraper's request head, and its largest accepted size.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 const MAX_REQUEST_BYTES: usize = 8 * 1024;
 
 /// A running metrics endpoint; stops serving when dropped.
@@ -69,35 +75,88 @@ pub async fn start(addr: SocketAddr, max_connections: usize) -> io::Result<Metri
     })
 }
 
-/// Counts a scraper's connection for as long as it lives.
-struct Open(Arc<AtomicUsize>);
+/// The open connections: how many, and the idle ones (still reading their head), oldest
+/// first, each with what closes it.
+#[derive(Default)]
+struct Connections {
+    open: usize,
+    next_id: u64,
+    idle: VecDeque<(u64, Arc<Notify>)>,
+}
+
+/// A connection's place; dropping it frees the place.
+struct Open {
+    table: Arc<Mutex<Connections>>,
+    id: u64,
+    evicted: Arc<Notify>,
+    /// Whether its head was read (it left `idle` then, and was not evicted).
+    answering: bool,
+}
+
+impl Open {
+    /// Takes a place, evicting the oldest idle connection at the cap; `None` if every
+    /// connection is being answered.
+    fn admit(table: &Arc<Mutex<Connections>>, max_connections: usize) -> Option<Open> {
+        let mut connections = table.lock();
+        if connections.open >= max_connections {
+            let (_, oldest) = connections.idle.pop_front()?;
+            connections.open -= 1;
+            oldest.notify_one();
+        }
+        connections.open += 1;
+        let id = connections.next_id;
+        connections.next_id += 1;
+        let evicted = Arc::new(Notify::new());
+        connections.idle.push_back((id, Arc::clone(&evicted)));
+        Some(Open {
+            table: Arc::clone(table),
+            id,
+            evicted,
+            answering: false,
+        })
+    }
+
+    /// The head was read: the connection is being answered and may not be evicted. False if
+    /// it was evicted already.
+    fn answering(&mut self) -> bool {
+        let mut connections = self.table.lock();
+        let before = connections.idle.len();
+        connections.idle.retain(|(id, _)| *id != self.id);
+        self.answering = connections.idle.len() < before;
+        self.answering
+    }
+}
 
 impl Drop for Open {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        let mut connections = self.table.lock();
+        let before = connections.idle.len();
+        connections.idle.retain(|(id, _)| *id != self.id);
+        // Still idle, or answered: it counts. Evicted: it left the count already.
+        if connections.idle.len() < before || self.answering {
+            connections.open -= 1;
+        }
     }
 }
 
 async fn accept(listener: TcpListener, handle: PrometheusHandle, max_connections: usize) {
-    let open = Arc::new(AtomicUsize::new(0));
+    let table = Arc::new(Mutex::new(Connections::default()));
     loop {
         match listener.accept().await {
             Ok((stream, _)) => {
-                let admitted = open
-                    .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
-                        (n < max_connections).then_some(n + 1)
-                    })
-                    .is_ok();
-                if !admitted {
+                let Some(open) = Open::admit(&table, max_connections) else {
                     // Closed at once: its descriptor is back before the next accept.
                     drop(stream);
                     continue;
-                }
-                let counted = Open(Arc::clone(&open));
+                };
                 let handle = handle.clone();
                 tokio::spawn(async move {
-                    let _counted = counted;
-                    answer(stream, handle).await;
+                    let mut open = open;
+                    let evicted = Arc::clone(&open.evicted);
+                    tokio::select! {
+                        _ = answer(stream, handle, &mut open) => {}
+                        _ = evicted.notified() => {}
+                    }
                 });
             }
             // Out of descriptors, typically: let some close.
@@ -107,7 +166,7 @@ async fn accept(listener: TcpListener, handle: PrometheusHandle, max_connections
 }
 
 /// Reads one request head (bounded in time and size) and answers it with the text.
-async fn answer(mut stream: TcpStream, handle: PrometheusHandle) {
+async fn answer(mut stream: TcpStream, handle: PrometheusHandle, open: &mut Open) {
     let mut head = Vec::with_capacity(512);
     let read = tokio::time::timeout(REQUEST_TIMEOUT, async {
         let mut chunk = [0u8; 1024];
@@ -119,6 +178,9 @@ async fn answer(mut stream: TcpStream, handle: PrometheusHandle) {
         }
     })
     .await;
+    if !open.answering() {
+        return;
+    }
     if read.is_err() || !head.starts_with(b"GET ") {
         let _ = stream
             .write_all(b"HTTP/1.0 400 Bad Request\r\nConnection: close\r\n\r\n")

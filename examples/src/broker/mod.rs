@@ -9,15 +9,21 @@
 //! Invariants:
 //! - Each connection is one tokio task; requests on it are answered in order
 //!   (`connection.rs`); waiting requests hold no thread.
-//! - At most `max_connections` connections are open: one accepted beyond the cap is closed
-//!   at once (logged at most once a second, with a count), so clients cannot use up the
-//!   broker's file descriptors.
+//! - At most `max_connections` connections are open, at most `max_connections_per_ip`
+//!   from one address (`admission.rs`): at the broker-wide cap a new connection takes the
+//!   place of an idle one (the least recently active of the address holding the most; at
+//!   its address's cap, of its own address), and is closed at once only when none is idle
+//!   (refusals logged at most once a second, with a count), so clients cannot use up the
+//!   broker's file descriptors, and one client's idle connections cannot keep others out.
+//! - Connection-level log lines are rate-limited per kind, with a count of those
+//!   suppressed (`log_limit.rs`).
 //! - After a burst of closed connections the freed memory goes back to the operating
 //!   system about a quarter of a second later (`memory.rs`); nothing ticks meanwhile.
 //! - [`Broker::shutdown`] stops accepting, stops the followers and shuts the purgatories
 //!   down (which expires whatever still waits, counted as expired), then ends every
 //!   connection task; it returns the counters as they are after all that.
 
+mod admission;
 pub mod api_versions;
 mod client_socket;
 pub mod config;
@@ -26,6 +32,7 @@ mod fetch;
 pub(crate) mod frame;
 mod init_producer_id;
 mod list_offsets;
+mod log_limit;
 mod memory;
 mod metadata;
 pub mod metrics_endpoint;
@@ -48,6 +55,7 @@ pub use config::BrokerConfig;
 
 use crate::leader::{Leader, LeaderStats};
 use crate::partition::{Partition, PartitionKey};
+use admission::{Admission, Refused};
 use producer_ids::ProducerIds;
 use request_budget::RequestBudget;
 
@@ -61,8 +69,10 @@ pub(crate) struct BrokerState {
     pub advertised: SocketAddr,
     /// The producer ids InitProducerId handed out: the only ones a produce may use.
     pub producer_ids: ProducerIds,
-    /// Open connections.
+    /// Open connections (counted until their task ends, evicted ones included).
     pub connections: AtomicUsize,
+    /// Which connections may be open: the caps and the eviction of idle connections.
+    pub admission: Arc<Admission>,
     /// Bytes held for clients beyond each connection's own allowance, over all connections.
     pub request_budget: Arc<RequestBudget>,
     /// Connections closed since memory was last handed back (`memory.rs`).
@@ -71,6 +81,8 @@ pub(crate) struct BrokerState {
     pub trim_wanted: Notify,
     /// Whether to print connection problems to stderr.
     pub verbose: bool,
+    /// How many of those lines are printed (`log_limit.rs`).
+    log_limit: log_limit::LogLimit,
 }
 
 impl BrokerState {
@@ -93,14 +105,29 @@ impl BrokerState {
                 .map(|p| p.log_bytes())
                 .sum(),
             producer_ids: self.producer_ids.live(),
+            producer_states: (0..self.config.partitions)
+                .filter_map(|i| self.leader.partition(PartitionKey(i as u32)))
+                .map(|p| p.producer_states())
+                .sum(),
+            evicted_connections: self.admission.evicted(),
             leader: self.leader.stats(),
         }
     }
 
-    /// Reports a connection-level event.
+    /// Reports a connection-level event, at most a few lines a second of each kind
+    /// (`log_limit.rs`), saying how many were suppressed.
     pub fn log(&self, message: &str) {
-        if self.verbose {
-            eprintln!("broker: {message}");
+        if !self.verbose {
+            return;
+        }
+        match self.log_limit.check(message, Instant::now()) {
+            log_limit::Verdict::Drop => {}
+            log_limit::Verdict::Write { suppressed, kind } => {
+                if suppressed > 0 {
+                    eprintln!("broker: suppressed {suppressed} more line(s) like \"{kind}\"");
+                }
+                eprintln!("broker: {message}");
+            }
         }
     }
 }
@@ -117,6 +144,12 @@ pub struct BrokerStats {
     pub log_bytes: u64,
     /// Producer ids handed out and still live (at most `MAX_LIVE_PRODUCER_IDS`).
     pub producer_ids: usize,
+    /// Idempotent producers remembered, over all partitions (at most
+    /// `max(262,144, 8 x partitions)`, `producer_sequences.rs`; each expired after
+    /// `producer_id_expiration`).
+    pub producer_states: usize,
+    /// Idle connections closed to make room for new ones at the `max_connections` cap.
+    pub evicted_connections: u64,
     /// The purgatories' counters.
     pub leader: LeaderStats,
 }
@@ -140,21 +173,25 @@ impl Broker {
         let listener = TcpListener::bind(config.listen).await?;
         let local_addr = listener.local_addr()?;
         let queued_max_request_bytes = config.queued_max_request_bytes;
-        let leader = Leader::start_with_retention(
+        let leader = Leader::start_with_limits(
             config.partitions,
             config.followers,
             config.retention_bytes,
+            config.producer_id_expiration,
         );
+        let admission = Admission::new(config.max_connections, config.max_connections_per_ip);
         let state = Arc::new(BrokerState {
             config,
             leader,
             advertised: local_addr,
             producer_ids: ProducerIds::default(),
             connections: AtomicUsize::new(0),
+            admission: Arc::new(admission),
             request_budget: Arc::new(RequestBudget::new(queued_max_request_bytes)),
             closed_since_trim: AtomicUsize::new(0),
             trim_wanted: Notify::new(),
             verbose,
+            log_limit: log_limit::LogLimit::default(),
         });
         let (stop, stopped) = watch::channel(false);
         tokio::spawn(memory::release_after_bursts(
@@ -201,16 +238,10 @@ impl Broker {
 struct OpenConnection(Arc<BrokerState>);
 
 impl OpenConnection {
-    /// Counts one more connection, unless `max_connections` are open already.
-    fn admit(state: &Arc<BrokerState>) -> Option<Self> {
-        let cap = state.config.max_connections;
-        state
-            .connections
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
-                (open < cap).then_some(open + 1)
-            })
-            .ok()?;
-        Some(OpenConnection(Arc::clone(state)))
+    /// Counts one more connection (admitted by [`Admission::admit`]).
+    fn count(state: &Arc<BrokerState>) -> Self {
+        state.connections.fetch_add(1, Ordering::AcqRel);
+        OpenConnection(Arc::clone(state))
     }
 }
 
@@ -221,14 +252,14 @@ impl Drop for OpenConnection {
     }
 }
 
-/// Connections refused by the cap, reported at most once a second.
+/// Connections refused by the caps, reported at most once a second.
 struct Refusals {
     since_report: u64,
     last_report: Option<Instant>,
 }
 
 impl Refusals {
-    fn refused(&mut self, state: &BrokerState) {
+    fn refused(&mut self, state: &BrokerState, why: Refused) {
         self.since_report += 1;
         if self
             .last_report
@@ -237,8 +268,8 @@ impl Refusals {
             return;
         }
         state.log(&format!(
-            "refused {} connection(s): {} open, the --max-connections cap",
-            self.since_report, state.config.max_connections
+            "refused {} connection(s), the last by {why} ({} open at most, {} per address)",
+            self.since_report, state.config.max_connections, state.config.max_connections_per_ip
         ));
         self.since_report = 0;
         self.last_report = Some(Instant::now());
@@ -252,17 +283,21 @@ async fn accept(listener: TcpListener, state: Arc<BrokerState>, stop: watch::Rec
     };
     loop {
         match listener.accept().await {
-            Ok((stream, _)) => {
-                let Some(open) = OpenConnection::admit(&state) else {
-                    drop(stream);
-                    refusals.refused(&state);
-                    continue;
+            Ok((stream, peer)) => {
+                let slot = match state.admission.admit(peer.ip()) {
+                    Ok(slot) => slot,
+                    Err(why) => {
+                        drop(stream);
+                        refusals.refused(&state, why);
+                        continue;
+                    }
                 };
+                let open = OpenConnection::count(&state);
                 let state = Arc::clone(&state);
                 let stop = stop.clone();
                 tokio::spawn(async move {
                     let _open = open;
-                    connection::serve(state, stream, stop).await;
+                    connection::serve(state, stream, stop, slot).await;
                 });
             }
             Err(e) => {

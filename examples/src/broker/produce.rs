@@ -9,8 +9,10 @@
 //!
 //! Partitions with an error (unknown partition, corrupt or old-format batches, batches whose
 //! offsets disagree with their records or would pass `i64::MAX`: INVALID_RECORD; a producer
-//! id this broker did not hand out or has retired: UNKNOWN_PRODUCER_ID) get it in their
-//! answer and are not waited on; the others are appended.
+//! id this broker did not hand out or has retired: UNKNOWN_PRODUCER_ID; a producer whose
+//! state the partition forgot, after `--producer-id-expiration-ms` without an append there
+//! or evicted at the cap, at a sequence other than 0: OUT_OF_ORDER_SEQUENCE_NUMBER) get it
+//! in their answer and are not waited on; the others are appended.
 
 use std::time::Duration;
 
@@ -125,6 +127,8 @@ fn append(
         AppendRefused::UnknownPartition => ResponseError::UnknownTopicOrPartition,
         // Out of offsets: the batches are no more appendable than an invalid one.
         AppendRefused::OffsetSpaceExhausted => ResponseError::InvalidRecord,
+        // The producer's state expired (or was evicted) and it does not start again at 0.
+        AppendRefused::OutOfOrderSequence => ResponseError::OutOfOrderSequenceNumber,
     })?;
     let wait = ReplicaWait {
         key,

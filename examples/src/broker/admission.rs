@@ -1,0 +1,329 @@
+//! Which client connections may be open: the broker-wide cap, the cap per IP address, and
+//! the eviction of an idle connection when the broker-wide cap is reached.
+//!
+//! A connection is *idle* while it waits for the first byte of its next request (no request
+//! is being read, handled, waiting in a purgatory or answered). Kafka closes the least
+//! recently used idle connections when it runs out of room; here, at the broker-wide cap,
+//! a new connection takes the place of the least recently active idle connection **of the
+//! address that holds the most connections** (its own address included), so a client that
+//! opens thousands of idle connections loses its own first, and a fresh client always gets
+//! in as long as any connection is idle. Likewise at the cap of its address
+//! (`max_connections_per_ip`, Kafka's `max.connections.per.ip`, where Kafka refuses) a new
+//! connection takes the place of that address's least recently active idle connection.
+//!
+//! | connection state | entered by | may be evicted |
+//! |---|---|---|
+//! | busy | [`Admission::admit`], [`Slot::busy`] | no |
+//! | idle | [`Slot::idle`] | yes: by a newcomer at the broker-wide cap, or from its address at the address's cap |
+//! | evicted | a newcomer's [`Admission::admit`] | no longer counted; [`Slot::evicted`] fires and its task closes the socket |
+//!
+//! Invariants:
+//! - The table counts at most `max_connections` connections, and at most
+//!   `max_connections_per_ip` from one IP address. A connection over the address's cap
+//!   when none of that address's connections is idle is refused ([`Refused::PerIp`]), one
+//!   over the broker-wide cap when no connection is idle ([`Refused::Full`]); a refusal
+//!   evicts nothing.
+//! - An evicted connection leaves the count at once; its descriptor closes as soon as its
+//!   task runs (it is idle: nothing of it is waiting), so descriptors exceed the cap only by
+//!   the evictions whose task has not run yet.
+//! - A connection becoming busy and its eviction are decided under the same lock: once
+//!   [`Slot::busy`] returned true its request is never cut by an eviction; if it returns
+//!   false the connection was evicted and must close.
+//! - Every operation costs O(log n) in the open connections: idle connections are kept per
+//!   address in last-activity order, and the addresses with an idle connection in order of
+//!   their connection count.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+/// The connection table of one broker.
+#[derive(Debug)]
+pub struct Admission {
+    max_connections: usize,
+    max_per_ip: usize,
+    table: Mutex<Table>,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    next_id: u64,
+    /// Orders idle periods: a smaller stamp went idle earlier.
+    next_stamp: u64,
+    open: usize,
+    evicted: u64,
+    connections: HashMap<u64, Entry>,
+    addresses: HashMap<IpAddr, Address>,
+    /// `(open connections, address)` of every address with an idle connection.
+    with_idle: BTreeSet<(usize, IpAddr)>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    ip: IpAddr,
+    /// The stamp of its idle period, while idle.
+    idle_since: Option<u64>,
+    evicted: Arc<Notify>,
+}
+
+#[derive(Debug, Default)]
+struct Address {
+    open: usize,
+    /// Idle connections by the stamp of their idle period, least recently active first.
+    idle: BTreeMap<u64, u64>,
+}
+
+/// Why a connection was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// Its address holds `max_connections_per_ip` connections already, none idle.
+    PerIp,
+    /// `max_connections` are open and none is idle.
+    Full,
+}
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refused::PerIp => write!(f, "the --max-connections-per-ip cap, none idle"),
+            Refused::Full => write!(f, "the --max-connections cap, no connection idle"),
+        }
+    }
+}
+
+/// An admitted connection's place in the table; dropping it frees the place.
+#[derive(Debug)]
+pub struct Slot {
+    admission: Arc<Admission>,
+    id: u64,
+    evicted: Arc<Notify>,
+}
+
+impl Admission {
+    /// A table of at most `max_connections` connections, `max_per_ip` per address (both at
+    /// least 1).
+    pub fn new(max_connections: usize, max_per_ip: usize) -> Self {
+        Self {
+            max_connections: max_connections.max(1),
+            max_per_ip: max_per_ip.max(1),
+            table: Mutex::new(Table::default()),
+        }
+    }
+
+    /// Admits a connection from `ip` (busy: its first request is awaited by its task),
+    /// evicting an idle connection of the same address at its cap, or one of the largest
+    /// address at the broker-wide cap.
+    pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<Slot, Refused> {
+        let mut table = self.table.lock();
+        let from_ip = table.addresses.get(&ip).map_or(0, |a| a.open);
+        if from_ip >= self.max_per_ip {
+            table.evict_idle_of(ip).ok_or(Refused::PerIp)?;
+        } else if table.open >= self.max_connections {
+            table.evict_one().ok_or(Refused::Full)?;
+        }
+        let id = table.next_id;
+        table.next_id += 1;
+        let evicted = Arc::new(Notify::new());
+        table.connections.insert(
+            id,
+            Entry {
+                ip,
+                idle_since: None,
+                evicted: Arc::clone(&evicted),
+            },
+        );
+        table.open += 1;
+        table.change_address(ip, |address| address.open += 1);
+        Ok(Slot {
+            admission: Arc::clone(self),
+            id,
+            evicted,
+        })
+    }
+
+    /// Connections evicted so far to make room for new ones.
+    pub fn evicted(&self) -> u64 {
+        self.table.lock().evicted
+    }
+}
+
+impl Table {
+    /// Evicts the least recently active idle connection of the address with the most
+    /// connections; `None` if no connection is idle.
+    fn evict_one(&mut self) -> Option<()> {
+        let &(_, ip) = self.with_idle.last()?;
+        self.evict_idle_of(ip)
+    }
+
+    /// Evicts the least recently active idle connection of `ip`; `None` if it has none.
+    fn evict_idle_of(&mut self, ip: IpAddr) -> Option<()> {
+        let (_, &id) = self.addresses.get(&ip)?.idle.first_key_value()?;
+        let entry = self.connections.remove(&id)?;
+        let stamp = entry.idle_since;
+        self.open -= 1;
+        self.evicted += 1;
+        self.change_address(ip, |address| {
+            address.open -= 1;
+            if let Some(stamp) = stamp {
+                address.idle.remove(&stamp);
+            }
+        });
+        entry.evicted.notify_one();
+        Some(())
+    }
+
+    /// Applies `change` to the address `ip`, keeping `with_idle` in step and dropping an
+    /// address that holds no connection any more.
+    fn change_address(&mut self, ip: IpAddr, change: impl FnOnce(&mut Address)) {
+        let address = self.addresses.entry(ip).or_default();
+        if !address.idle.is_empty() {
+            self.with_idle.remove(&(address.open, ip));
+        }
+        change(address);
+        if !address.idle.is_empty() {
+            self.with_idle.insert((address.open, ip));
+        }
+        if address.open == 0 {
+            self.addresses.remove(&ip);
+        }
+    }
+}
+
+impl Slot {
+    /// The connection waits for its next request: it may be evicted from now on.
+    pub fn idle(&self) {
+        let mut table = self.admission.table.lock();
+        let stamp = table.next_stamp;
+        let Some(entry) = table.connections.get_mut(&self.id) else {
+            return;
+        };
+        if entry.idle_since.is_some() {
+            return;
+        }
+        entry.idle_since = Some(stamp);
+        let ip = entry.ip;
+        table.next_stamp += 1;
+        let id = self.id;
+        table.change_address(ip, |address| {
+            address.idle.insert(stamp, id);
+        });
+    }
+
+    /// A request starts: the connection may no longer be evicted. False if it was evicted
+    /// already (then it must close).
+    pub fn busy(&self) -> bool {
+        let mut table = self.admission.table.lock();
+        let Some(entry) = table.connections.get_mut(&self.id) else {
+            return false;
+        };
+        if let Some(stamp) = entry.idle_since.take() {
+            let ip = entry.ip;
+            table.change_address(ip, |address| {
+                address.idle.remove(&stamp);
+            });
+        }
+        true
+    }
+
+    /// Resolves once the connection is evicted (never otherwise). Cancel-safe: an
+    /// eviction is not lost if this is dropped and called again.
+    pub async fn evicted(&self) {
+        self.evicted.notified().await;
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut table = self.admission.table.lock();
+        let Some(entry) = table.connections.remove(&self.id) else {
+            return; // Evicted: no longer counted.
+        };
+        table.open -= 1;
+        let stamp = entry.idle_since;
+        table.change_address(entry.ip, |address| {
+            address.open -= 1;
+            if let Some(stamp) = stamp {
+                address.idle.remove(&stamp);
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(last: u8) -> IpAddr {
+        IpAddr::from([127, 0, 0, last])
+    }
+
+    fn evicted_now(slot: &Slot) -> bool {
+        // An eviction leaves a permit: the future is ready at its first poll.
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        let future = std::pin::pin!(slot.evicted());
+        future.poll(&mut cx).is_ready()
+    }
+
+    use std::future::Future;
+
+    #[test]
+    fn at_the_per_address_cap_the_address_loses_its_own_idle_connection_or_is_refused() {
+        let admission = Arc::new(Admission::new(10, 2));
+        let a: Vec<Slot> = (0..2).map(|_| admission.admit(ip(1)).unwrap()).collect();
+        let other = admission.admit(ip(2)).unwrap();
+        other.idle();
+        // Both busy: refused, and nothing of another address is touched.
+        assert_eq!(admission.admit(ip(1)).unwrap_err(), Refused::PerIp);
+        assert_eq!(admission.evicted(), 0);
+        // One idle: it makes room for the newcomer of its own address.
+        a[1].idle();
+        let fresh = admission.admit(ip(1)).unwrap();
+        assert!(evicted_now(&a[1]) && !evicted_now(&a[0]) && !evicted_now(&other));
+        assert_eq!(admission.evicted(), 1);
+        drop(a);
+        drop(fresh);
+        assert!(admission.admit(ip(1)).is_ok());
+    }
+
+    #[test]
+    fn at_the_cap_the_oldest_idle_connection_of_the_largest_address_makes_room() {
+        let admission = Arc::new(Admission::new(4, 10));
+        let other = admission.admit(ip(2)).unwrap();
+        other.idle();
+        let flood: Vec<Slot> = (0..3).map(|_| admission.admit(ip(1)).unwrap()).collect();
+        flood.iter().for_each(Slot::idle);
+        // The first of the flood becomes active again: the second is the oldest idle.
+        assert!(flood[0].busy());
+        flood[0].idle();
+        let fresh = admission.admit(ip(3)).unwrap();
+        assert!(evicted_now(&flood[1]) && !flood[1].busy());
+        assert!(!evicted_now(&flood[0]) && !evicted_now(&flood[2]) && !evicted_now(&other));
+        assert_eq!(admission.evicted(), 1);
+        // Busy connections are never evicted: with none idle, a newcomer is refused.
+        for slot in [&other, &flood[0], &flood[2], &fresh] {
+            assert!(slot.busy());
+        }
+        assert_eq!(admission.admit(ip(4)).unwrap_err(), Refused::Full);
+        drop(flood);
+        assert!(admission.admit(ip(4)).is_ok());
+    }
+
+    #[test]
+    fn dropping_every_slot_empties_the_table() {
+        let admission = Arc::new(Admission::new(3, 3));
+        let slots: Vec<Slot> = (0..3).map(|i| admission.admit(ip(i)).unwrap()).collect();
+        slots[1].idle();
+        let _fresh = admission.admit(ip(9)).unwrap();
+        drop(slots);
+        drop(_fresh);
+        let table = admission.table.lock();
+        assert_eq!(table.open, 0);
+        assert!(table.connections.is_empty() && table.addresses.is_empty());
+        assert!(table.with_idle.is_empty());
+    }
+}
