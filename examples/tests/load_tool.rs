@@ -157,14 +157,14 @@ async fn hostile_clients_stay_connected_and_are_counted() {
     let broker = start(0, 0).await;
     // The broker lives in this process (its clients' sockets too).
     let pid = std::process::id();
-    let scenario = hostile::Scenario::named("partial-frames", 0).unwrap();
+    let scenario = hostile::Scenario::named("partial-frames", 0, 0).unwrap();
     let report = hostile::run(broker.local_addr(), pid, scenario, 3)
         .await
         .unwrap();
     // (The descriptor counts are this whole process's, which other tests share.)
     assert_eq!(report.closed_by_broker, 0);
     assert!(report.held.rss_kib > 0 && report.held_files > 0);
-    assert!(hostile::Scenario::named("no-such", 0).is_none());
+    assert!(hostile::Scenario::named("no-such", 0, 0).is_none());
     broker.shutdown().await;
 }
 

@@ -21,8 +21,9 @@ commands:
   left-polls       --broker-pid PID [--connections N (5000)]: N long polls (max_wait 2^31-1 ms)
                    whose clients then all leave; the broker's descriptors and RSS until back
   hostile          --broker-pid PID --scenario pipelined-polls|slow-readers|metadata-echo|partial-frames
-                   [--connections N (100)] [--names K (3000)]: N clients each doing the scenario
-                   of issue #23 and staying; the broker's RSS per connection
+                   |padded-poll|list-offsets-echo|produce-echo|fetch-echo|polls-then-partial
+                   [--connections N (100)] [--names K (3000)] [--mib M (90)]: N clients each doing
+                   the scenario of issue #23 or #29 and staying; the broker's RSS per connection
   flood            [--connections N (10000)] [--fetch-entries E (6)] [--producers P (8)] [--flood-s S (20)]
                    [--record-bytes B (10)] [--timeout-ms T (5000)] [--catch-up-s C (300)]: N polls that cannot complete wait
                    while P connections send acks=0 produces for S s; a good client's acks=all
@@ -68,6 +69,7 @@ fn main() -> ExitCode {
             "--producers",
             "--flood-s",
             "--catch-up-s",
+            "--mib",
         ],
         &[],
     );
@@ -284,7 +286,8 @@ async fn run(command: &str, flags: &Flags) -> Result<(), RunError> {
             };
             let name: String = flags.get("--scenario", String::new())?;
             let names: usize = flags.get("--names", 3000)?;
-            let Some(scenario) = hostile::Scenario::named(&name, names) else {
+            let mib: usize = flags.get("--mib", 90)?;
+            let Some(scenario) = hostile::Scenario::named(&name, names, mib) else {
                 return Err(RunError::Usage(format!(
                     "--scenario {name:?}: see the list"
                 )));

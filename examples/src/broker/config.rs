@@ -28,7 +28,9 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
   --followers N             simulated in-process followers of every partition (default 2)
   --replication-delay-ms D  how far the followers lag behind the leader (default 50)
   --stall-followers         followers never catch up: acks=all produces time out
-  --max-frame-bytes B       largest request accepted (default 104857600, Kafka's)
+  --max-frame-bytes B       largest request accepted, and each connection's share of
+                            --queued-max-request-bytes beyond its own 64 KiB (default 104857600,
+                            Kafka's socket.request.max.bytes)
   --max-produce-wait-ms T   cap on an acks=all produce's own timeout (default: none)
   --metrics-listen ADDR     serve the purgatories' figures as Prometheus text over HTTP there
                             (default: not served; port 0 = any free port)
@@ -55,11 +57,13 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
                             however slowly it reads (default 30000; Kafka has no write timeout,
                             it closes a connection that makes no progress for
                             connections.max.idle.ms)
-  --queued-max-request-bytes B  request bytes read and not yet handed to a handler (partial
-                            frames, what clients pipeline behind a waiting request) over all
-                            connections, each connection's first 64 KiB aside; a read beyond it
-                            closes that connection (default 268435456, 256 MiB; Kafka's
-                            queued.max.request.bytes, whose default is unbounded)
+  --queued-max-request-bytes B  bytes held for clients over all connections, each connection's
+                            first 64 KiB aside: every request byte from its read until freed
+                            (partial frames, bytes pipelined behind a waiting request, requests
+                            being handled or parked, echoes in unwritten answers) and what
+                            unwritten answers copy; a read beyond it closes that connection
+                            (default 268435456, 256 MiB; Kafka's queued.max.request.bytes, whose
+                            default is unbounded). The bound: this + 64 KiB x --max-connections
   --retention-bytes B       bytes kept per partition: the oldest 1 MiB segments are dropped beyond
                             it (default 1073741824, 1 GiB; Kafka's retention.bytes, whose default
                             is unbounded)
@@ -82,7 +86,8 @@ pub struct BrokerConfig {
     pub partitions: usize,
     /// Simulated followers.
     pub followers: FollowerConfig,
-    /// Largest request frame accepted; a larger one closes the connection.
+    /// Largest request frame accepted; a larger one closes the connection. Also what one
+    /// connection may hold of `queued_max_request_bytes`.
     pub max_frame_bytes: usize,
     /// Cap on how long an acks=all produce waits, whatever its own timeout says.
     pub max_produce_wait: Option<Duration>,
@@ -107,11 +112,11 @@ pub struct BrokerConfig {
     pub fetch_max_wait: Duration,
     /// An answer must be written whole within this, or its connection is closed.
     pub write_timeout: Duration,
-    /// Request bytes read and not yet handed to a handler, over all connections (partial
-    /// frames and bytes pipelined behind a waiting request), beyond each connection's own
-    /// [`OWN_REQUEST_BYTES`]. A read that would go beyond closes its connection, so a
-    /// request larger than this plus [`OWN_REQUEST_BYTES`] can never be read: keep it above
-    /// `max_frame_bytes`.
+    /// Bytes held for clients over all connections (every request byte from its read until
+    /// its frame is freed, and what unwritten answers copy), beyond each connection's own
+    /// [`OWN_REQUEST_BYTES`]; each connection holds at most `max_frame_bytes` of it. A read
+    /// that would go beyond closes its connection, so a request larger than this plus
+    /// [`OWN_REQUEST_BYTES`] can never be read: keep it above `max_frame_bytes`.
     pub queued_max_request_bytes: usize,
     /// Bytes kept per partition; the oldest segments are dropped beyond it.
     pub retention_bytes: u64,

@@ -9,15 +9,20 @@
 //!   connection at once, and dropping the request's future cancels its operation in the
 //!   purgatory (an appended produce stays appended; only its answer is dropped).
 //! - Time limits: the next request must start within `connections_max_idle` of the last
-//!   answer, a started request must arrive whole within `frame_read_timeout`, and an answer
+//!   answer, a started request must arrive whole within `frame_read_timeout` of its first
+//!   byte (counted from when that byte arrived, even while it waited behind an earlier
+//!   request: `client_socket.rs`), and an answer
 //!   must be written whole within `write_timeout` (a client reading a byte a second makes
 //!   progress, but holds its answer for ever); a waiting request is never idle, and waits
 //!   `fetch_max_wait` at most (`fetch.rs`). Each closes the connection with a log line.
-//! - Memory: the request bytes a connection holds (partial frames, and bytes pipelined
-//!   behind a waiting request, until their request is handed to its handler, or until
-//!   its answer is written for a Metadata request, whose answer shares its names) count against the broker's request
-//!   budget (`request_budget.rs`); a read beyond it closes the connection. Answers share
-//!   the log's bytes and the request's echoed names rather than copying them (`reply.rs`).
+//! - Memory: every request byte a connection holds counts against the broker's request
+//!   budget and the connection's share of it (`request_budget.rs`) from when it is read
+//!   until the last slice of its frame is freed: partial frames, bytes pipelined behind a
+//!   waiting request, the request while it is handled or parked, and answers that share
+//!   its bytes (echoed topic names) until written. The bytes an answer copies are counted
+//!   too until it is written. A read or an answer beyond the budget closes the
+//!   connection. Answers share the log's bytes and the request's echoed names rather than
+//!   copying them (`reply.rs`); nothing kept across a wait is a slice of the frame.
 //! - A connection waiting for its next request is idle (`admission.rs`): at a connection
 //!   cap (the broker's, or its address's) a newcomer may evict it, which closes it; once
 //!   its next request has started it is never evicted.
@@ -63,9 +68,9 @@ pub async fn serve(
         .map_or_else(|_| "?".to_string(), |a| a.to_string());
     let _ = stream.set_nodelay(true);
     let (reader, mut writer) = stream.into_split();
-    let budget = ConnectionBudget::new(std::sync::Arc::clone(&state.request_budget));
-    let mut reader = ClientReader::new(reader, budget);
     let config = &state.config;
+    let budget = ConnectionBudget::new(Arc::clone(&state.request_budget), config.max_frame_bytes);
+    let mut reader = ClientReader::new(reader, budget);
     loop {
         // Between requests: the next one must start within the idle timeout, and then
         // arrive whole within the frame read timeout.
@@ -81,8 +86,13 @@ pub async fn serve(
             if !slot.busy() {
                 return Err(Some(EVICTED.to_string()));
             }
+            // A frame whose first bytes waited behind an earlier request has had that
+            // much of its time already.
+            let waited = reader
+                .oldest_arrival()
+                .map_or(Duration::ZERO, |arrived| arrived.elapsed());
+            let whole = config.frame_read_timeout.saturating_sub(waited);
             let frame = read_frame(&mut reader, config.max_frame_bytes);
-            let whole = config.frame_read_timeout;
             within(
                 whole,
                 "request not whole after",
@@ -107,21 +117,16 @@ pub async fn serve(
         };
         // While the request is handled (it may wait in a purgatory), watch the socket: a
         // client that leaves drops the request, whose pending answer cancels its operation.
-        // Handed to its handler, the request is no longer queued (as Kafka releases a
-        // request's buffer once its handler returned, before any purgatory wait), unless
-        // its answer echoes it (Metadata's topic names, shared with the request): then it
-        // stays counted until that answer is written.
+        // The frame stays counted until its last slice is dropped: after the handler, or
+        // after the answer that echoes parts of it is written.
         let frame_bytes = frame.len() + 4;
-        let echoed = frame.get(..2) == Some(&(ApiKey::Metadata as i16).to_be_bytes()[..]);
-        if !echoed {
-            reader.release(frame_bytes);
-        }
+        let frame = reader.budget().charged(frame, frame_bytes);
         let handling = handle(&state, frame);
         tokio::pin!(handling);
         let reply = tokio::select! {
             biased;
             reply = &mut handling => reply,
-            left = reader.until_closed() => {
+            left = reader.until_closed(config.frame_read_timeout) => {
                 state.log(&format!("closing {peer}: {left} while its request waited"));
                 return;
             }
@@ -129,6 +134,17 @@ pub async fn serve(
         };
         match reply {
             Reply::Send(answer) => {
+                // What the answer copied is held until it is written.
+                let _copied = match reader.budget().charge(answer.copied()) {
+                    Ok(charge) => charge,
+                    Err(over) => {
+                        state.log(&format!(
+                            "closing {peer}: answer copying {} bytes: {over}",
+                            answer.copied()
+                        ));
+                        return;
+                    }
+                };
                 let limit = config.write_timeout;
                 match timeout(limit, write_answer(&mut writer, &answer)).await {
                     Ok(Ok(())) => {}
@@ -142,9 +158,6 @@ pub async fn serve(
                         ));
                         return;
                     }
-                }
-                if echoed {
-                    reader.release(frame_bytes);
                 }
             }
             Reply::Nothing => {}
@@ -215,6 +228,8 @@ pub async fn handle(state: &BrokerState, mut frame: Bytes) -> Reply {
         Err(e) => return Reply::Close(format!("bad {api:?} request header: {e}")),
     };
     let id = header.correlation_id;
+    // Its client id is a slice of the frame: kept across a wait, it would keep the frame.
+    drop(header);
     if !api_versions::is_supported(api, version) {
         return Reply::Close(format!("unsupported {api:?} version {version}"));
     }
@@ -243,32 +258,55 @@ async fn dispatch(state: &BrokerState, api: ApiKey, version: i16, id: i32, body:
             Ok(request) => respond(api, version, id, &init_producer_id::handle(state, &request)),
             Err(reason) => Reply::Close(reason),
         },
-        ApiKey::ListOffsets => match decode::<ListOffsetsRequest>(body, version, cap) {
+        // Answers that echo topic names share them with the body (issue #29, finding 3).
+        ApiKey::ListOffsets => match decode::<ListOffsetsRequest>(body.clone(), version, cap) {
             Ok(request) => {
                 let response = list_offsets::handle(state, &request, version);
-                respond(api, version, id, &response)
+                respond_sharing(api, version, id, &response, &[body])
             }
             Err(reason) => Reply::Close(reason),
         },
-        ApiKey::Produce => match decode::<ProduceRequest>(body, version, cap) {
+        ApiKey::Produce => match decode::<ProduceRequest>(body.clone(), version, cap) {
             Ok(request) => match produce::handle(state, request, version).await {
-                Some(response) => respond(api, version, id, &response),
+                Some(response) => respond_sharing(api, version, id, &response, &[body]),
                 None => Reply::Nothing,
             },
             Err(reason) => Reply::Close(reason),
         },
-        ApiKey::Fetch => match decode::<FetchRequest>(body, version, cap) {
+        ApiKey::Fetch => match decode::<FetchRequest>(body.clone(), version, cap) {
             Ok(request) => {
+                // The body is dropped before a wait (finding 1: a parked fetch would pin it);
+                // only an answer made at once may echo names of it.
+                let body = fetch::echoes_unknown_names(state, &request).then_some(body);
                 let response = fetch::handle(state, request, version).await;
-                // The records are slices of the log's segments: the answer shares them.
-                let records: Vec<Bytes> = response
+                // Records read as several batches of the newest segment are a copy made
+                // for this answer (nothing else holds them): held for the client.
+                let fresh: usize = response
                     .responses
                     .iter()
                     .flat_map(|topic| topic.partitions.iter())
-                    .filter_map(|partition| partition.records.clone())
-                    .filter(|records| !records.is_empty())
+                    .filter_map(|partition| partition.records.as_ref())
+                    .filter(|records| records.is_unique())
+                    .map(Bytes::len)
+                    .sum();
+                // The records are slices of the log's segments: the answer shares them,
+                // and the names echoed from the body.
+                let records: Vec<Bytes> = body
+                    .into_iter()
+                    .chain(
+                        response
+                            .responses
+                            .iter()
+                            .flat_map(|topic| topic.partitions.iter())
+                            .filter_map(|partition| partition.records.clone())
+                            .filter(|records| !records.is_empty()),
+                    )
                     .collect();
-                respond_sharing(api, version, id, &response, &records)
+                let mut reply = respond_sharing(api, version, id, &response, &records);
+                if let Reply::Send(answer) = &mut reply {
+                    answer.count_as_copied(fresh);
+                }
+                reply
             }
             Err(reason) => Reply::Close(reason),
         },

@@ -16,7 +16,11 @@
 //!   `fetch_max_bytes`, except that the first batch found is always sent (KIP-74), and each
 //!   partition within its `partition_max_bytes`.
 //! - The decoded request is dropped before the wait: a parked fetch holds one entry per
-//!   distinct partition.
+//!   distinct partition, and none of the request's bytes. Its strings are slices of the
+//!   request frame (`kafka-protocol` decodes them so), and one kept slice would keep the
+//!   whole frame (issue #29, finding 1: 99 MiB of padding behind a name); only a request
+//!   naming nothing but this broker's topic can wait, so each entry names the topic with
+//!   the broker's own copy of its name.
 //! - A fetch waits at most `fetch_max_wait` (`--fetch-max-wait-ms`), whatever its
 //!   `max_wait_ms` says: a waiting request is never idle, so without the cap a client that
 //!   can no longer be watched would hold its connection for as long as it asked.
@@ -28,6 +32,7 @@ use std::time::Duration;
 
 use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
 use kafka_protocol::messages::{FetchRequest, FetchResponse, TopicName};
+use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 
 use super::BrokerState;
@@ -52,14 +57,24 @@ pub async fn handle(state: &BrokerState, request: FetchRequest, version: i16) ->
     }
     let budget = (request.max_bytes.max(0) as usize).min(state.config.fetch_max_bytes);
     let (min_bytes, max_wait_ms) = (request.min_bytes.max(0) as u64, request.max_wait_ms);
+    let own_name = TopicName(StrBytes::from_string(state.config.topic.clone()));
     let wanted: Vec<Wanted> = distinct_partitions(request)
         .into_iter()
-        .map(|(topic, partition_index, fetch_offset, max_bytes)| Wanted {
-            found: locate(state, &topic.0, partition_index, fetch_offset),
-            topic,
-            partition_index,
-            fetch_offset,
-            max_bytes: max_bytes.min(budget),
+        .map(|(topic, partition_index, fetch_offset, max_bytes)| {
+            let found = locate(state, &topic.0, partition_index, fetch_offset);
+            // A known name is the broker's topic: keep the broker's copy, not the frame's.
+            let topic = if *topic.0 == *own_name.0 {
+                own_name.clone()
+            } else {
+                topic
+            };
+            Wanted {
+                found,
+                topic,
+                partition_index,
+                fetch_offset,
+                max_bytes: max_bytes.min(budget),
+            }
         })
         .collect();
 
@@ -88,6 +103,16 @@ pub async fn handle(state: &BrokerState, request: FetchRequest, version: i16) ->
             .await;
     }
     response(wanted, budget, version)
+}
+
+/// Whether the answer may echo a name of the request other than the broker's topic (then it
+/// is answered at once, an unknown topic being an error, and may share the request's
+/// bytes).
+pub fn echoes_unknown_names(state: &BrokerState, request: &FetchRequest) -> bool {
+    request
+        .topics
+        .iter()
+        .any(|topic| *topic.topic.0 != *state.config.topic)
 }
 
 /// The request's partitions, each once: `(topic, partition, fetch offset, max bytes)` at the

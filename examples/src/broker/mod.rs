@@ -73,7 +73,7 @@ pub(crate) struct BrokerState {
     pub connections: AtomicUsize,
     /// Which connections may be open: the caps and the eviction of idle connections.
     pub admission: Arc<Admission>,
-    /// Request bytes held beyond each connection's own allowance, over all connections.
+    /// Bytes held for clients beyond each connection's own allowance, over all connections.
     pub request_budget: Arc<RequestBudget>,
     /// Connections closed since memory was last handed back (`memory.rs`).
     pub closed_since_trim: AtomicUsize,
@@ -137,8 +137,8 @@ impl BrokerState {
 pub struct BrokerStats {
     /// Open connections.
     pub connections: usize,
-    /// Request bytes read and not yet handed to a handler that draw on
-    /// `queued_max_request_bytes`.
+    /// Bytes held for clients (request bytes until freed, what unwritten answers copy)
+    /// that draw on `queued_max_request_bytes`, beyond each connection's own 64 KiB.
     pub queued_request_bytes: usize,
     /// Bytes held by the partitions' logs (what retention keeps).
     pub log_bytes: u64,

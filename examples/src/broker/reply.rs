@@ -11,7 +11,9 @@
 //!   as a reference to that buffer, and copies only the rest (headers, offsets, small
 //!   fields). A thousand unread answers of the same 8 MiB batch hold the batch once.
 //! - An [`Answer`] is a list of parts written back to back; its first part is the frame
-//!   size, computed once the body is encoded.
+//!   size, computed once the body is encoded. It knows how many of its bytes it copied
+//!   ([`Answer::copied`]), which its connection holds in the request budget until it is
+//!   written; the shared parts are already counted (the request's) or the log's.
 
 use std::ops::Range;
 
@@ -41,6 +43,8 @@ pub enum Reply {
 #[derive(Debug)]
 pub struct Answer {
     parts: Vec<Bytes>,
+    /// Bytes of `parts` that are shared rather than copied.
+    shared: usize,
 }
 
 impl Answer {
@@ -52,6 +56,17 @@ impl Answer {
     /// Bytes in all parts.
     pub fn len(&self) -> usize {
         self.parts.iter().map(Bytes::len).sum()
+    }
+
+    /// Bytes copied into the answer (all but the shared parts), or made for it.
+    pub fn copied(&self) -> usize {
+        self.len() - self.shared
+    }
+
+    /// Counts `bytes` of the shared parts as copied: they were made for this answer (a
+    /// read that joined several batches), so nothing but the answer holds them.
+    pub fn count_as_copied(&mut self, bytes: usize) {
+        self.shared = self.shared.saturating_sub(bytes);
     }
 }
 
@@ -83,9 +98,10 @@ pub fn respond_sharing<R: Encodable>(
     let Ok(size) = i32::try_from(buf.offset()) else {
         return Reply::Close(format!("{api:?} response too large"));
     };
+    let shared = buf.shared_len;
     let mut parts = vec![Bytes::copy_from_slice(&size.to_be_bytes())];
     parts.extend(buf.finish());
-    Reply::Send(Answer { parts })
+    Reply::Send(Answer { parts, shared })
 }
 
 /// An encoding buffer that keeps large slices of `shared` buffers as references.
@@ -97,6 +113,8 @@ struct SharingBuf<'a> {
     done: Vec<Bytes>,
     /// Bytes in `done`.
     done_len: usize,
+    /// Bytes in `done` shared rather than copied.
+    shared_len: usize,
     /// The part being copied into.
     tail: BytesMut,
     shared: &'a [Bytes],
@@ -107,6 +125,7 @@ impl<'a> SharingBuf<'a> {
         SharingBuf {
             done: Vec::new(),
             done_len: 0,
+            shared_len: 0,
             tail: BytesMut::with_capacity(256),
             shared,
         }
@@ -158,6 +177,7 @@ unsafe impl BufMut for SharingBuf<'_> {
                     self.done.push(copied);
                 }
                 self.done_len += part.len();
+                self.shared_len += part.len();
                 self.done.push(part);
                 return;
             }
@@ -244,6 +264,8 @@ mod tests {
                 .collect();
             assert_eq!(pointing, vec![100, 0], "v{version}");
             assert_eq!(copied.parts().len(), 2);
+            assert_eq!(copied.copied(), copied.len());
+            assert_eq!(shared.copied(), shared.len() - 300_000 - (1 << 20));
             // The frame decodes: size, header, the body with every record.
             let mut frame = joined(&shared);
             let size = i32::from_be_bytes(frame[..4].try_into().unwrap());

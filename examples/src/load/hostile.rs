@@ -10,6 +10,12 @@
 //! - [`Scenario::MetadataEcho`] (N2): a Metadata request naming `names` unknown topics of
 //!   32,000 bytes each (the answer echoes them), never read.
 //! - [`Scenario::PartialFrames`]: a request announced as 100 MiB of which 1 MiB is sent.
+//! - [`Scenario::PaddedPoll`] (issue #29, finding 1): a Fetch v12 long poll padded to
+//!   `mib` MiB in an unknown tagged field.
+//! - [`Scenario::Echo`] (finding 3): a ListOffsets v6, Produce v9 (acks=1) or Fetch v12
+//!   naming one unknown topic of `mib` MiB, whose answer echoes it, never read.
+//! - [`Scenario::PollsThenPartial`] (finding 4): 4 long polls, then `mib` MiB of a
+//!   request announced as 100 MiB.
 //!
 //! Connections the broker closes (a defence acting) are counted: their memory is not held.
 
@@ -44,17 +50,52 @@ pub enum Scenario {
     },
     /// 1 MiB of a request announced as 100 MiB.
     PartialFrames,
+    /// A long poll padded to `mib` MiB.
+    PaddedPoll {
+        /// Padding, MiB.
+        mib: usize,
+    },
+    /// A request whose answer echoes a topic name of `mib` MiB, never read.
+    Echo {
+        /// Which request.
+        api: EchoingApi,
+        /// The name's size, MiB.
+        mib: usize,
+    },
+    /// 4 long polls, then `mib` MiB of a request announced as 100 MiB.
+    PollsThenPartial {
+        /// Bytes sent of the last request, MiB.
+        mib: usize,
+    },
+}
+
+/// The requests whose answers echo a topic name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EchoingApi {
+    /// ListOffsets v6.
+    ListOffsets,
+    /// Produce v9, acks=1.
+    Produce,
+    /// Fetch v12.
+    Fetch,
 }
 
 impl Scenario {
     /// The scenario named `name` (`pipelined-polls`, `slow-readers`, `metadata-echo`,
-    /// `partial-frames`).
-    pub fn named(name: &str, names: usize) -> Option<Scenario> {
+    /// `partial-frames`, `padded-poll`, `list-offsets-echo`, `produce-echo`, `fetch-echo`,
+    /// `polls-then-partial`); `names` is Metadata's name count, `mib` the others' size.
+    pub fn named(name: &str, names: usize, mib: usize) -> Option<Scenario> {
+        let echo = |api| Scenario::Echo { api, mib };
         Some(match name {
             "pipelined-polls" => Scenario::PipelinedPolls,
             "slow-readers" => Scenario::SlowReaders,
             "metadata-echo" => Scenario::MetadataEcho { names },
             "partial-frames" => Scenario::PartialFrames,
+            "padded-poll" => Scenario::PaddedPoll { mib },
+            "list-offsets-echo" => echo(EchoingApi::ListOffsets),
+            "produce-echo" => echo(EchoingApi::Produce),
+            "fetch-echo" => echo(EchoingApi::Fetch),
+            "polls-then-partial" => Scenario::PollsThenPartial { mib },
             _ => return None,
         })
     }
@@ -153,6 +194,39 @@ async fn act(client: &mut WireClient, scenario: Scenario) -> io::Result<()> {
         Scenario::PartialFrames => {
             let mut partial = (100i32 << 20).to_be_bytes().to_vec();
             partial.resize(4 + (1 << 20), 0x55);
+            client.send_raw(&partial).await
+        }
+        Scenario::PaddedPoll { mib } => {
+            let mut poll = requests::fetch("demo", 0, 0, i32::MAX, i32::MAX);
+            poll.unknown_tagged_fields
+                .insert(1_000, Bytes::from(vec![0x55u8; mib << 20]));
+            client.send(12, &poll).await.map(drop)
+        }
+        Scenario::Echo { api, mib } => {
+            let name = "u".repeat(mib << 20);
+            match api {
+                EchoingApi::ListOffsets => client
+                    .send(6, &requests::list_offsets(&name, 0, -1))
+                    .await
+                    .map(drop),
+                EchoingApi::Produce => {
+                    let batch = encode_batch(&[Bytes::from_static(b"x")], 1_000);
+                    let produce = requests::produce(&name, 0, 1, 1000, batch);
+                    client.send(9, &produce).await.map(drop)
+                }
+                EchoingApi::Fetch => client
+                    .send(12, &requests::fetch(&name, 0, 0, 1, 0))
+                    .await
+                    .map(drop),
+            }
+        }
+        Scenario::PollsThenPartial { mib } => {
+            let poll = requests::fetch("demo", 0, 0, i32::MAX, i32::MAX);
+            for _ in 0..4 {
+                client.send(4, &poll).await?;
+            }
+            let mut partial = (100i32 << 20).to_be_bytes().to_vec();
+            partial.resize(4 + (mib << 20), 0x55);
             client.send_raw(&partial).await
         }
     };
