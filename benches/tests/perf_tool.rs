@@ -168,9 +168,51 @@ fn w3_find_max_reports_a_rate() {
     args.extend(["--impl", "naive", "--json"]);
     let v = json(&args);
     assert_eq!(v["workload"], "w3-max");
+    assert_eq!(num(&v, "max_late_p99_ms"), 10.0, "on time is the default");
     let r = &results(&v)[0];
     assert!(r["max_rate_held"].is_number());
     assert!(!r["attempts"].as_array().unwrap().is_empty());
+    // The on-time rate is never above the plain one (a rate held on time is held).
+    assert!(num(&r["on_time"], "max_rate_held") <= num(r, "max_rate_held"));
+}
+
+/// `null-late` keeps up with any rate (it does no work) but answers every expiry 50 ms
+/// after its deadline: held plainly, never on time.
+#[test]
+fn w3_find_max_does_not_count_late_expiries_as_held() {
+    let mut args = TINY_SWEEP.to_vec();
+    args.extend(["--impl", "null-late", "--max-late-p99-ms", "10", "--json"]);
+    let v = json(&args);
+    let r = &results(&v)[0];
+    assert_eq!(
+        num(&r["on_time"], "max_rate_held"),
+        0.0,
+        "a rate whose expiries are 50 ms late was counted as held on time: {r}"
+    );
+    assert!(r["on_time"]["at_max_rate_held"].is_null(), "{r}");
+    assert!(num(r, "max_rate_held") > 0.0, "it keeps up: {r}");
+    assert!(
+        num(&r["at_max_rate_held"], "expiry_late_p99_ms") >= 50.0,
+        "{r}"
+    );
+    for a in r["attempts"].as_array().expect("attempts") {
+        assert_eq!(a["on_time"], false, "{a}");
+        assert!(num(&a["result"], "expiry_late_p99_ms") >= 50.0, "{a}");
+    }
+    // With a bound it meets, the same target is held on time.
+    let mut args = TINY_SWEEP.to_vec();
+    args.extend(["--impl", "null-late", "--max-late-p99-ms", "1000", "--json"]);
+    let v = json(&args);
+    let r = &results(&v)[0];
+    assert!(num(&r["on_time"], "max_rate_held") > 0.0, "{r}");
+    // --plain searches the plain rate alone.
+    let mut args = TINY_SWEEP.to_vec();
+    args.extend(["--impl", "null-late", "--plain", "--json"]);
+    let v = json(&args);
+    assert!(v["max_late_p99_ms"].is_null());
+    let r = &results(&v)[0];
+    assert!(r["on_time"].is_null(), "{r}");
+    assert!(num(r, "max_rate_held") > 0.0, "{r}");
 }
 
 #[test]
@@ -191,6 +233,10 @@ fn w3_find_max_draws_the_sweep() {
     for name in impls {
         assert!(text.contains(name), "{name} is not in the picture");
     }
+    assert!(
+        text.contains("on time"),
+        "the on-time knees are not in the legend"
+    );
 }
 
 #[test]
@@ -206,6 +252,21 @@ fn bad_arguments_fail_with_a_message() {
         (&["w1", "--impl", "ours,fast"], "unknown implementation"),
         (&["w3", "--impl", "btreemap"], "unknown implementation"),
         (&["w3", "--plot", "x.svg"], "--find-max"),
+        (&["w3", "--max-late-p99-ms", "10"], "--find-max"),
+        (
+            &["w3", "--find-max", "--max-late-p99-ms", "-1"],
+            "at least 0",
+        ),
+        (
+            &["w3", "--find-max", "--max-late-p99-ms", "NaN"],
+            "at least 0",
+        ),
+        (
+            &["w3", "--find-max", "--plain", "--max-late-p99-ms", "5"],
+            "cannot be used with",
+        ),
+        (&["w3", "--find-max", "--runs", "3"], "--runs"),
+        (&["w3", "--events", "--impl", "null-late"], "null-late"),
         (&["w1", "--tasks", "many"], "--tasks"),
         (&["w1", "--threads", "0"], "--threads"),
         (
