@@ -127,6 +127,7 @@ fn measure<P: LoadPurgatory<LoadOp>>(name: &str, p: &P, n: usize, keys: &str) {
     settle();
     let (live1, rss1) = reading();
     let waiting = n as u64 - ctx.completed() - ctx.expired();
+    assert_eq!(waiting, n as u64, "every operation should still be waiting");
     println!(
         "{name} keys={keys}: {waiting} waiting; live heap {:.1} B per operation ({:.1} MiB), \
 resident {:.1} B per operation ({:.1} MiB)",
