@@ -177,11 +177,19 @@ fn w3_find_max_reports_a_rate() {
 }
 
 /// `null-late` keeps up with any rate (it does no work) but answers every expiry 50 ms
-/// after its deadline: held plainly, never on time.
+/// after its deadline: held plainly, never on time. The searches start at 8,000/s, so
+/// the on-time one halves to the lowest rate in three attempts.
 #[test]
 fn w3_find_max_does_not_count_late_expiries_as_held() {
-    let mut args = TINY_SWEEP.to_vec();
-    args.extend(["--impl", "null-late", "--max-late-p99-ms", "10", "--json"]);
+    let late_sweep = |extra: &[&'static str]| {
+        let mut args = TINY_SWEEP.to_vec();
+        assert_eq!(args[3], "--rate");
+        args[4] = "8000";
+        args.extend(["--impl", "null-late", "--json"]);
+        args.extend_from_slice(extra);
+        args
+    };
+    let args = late_sweep(&["--max-late-p99-ms", "10"]);
     let v = json(&args);
     let r = &results(&v)[0];
     assert_eq!(
@@ -200,15 +208,11 @@ fn w3_find_max_does_not_count_late_expiries_as_held() {
         assert!(num(&a["result"], "expiry_late_p99_ms") >= 50.0, "{a}");
     }
     // With a bound it meets, the same target is held on time.
-    let mut args = TINY_SWEEP.to_vec();
-    args.extend(["--impl", "null-late", "--max-late-p99-ms", "1000", "--json"]);
-    let v = json(&args);
+    let v = json(&late_sweep(&["--max-late-p99-ms", "1000"]));
     let r = &results(&v)[0];
     assert!(num(&r["on_time"], "max_rate_held") > 0.0, "{r}");
     // --plain searches the plain rate alone.
-    let mut args = TINY_SWEEP.to_vec();
-    args.extend(["--impl", "null-late", "--plain", "--json"]);
-    let v = json(&args);
+    let v = json(&late_sweep(&["--plain"]));
     assert!(v["max_late_p99_ms"].is_null());
     let r = &results(&v)[0];
     assert!(r["on_time"].is_null(), "{r}");
@@ -222,8 +226,17 @@ fn w3_find_max_draws_the_sweep() {
     let _ = std::fs::remove_file(&svg);
     let impls = ["ours", "naive", "tokio-task", "tokio-delayqueue"];
     let joined = impls.join(",");
+    // A bound every implementation meets at these sizes, so that the plain search finds
+    // its attempts made (the late fixture tests the bound).
     let mut args = TINY_SWEEP.to_vec();
-    args.extend(["--impl", &joined, "--json", "--plot"]);
+    args.extend([
+        "--impl",
+        &joined,
+        "--max-late-p99-ms",
+        "1000",
+        "--json",
+        "--plot",
+    ]);
     args.push(svg.to_str().expect("a UTF-8 temp path"));
     let v = json(&args);
     assert_eq!(results(&v).len(), impls.len());

@@ -126,8 +126,8 @@ fn draw(
         .configure_mesh()
         .x_desc(match bound_ms {
             Some(b) => format!(
-                "offered rate, requests/s (log scale); filled dot: held with expiry p99 <= {b} ms, \
-ring with dot: held but late, ring: missed; triangles: highest rate held (filled: on time)"
+                "offered rate, req/s (log scale); filled: held, p99 <= {b} ms; ring with dot: \
+held late; ring: missed; triangles: knees"
             ),
             None => "offered rate, requests/s (log scale); filled dot: held, ring: missed, \
 triangle and dashed line: highest rate held"
