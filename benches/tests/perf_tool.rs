@@ -15,12 +15,19 @@ fn run(args: &[&str]) -> Output {
 
 /// Runs a successful command and returns its last stdout line as JSON.
 fn json(args: &[&str]) -> Value {
+    json_and_stderr(args).0
+}
+
+/// Runs a successful command and returns its last stdout line as JSON, and its stderr.
+fn json_and_stderr(args: &[&str]) -> (Value, String) {
     let out = run(args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{args:?} failed: {stderr}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let last = stdout.lines().last().expect("some output");
-    serde_json::from_str(last).unwrap_or_else(|e| panic!("last line is not JSON ({e}): {last}"))
+    let v = serde_json::from_str(last)
+        .unwrap_or_else(|e| panic!("last line is not JSON ({e}): {last}"));
+    (v, stderr)
 }
 
 fn results(v: &Value) -> &Vec<Value> {
@@ -189,8 +196,11 @@ fn w3_find_max_does_not_count_late_expiries_as_held() {
         args.extend_from_slice(extra);
         args
     };
-    let args = late_sweep(&["--max-late-p99-ms", "10"]);
-    let v = json(&args);
+    let (v, stderr) = json_and_stderr(&late_sweep(&["--max-late-p99-ms", "10"]));
+    assert!(
+        stderr.contains("held, LATE (p99 over 10 ms; the machine stalled the process"),
+        "a late attempt's line says so, with the machine's stalls: {stderr}"
+    );
     let r = &results(&v)[0];
     assert_eq!(
         num(&r["on_time"], "max_rate_held"),

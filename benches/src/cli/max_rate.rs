@@ -18,7 +18,9 @@
 //!   `--plain` only the plain search runs (the tool's behaviour before the bound).
 //! - Every new attempt is printed on stderr as it ends and kept, with its full result,
 //!   in the JSON summary; the attempt line and the outcome give the expiry lateness
-//!   (p99) and peak memory there. Each knee (the highest rate held, on time and plain)
+//!   (p99) and peak memory there, and a late attempt's line the machine stalls the run
+//!   saw (on a loaded machine a stall longer than the bound can make any implementation
+//!   late: read the verdict with them). Each knee (the highest rate held, on time and plain)
 //!   is reported with the lateness p99 and peak memory of its attempt.
 //! - JSON: `max_rate_held` and `first_failed_rate` keep their meaning (plain); the
 //!   on-time outcome is under `on_time` (`null` with `--plain`), and the bound is the
@@ -119,7 +121,12 @@ impl ImplSweep {
                 (false, _) => "NOT held".to_owned(),
                 (true, None) => "held".to_owned(),
                 (true, Some(b)) if on_time(&r, b) => "held, on time".to_owned(),
-                (true, Some(b)) => format!("held, LATE (p99 over {b} ms)"),
+                (true, Some(b)) => format!(
+                    "held, LATE (p99 over {b} ms; the machine stalled the process {} times \
+over 5 ms, the longest {:.0} ms)",
+                    r["stall_count"].as_u64().unwrap_or(0),
+                    r["stall_max_ms"].as_f64().unwrap_or(0.0)
+                ),
             };
             eprintln!(
                 "  {}: target {rate:.0}/s -> actual {:.0}/s {verdict} ({})",
