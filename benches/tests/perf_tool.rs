@@ -15,12 +15,19 @@ fn run(args: &[&str]) -> Output {
 
 /// Runs a successful command and returns its last stdout line as JSON.
 fn json(args: &[&str]) -> Value {
+    json_and_stderr(args).0
+}
+
+/// Runs a successful command and returns its last stdout line as JSON, and its stderr.
+fn json_and_stderr(args: &[&str]) -> (Value, String) {
     let out = run(args);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{args:?} failed: {stderr}");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let last = stdout.lines().last().expect("some output");
-    serde_json::from_str(last).unwrap_or_else(|e| panic!("last line is not JSON ({e}): {last}"))
+    let v = serde_json::from_str(last)
+        .unwrap_or_else(|e| panic!("last line is not JSON ({e}): {last}"));
+    (v, stderr)
 }
 
 fn results(v: &Value) -> &Vec<Value> {
@@ -168,9 +175,58 @@ fn w3_find_max_reports_a_rate() {
     args.extend(["--impl", "naive", "--json"]);
     let v = json(&args);
     assert_eq!(v["workload"], "w3-max");
+    assert_eq!(num(&v, "max_late_p99_ms"), 10.0, "on time is the default");
     let r = &results(&v)[0];
     assert!(r["max_rate_held"].is_number());
     assert!(!r["attempts"].as_array().unwrap().is_empty());
+    // The on-time rate is never above the plain one (a rate held on time is held).
+    assert!(num(&r["on_time"], "max_rate_held") <= num(r, "max_rate_held"));
+}
+
+/// `null-late` keeps up with any rate (it does no work) but answers every expiry 50 ms
+/// after its deadline: held plainly, never on time. The searches start at 8,000/s, so
+/// the on-time one halves to the lowest rate in three attempts.
+#[test]
+fn w3_find_max_does_not_count_late_expiries_as_held() {
+    let late_sweep = |extra: &[&'static str]| {
+        let mut args = TINY_SWEEP.to_vec();
+        assert_eq!(args[3], "--rate");
+        args[4] = "8000";
+        args.extend(["--impl", "null-late", "--json"]);
+        args.extend_from_slice(extra);
+        args
+    };
+    let (v, stderr) = json_and_stderr(&late_sweep(&["--max-late-p99-ms", "10"]));
+    assert!(
+        stderr.contains("held, LATE (p99 over 10 ms; the machine stalled the process"),
+        "a late attempt's line says so, with the machine's stalls: {stderr}"
+    );
+    let r = &results(&v)[0];
+    assert_eq!(
+        num(&r["on_time"], "max_rate_held"),
+        0.0,
+        "a rate whose expiries are 50 ms late was counted as held on time: {r}"
+    );
+    assert!(r["on_time"]["at_max_rate_held"].is_null(), "{r}");
+    assert!(num(r, "max_rate_held") > 0.0, "it keeps up: {r}");
+    assert!(
+        num(&r["at_max_rate_held"], "expiry_late_p99_ms") >= 50.0,
+        "{r}"
+    );
+    for a in r["attempts"].as_array().expect("attempts") {
+        assert_eq!(a["on_time"], false, "{a}");
+        assert!(num(&a["result"], "expiry_late_p99_ms") >= 50.0, "{a}");
+    }
+    // With a bound it meets, the same target is held on time.
+    let v = json(&late_sweep(&["--max-late-p99-ms", "1000"]));
+    let r = &results(&v)[0];
+    assert!(num(&r["on_time"], "max_rate_held") > 0.0, "{r}");
+    // --plain searches the plain rate alone.
+    let v = json(&late_sweep(&["--plain"]));
+    assert!(v["max_late_p99_ms"].is_null());
+    let r = &results(&v)[0];
+    assert!(r["on_time"].is_null(), "{r}");
+    assert!(num(r, "max_rate_held") > 0.0, "{r}");
 }
 
 #[test]
@@ -180,8 +236,17 @@ fn w3_find_max_draws_the_sweep() {
     let _ = std::fs::remove_file(&svg);
     let impls = ["ours", "naive", "tokio-task", "tokio-delayqueue"];
     let joined = impls.join(",");
+    // A bound every implementation meets at these sizes, so that the plain search finds
+    // its attempts made (the late fixture tests the bound).
     let mut args = TINY_SWEEP.to_vec();
-    args.extend(["--impl", &joined, "--json", "--plot"]);
+    args.extend([
+        "--impl",
+        &joined,
+        "--max-late-p99-ms",
+        "1000",
+        "--json",
+        "--plot",
+    ]);
     args.push(svg.to_str().expect("a UTF-8 temp path"));
     let v = json(&args);
     assert_eq!(results(&v).len(), impls.len());
@@ -191,6 +256,10 @@ fn w3_find_max_draws_the_sweep() {
     for name in impls {
         assert!(text.contains(name), "{name} is not in the picture");
     }
+    assert!(
+        text.contains("on time"),
+        "the on-time knees are not in the legend"
+    );
 }
 
 #[test]
@@ -206,6 +275,21 @@ fn bad_arguments_fail_with_a_message() {
         (&["w1", "--impl", "ours,fast"], "unknown implementation"),
         (&["w3", "--impl", "btreemap"], "unknown implementation"),
         (&["w3", "--plot", "x.svg"], "--find-max"),
+        (&["w3", "--max-late-p99-ms", "10"], "--find-max"),
+        (
+            &["w3", "--find-max", "--max-late-p99-ms", "-1"],
+            "at least 0",
+        ),
+        (
+            &["w3", "--find-max", "--max-late-p99-ms", "NaN"],
+            "at least 0",
+        ),
+        (
+            &["w3", "--find-max", "--plain", "--max-late-p99-ms", "5"],
+            "cannot be used with",
+        ),
+        (&["w3", "--find-max", "--runs", "3"], "--runs"),
+        (&["w3", "--events", "--impl", "null-late"], "null-late"),
         (&["w1", "--tasks", "many"], "--tasks"),
         (&["w1", "--threads", "0"], "--threads"),
         (

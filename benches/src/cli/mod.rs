@@ -2,8 +2,8 @@
 //! measurement job in this process (a child) or, as the parent, takes one workload
 //! through the one path every workload shares (`run_workload`): pick the
 //! implementations, measure each in child processes, summarise, print. W3's `--find-max`
-//! search (and its `--plot`) is `max_rate.rs`; without arguments the tool runs a short
-//! W3 demo.
+//! (on time and plain, and its `--plot`) is `max_rate.rs`, over the search of
+//! `rate_search.rs`; without arguments the tool runs a short W3 demo.
 //!
 //! # Invariants
 //! - Bad arguments end in a message on stderr and a non-zero exit status (2), never a
@@ -16,6 +16,7 @@
 
 mod args;
 mod max_rate;
+mod rate_search;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -54,9 +55,24 @@ pub fn main() -> ExitCode {
         (None, Some(Command::W3(a))) if a.find_max => {
             pick::<PurgatoryLoad>(&a.common.implementations).and_then(|implementations| {
                 let params = a.params()?;
+                if a.common.runs != 1 {
+                    return Err(
+                        "--runs does not apply to --find-max: each attempt is one run \
+and the implementations take turns; run the search again to repeat it"
+                            .into(),
+                    );
+                }
                 let allocator = a.common.allocator::<PurgatoryLoad>();
                 let plot = a.plot.as_deref();
-                max_rate::find_max(&implementations, &params, a.common.json, allocator, plot)
+                let bound = a.on_time_bound();
+                max_rate::find_max(
+                    &implementations,
+                    &params,
+                    bound,
+                    a.common.json,
+                    allocator,
+                    plot,
+                )
             })
         }
         (None, Some(Command::W3(a))) => run_workload::<PurgatoryLoad>(&a.common, || a.params()),

@@ -1,16 +1,21 @@
 //! The picture of a W3 rate sweep (`w3 --find-max --plot FILE.svg`): process CPU
 //! seconds per million requests against the offered rate, one line per implementation,
-//! with each implementation's knee (the highest rate it held) marked. Drawn with
-//! `plotters`' SVG backend; text stays text, set by the viewer in a sans-serif font.
+//! with each implementation's knees (the highest rate it held on time, and plain) marked.
+//! Drawn with `plotters`' SVG backend; text stays text, set by the viewer in a sans-serif
+//! font.
 //!
 //! # Invariants
-//! - Every attempt of the sweep is one point, joined in order of offered rate; a rate
-//!   held is a filled dot, a rate missed a hollow one.
+//! - Every attempt of the sweep is one point, joined in order of offered rate: a rate
+//!   held on time is a filled dot, a rate held but late a ring around a small dot, a
+//!   rate missed a hollow ring. Without a lateness bound every rate held is on time.
 //! - The x axis is logarithmic (the sweep doubles) and covers every attempt; the y axis
 //!   starts at 0 and covers every point, with room above them for the legend.
-//! - Each implementation's name is in the legend, with the rate it held; its knee is a
-//!   dashed vertical line from the axis up to its point, in its colour. An
-//!   implementation that held no rate has no knee.
+//! - Each implementation's name is in the legend with its knees: the rate held on time
+//!   (with a bound) and the plain one, each with its expiry lateness p99 and peak memory.
+//!   The on-time knee (the plain one without a bound) is a filled triangle on a dashed
+//!   line from the axis up to its point, in the implementation's colour; a plain knee
+//!   above it is a hollow triangle on a dotted line. An implementation that held no
+//!   rate has no knee.
 //! - Nothing is written unless there is at least one point; an error says why.
 
 use std::path::Path;
@@ -24,8 +29,22 @@ pub struct SweepPoint {
     pub offered_rate: f64,
     /// Process CPU seconds per million requests.
     pub cpu_s_per_million: f64,
-    /// Whether the rate was held.
+    /// Whether the rate was held (actual >= 95 % of it).
     pub held: bool,
+    /// Whether it was held on time (held and the lateness within the bound; `held`
+    /// without a bound).
+    pub on_time: bool,
+}
+
+/// A highest rate held, and the figures of its attempt.
+#[derive(Clone, Copy, Debug)]
+pub struct Knee {
+    /// The rate, requests/s.
+    pub rate: f64,
+    /// Expiry lateness p99 there, ms.
+    pub expiry_late_p99_ms: f64,
+    /// Peak resident memory there, MiB.
+    pub peak_rss_mib: f64,
 }
 
 /// One implementation's sweep.
@@ -35,8 +54,10 @@ pub struct Sweep {
     pub name: String,
     /// Its attempts, in any order.
     pub points: Vec<SweepPoint>,
-    /// The highest rate held (0 if none).
-    pub max_rate_held: f64,
+    /// The highest rate held, plain (none if no rate was).
+    pub held: Option<Knee>,
+    /// With a lateness bound: the highest rate held on time (none if no rate was).
+    pub on_time: Option<Knee>,
 }
 
 /// Line colours, in implementation order (matplotlib's first six).
@@ -49,8 +70,14 @@ const COLOURS: [RGBColor; 6] = [
     RGBColor(140, 86, 75),
 ];
 
-/// Writes the sweeps as an SVG picture to `path`, captioned `title`.
-pub fn plot_sweeps(path: &Path, title: &str, sweeps: &[Sweep]) -> Result<(), String> {
+/// Writes the sweeps as an SVG picture to `path`, captioned `title`; `bound_ms` is the
+/// lateness bound of the on-time knees (none: plain knees only).
+pub fn plot_sweeps(
+    path: &Path,
+    title: &str,
+    bound_ms: Option<f64>,
+    sweeps: &[Sweep],
+) -> Result<(), String> {
     let points = || sweeps.iter().flat_map(|s| &s.points);
     let (mut x_lo, mut x_hi, mut y_hi) = (f64::INFINITY, 0.0_f64, 0.0_f64);
     for p in points() {
@@ -65,13 +92,21 @@ pub fn plot_sweeps(path: &Path, title: &str, sweeps: &[Sweep]) -> Result<(), Str
     // ~480 px plot, plus its frame), so the legend never hides a point.
     let legend = (40.0 + 18.0 * sweeps.len() as f64) / 480.0;
     let y_top = y_hi / (1.0 - legend.min(0.6)) * 1.05;
-    draw(path, title, sweeps, (x_lo / 1.3, x_hi * 1.3), y_top)
-        .map_err(|e| format!("cannot draw {}: {e}", path.display()))
+    draw(
+        path,
+        title,
+        bound_ms,
+        sweeps,
+        (x_lo / 1.3, x_hi * 1.3),
+        y_top,
+    )
+    .map_err(|e| format!("cannot draw {}: {e}", path.display()))
 }
 
 fn draw(
     path: &Path,
     title: &str,
+    bound_ms: Option<f64>,
     sweeps: &[Sweep],
     (x_lo, x_hi): (f64, f64),
     y_top: f64,
@@ -89,10 +124,15 @@ fn draw(
         )?;
     chart
         .configure_mesh()
-        .x_desc(
-            "offered rate, requests/s (log scale); filled dot: held, hollow: missed, \
-triangle and dashed line: highest rate held",
-        )
+        .x_desc(match bound_ms {
+            Some(b) => format!(
+                "offered rate, req/s (log scale); filled: held, p99 <= {b} ms; ring with dot: \
+held late; ring: missed; triangles: knees"
+            ),
+            None => "offered rate, requests/s (log scale); filled dot: held, ring: missed, \
+triangle and dashed line: highest rate held"
+                .to_owned(),
+        })
         .y_desc("process CPU s per 1M requests")
         .x_label_formatter(&|v| rate_label(*v))
         .y_label_formatter(&|v| format!("{v:.2}"))
@@ -104,42 +144,82 @@ triangle and dashed line: highest rate held",
         let mut points = sweep.points.clone();
         points.sort_by(|a, b| a.offered_rate.total_cmp(&b.offered_rate));
         let xy = |p: &SweepPoint| (p.offered_rate, p.cpu_s_per_million);
-        let held = if sweep.max_rate_held > 0.0 {
-            format!("held {}/s", rate_label(sweep.max_rate_held))
-        } else {
-            "held no rate".to_owned()
+        let knee_text = |knee: Option<Knee>| match knee {
+            Some(k) => format!(
+                "{} (p99 {:.1} ms, {:.0} MiB)",
+                rate_label(k.rate),
+                k.expiry_late_p99_ms,
+                k.peak_rss_mib
+            ),
+            None => "none".to_owned(),
+        };
+        let label = match bound_ms {
+            Some(_) => format!(
+                "{}: on time {}; plain {}",
+                sweep.name,
+                knee_text(sweep.on_time),
+                knee_text(sweep.held)
+            ),
+            None => format!("{}: held {}", sweep.name, knee_text(sweep.held)),
         };
         chart
             .draw_series(LineSeries::new(
                 points.iter().map(xy),
                 colour.stroke_width(2),
             ))?
-            .label(format!("{} ({held})", sweep.name))
+            .label(label)
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 24, y)], colour.stroke_width(2)));
         chart.draw_series(points.iter().map(|p| {
-            let style = if p.held {
+            let ring = if p.on_time {
                 colour.filled()
             } else {
                 WHITE.filled()
             };
+            let dot = if p.held && !p.on_time { 2 } else { 0 };
             EmptyElement::at(xy(p))
-                + Circle::new((0, 0), 5, style)
+                + Circle::new((0, 0), 5, ring)
                 + Circle::new((0, 0), 5, colour.stroke_width(2))
+                + Circle::new((0, 0), dot, colour.filled())
         }))?;
-        let knee = points
-            .iter()
-            .find(|p| p.held && p.offered_rate == sweep.max_rate_held);
-        if let Some(knee) = knee {
+        // The headline knee: on time with a bound, plain without; the plain one above it
+        // hollow and dotted.
+        let (first, second) = match bound_ms {
+            Some(_) => (sweep.on_time, sweep.held),
+            None => (sweep.held, None),
+        };
+        let point_at = |knee: Option<Knee>| {
+            knee.and_then(|k| {
+                points
+                    .iter()
+                    .find(|p| p.held && p.offered_rate == k.rate)
+                    .copied()
+            })
+        };
+        if let Some(knee) = point_at(first) {
             chart.draw_series(DashedLineSeries::new(
-                [(knee.offered_rate, 0.0), xy(knee)],
+                [(knee.offered_rate, 0.0), xy(&knee)],
                 6,
                 4,
                 colour.stroke_width(1),
             ))?;
             chart.draw_series(std::iter::once(TriangleMarker::new(
-                xy(knee),
+                xy(&knee),
                 9,
                 colour.filled(),
+            )))?;
+        }
+        let distinct = second.filter(|s| first.is_none_or(|f| f.rate != s.rate));
+        if let Some(knee) = point_at(distinct) {
+            chart.draw_series(DashedLineSeries::new(
+                [(knee.offered_rate, 0.0), xy(&knee)],
+                2,
+                3,
+                colour.stroke_width(1),
+            ))?;
+            chart.draw_series(std::iter::once(TriangleMarker::new(
+                xy(&knee),
+                9,
+                colour.stroke_width(2),
             )))?;
         }
     }
@@ -220,9 +300,10 @@ mod tests {
         let sweeps = [Sweep {
             name: "ours".into(),
             points: Vec::new(),
-            max_rate_held: 0.0,
+            held: None,
+            on_time: None,
         }];
         let path = std::env::temp_dir().join("purgatory-perf-empty-sweep.svg");
-        assert!(plot_sweeps(&path, "t", &sweeps).is_err());
+        assert!(plot_sweeps(&path, "t", Some(10.0), &sweeps).is_err());
     }
 }

@@ -18,6 +18,7 @@
 pub mod completer;
 pub mod generator;
 pub mod null;
+pub mod null_late;
 pub mod op;
 
 use std::io::IsTerminal;
@@ -76,6 +77,9 @@ pub enum Implementation {
     Naive,
     /// No purgatory: the tool's own cost (plain W3 only; see [`null`]).
     Null,
+    /// Test fixture: `null`, but every expiry answered 50 ms after its deadline (plain W3
+    /// only; see [`null_late`]): it keeps up with any rate and is never on time.
+    NullLate,
     /// A tokio task per waiting request, watcher lists in a `DashMap`
     /// ([`TokioTaskPurgatory`]).
     TokioTask,
@@ -334,6 +338,14 @@ pub fn run(implementation: Implementation, p: &W3Params) -> Result<W3Result, W3E
             "`null` measures the tool alone and cannot run W3-events".into(),
         )),
         Implementation::Null => Ok(run_with(name, &null::NullPurgatory, p)),
+        Implementation::NullLate if p.events => Err(W3Error::Invalid(
+            "`null-late` is a test fixture for plain W3 and cannot run W3-events".into(),
+        )),
+        Implementation::NullLate => {
+            let purgatory =
+                null_late::LateNullPurgatory::start().map_err(|e| W3Error::Setup(e.to_string()))?;
+            Ok(run_with(name, &purgatory, p))
+        }
         Implementation::TokioTask => {
             let purgatory = TokioTaskPurgatory::<LoadOp>::start(1000)
                 .map_err(|e| W3Error::Setup(e.to_string()))?;

@@ -104,6 +104,18 @@ impl LoadOp {
             id,
         }
     }
+
+    /// The instant its timeout falls due, in ns on the context's clock.
+    #[inline]
+    pub fn due_nanos(&self) -> u64 {
+        self.issued_nanos.saturating_add(self.ctx.timeout_nanos)
+    }
+
+    /// The run's context.
+    #[inline]
+    pub fn context(&self) -> &'static LoadContext {
+        self.ctx
+    }
 }
 
 impl DelayedOperation for LoadOp {
