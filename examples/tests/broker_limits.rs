@@ -451,10 +451,10 @@ async fn finding_9_tiny_batches_keep_the_memory_near_the_retention_bytes() {
         RETENTION >> 20
     );
     // The retention plus one open segment (1 MiB and its index), and the allocator's slack
-    // (1.34x in most runs, up to 2.1x when the allocations spread over more arenas;
-    // 3.7x before the index counted in retention).
+    // (1.34x in most runs, up to 2.7x when the allocations spread over more arenas;
+    // 3.68-3.99x before the index counted in retention): 3.2x parts the two.
     assert!(
-        grown < RETENTION * 5 / 2,
+        grown < RETENTION * 16 / 5,
         "RSS grew {grown} bytes for a retention of {RETENTION}"
     );
 }
