@@ -15,6 +15,8 @@
 //!   its address's cap, of its own address), and is closed at once only when none is idle
 //!   (refusals logged at most once a second, with a count), so clients cannot use up the
 //!   broker's file descriptors, and one client's idle connections cannot keep others out.
+//!   A newcomer never evicts a connection of an address holding fewer connections than
+//!   its own, and by default one address holds at most half of `max_connections`.
 //! - Connection-level log lines are rate-limited per kind, with a count of those
 //!   suppressed (`log_limit.rs`).
 //! - After a burst of closed connections the freed memory goes back to the operating
@@ -179,7 +181,7 @@ impl Broker {
             config.retention_bytes,
             config.producer_id_expiration,
         );
-        let admission = Admission::new(config.max_connections, config.max_connections_per_ip);
+        let admission = Admission::new(config.max_connections, config.connections_per_ip());
         let state = Arc::new(BrokerState {
             config,
             leader,
@@ -269,7 +271,9 @@ impl Refusals {
         }
         state.log(&format!(
             "refused {} connection(s), the last by {why} ({} open at most, {} per address)",
-            self.since_report, state.config.max_connections, state.config.max_connections_per_ip
+            self.since_report,
+            state.config.max_connections,
+            state.config.connections_per_ip()
         ));
         self.since_report = 0;
         self.last_report = Some(Instant::now());
