@@ -33,6 +33,7 @@
 //!   Nothing a client sends can make the broker panic.
 
 use std::future::Future;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -63,9 +64,9 @@ pub async fn serve(
     mut stop: watch::Receiver<bool>,
     slot: Slot,
 ) {
-    let peer = stream
-        .peer_addr()
-        .map_or_else(|_| "?".to_string(), |a| a.to_string());
+    let peer_addr = stream.peer_addr().ok();
+    let peer = peer_addr.map_or_else(|| "?".to_string(), |a| a.to_string());
+    let peer_ip = peer_addr.map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip());
     let _ = stream.set_nodelay(true);
     let (reader, mut writer) = stream.into_split();
     let config = &state.config;
@@ -121,7 +122,7 @@ pub async fn serve(
         // after the answer that echoes parts of it is written.
         let frame_bytes = frame.len() + 4;
         let frame = reader.budget().charged(frame, frame_bytes);
-        let handling = handle(&state, frame);
+        let handling = handle(&state, frame, peer_ip);
         tokio::pin!(handling);
         let reply = tokio::select! {
             biased;
@@ -204,8 +205,8 @@ async fn within<T, E: std::fmt::Display>(
     }
 }
 
-/// Decodes and answers one request frame.
-pub async fn handle(state: &BrokerState, mut frame: Bytes) -> Reply {
+/// Decodes and answers one request frame of a client at `peer`.
+pub async fn handle(state: &BrokerState, mut frame: Bytes, peer: IpAddr) -> Reply {
     if frame.len() < 4 {
         return Reply::Close(format!("request of {} bytes has no header", frame.len()));
     }
@@ -233,10 +234,17 @@ pub async fn handle(state: &BrokerState, mut frame: Bytes) -> Reply {
     if !api_versions::is_supported(api, version) {
         return Reply::Close(format!("unsupported {api:?} version {version}"));
     }
-    dispatch(state, api, version, id, frame).await
+    dispatch(state, api, version, id, frame, peer).await
 }
 
-async fn dispatch(state: &BrokerState, api: ApiKey, version: i16, id: i32, body: Bytes) -> Reply {
+async fn dispatch(
+    state: &BrokerState,
+    api: ApiKey,
+    version: i16,
+    id: i32,
+    body: Bytes,
+    peer: IpAddr,
+) -> Reply {
     let cap = state.config.max_partitions_per_request;
     match api {
         ApiKey::ApiVersions => match decode::<ApiVersionsRequest>(body, version, cap) {
@@ -255,7 +263,10 @@ async fn dispatch(state: &BrokerState, api: ApiKey, version: i16, id: i32, body:
             Err(reason) => Reply::Close(reason),
         },
         ApiKey::InitProducerId => match decode::<InitProducerIdRequest>(body, version, cap) {
-            Ok(request) => respond(api, version, id, &init_producer_id::handle(state, &request)),
+            Ok(request) => {
+                let response = init_producer_id::handle(state, &request, peer);
+                respond(api, version, id, &response)
+            }
             Err(reason) => Reply::Close(reason),
         },
         // Answers that echo topic names share them with the body (issue #29, finding 3).

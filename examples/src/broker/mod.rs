@@ -39,6 +39,7 @@ mod memory;
 mod metadata;
 pub mod metrics_endpoint;
 mod produce;
+mod producer_id_quota;
 mod producer_ids;
 mod reply;
 mod request_budget;
@@ -58,6 +59,7 @@ pub use config::BrokerConfig;
 use crate::leader::{Leader, LeaderStats};
 use crate::partition::{Partition, PartitionKey};
 use admission::{Admission, Refused};
+use producer_id_quota::ProducerIdQuota;
 use producer_ids::ProducerIds;
 use request_budget::RequestBudget;
 
@@ -71,6 +73,8 @@ pub(crate) struct BrokerState {
     pub advertised: SocketAddr,
     /// The producer ids InitProducerId handed out: the only ones a produce may use.
     pub producer_ids: ProducerIds,
+    /// How fast each address may take producer ids.
+    pub producer_id_quota: ProducerIdQuota,
     /// Open connections (counted until their task ends, evicted ones included).
     pub connections: AtomicUsize,
     /// Which connections may be open: the caps and the eviction of idle connections.
@@ -187,6 +191,7 @@ impl Broker {
             leader,
             advertised: local_addr,
             producer_ids: ProducerIds::default(),
+            producer_id_quota: ProducerIdQuota::default(),
             connections: AtomicUsize::new(0),
             admission: Arc::new(admission),
             request_budget: Arc::new(RequestBudget::new(queued_max_request_bytes)),
