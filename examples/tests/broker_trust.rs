@@ -5,6 +5,8 @@
 //!   out ids no client can guess, so no client can produce as another one before it does.
 //! - Finding 8: a record batch's `lastOffsetDelta` and record count are claims; the broker
 //!   moves its log end offset only by the records a batch really holds.
+//! - Review finding 2: asking for ids is cheap, so a flood of InitProducerId retires only
+//!   ids nobody produced under, and one address may take ids at a bounded rate.
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::InitProducerIdRequest;
