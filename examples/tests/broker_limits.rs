@@ -241,6 +241,47 @@ async fn review_4_by_default_one_address_leaves_room_for_fresh_clients() {
     broker.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_4_connections_stalled_a_byte_into_a_frame_make_room_for_fresh_clients() {
+    const CAP: usize = 20;
+    let broker = start(BrokerConfig {
+        max_connections: CAP,
+        ..config(1)
+    })
+    .await;
+    let addr = broker.local_addr();
+    // Two addresses, half the places each (the default per address), every connection one
+    // byte into a frame and silent from then on.
+    let mut stalled = Vec::new();
+    for source in [loopback(1), loopback(4)] {
+        for _ in 0..CAP / 2 {
+            let mut client = connect_from(source, addr).await;
+            client.send_raw(&[0]).await.unwrap();
+            stalled.push(client);
+        }
+    }
+    eventually("every place taken", || broker.stats().connections == CAP).await;
+    // A fresh client gets in once they have sent nothing for a second or two, well before
+    // the 30 s --frame-read-timeout-ms would close them.
+    let started = std::time::Instant::now();
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let mut fresh = connect_from(loopback(3), addr).await;
+        if served(&mut fresh).await {
+            break;
+        }
+        assert!(
+            started.elapsed() < LIMIT,
+            "no fresh client served in {tries} tries over {LIMIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(broker.stats().evicted_connections >= 1);
+    drop(stalled);
+    broker.shutdown().await;
+}
+
 /// One idempotent batch of `value` as producer `producer_id`, epoch 0, at `sequence`.
 fn idempotent_batch(producer_id: i64, sequence: i32, value: &'static [u8]) -> Bytes {
     let record = Record {

@@ -2,7 +2,9 @@
 //! the eviction of an idle connection when the broker-wide cap is reached.
 //!
 //! A connection is *idle* while it waits for the first byte of its next request (no request
-//! is being read, handled, waiting in a purgatory or answered). Kafka closes the least
+//! is being read, handled, waiting in a purgatory or answered), and also while a request it
+//! started has sent no byte for a second (`stalled_read.rs`: a client holding connections
+//! with a byte of a frame each is not busy). Kafka closes the least
 //! recently used idle connections when it runs out of room; here, at the broker-wide cap,
 //! a new connection takes the place of the least recently active idle connection **of the
 //! address that holds the most connections** (its own address included), so a client that
@@ -18,7 +20,7 @@
 //! | connection state | entered by | may be evicted |
 //! |---|---|---|
 //! | busy | [`Admission::admit`], [`Slot::busy`] | no |
-//! | idle | [`Slot::idle`] | yes: by a newcomer at the broker-wide cap whose address holds no more connections than its own, or from its address at the address's cap |
+//! | idle | [`Slot::idle`], [`Slot::stalled`] | yes: by a newcomer at the broker-wide cap whose address holds no more connections than its own, or from its address at the address's cap |
 //! | evicted | a newcomer's [`Admission::admit`] | no longer counted; [`Slot::evicted`] fires and its task closes the socket |
 //!
 //! Invariants:
@@ -210,6 +212,16 @@ impl Table {
 impl Slot {
     /// The connection waits for its next request: it may be evicted from now on.
     pub fn idle(&self) {
+        self.evictable();
+    }
+
+    /// The request being read sent nothing for a while: the connection may be evicted
+    /// from now on, as an idle one, until [`Slot::busy`].
+    pub fn stalled(&self) {
+        self.evictable();
+    }
+
+    fn evictable(&self) {
         let mut table = self.admission.table.lock();
         let stamp = table.next_stamp;
         let Some(entry) = table.connections.get_mut(&self.id) else {

@@ -37,7 +37,7 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
   --max-connections N       open connections at most (default: the open-file limit minus 64, so
                             clients never use up the descriptors); at the cap a new connection
                             takes the place of an idle one (no request started or waiting, or
-                            one stalled for a second a few bytes into its frame), the least
+                            a started request that sent no byte for a second), the least
                             recently active of the address holding the most connections, if
                             that address holds at least as many as the newcomer's; otherwise the
                             newcomer is closed at once

@@ -25,7 +25,8 @@
 //!   copying them (`reply.rs`); nothing kept across a wait is a slice of the frame.
 //! - A connection waiting for its next request is idle (`admission.rs`): at a connection
 //!   cap (the broker's, or its address's) a newcomer may evict it, which closes it; once
-//!   its next request has started it is never evicted.
+//!   its next request has started it is evicted only while that request sends no byte for
+//!   a second (`stalled_read.rs`), never once it is whole.
 //! - Bad input ends only its own connection: a frame size outside the limit, a header that
 //!   does not decode, an unknown API, an unsupported version (except ApiVersions, answered
 //!   with UNSUPPORTED_VERSION as KIP-511 asks), a body that does not decode, or a request
@@ -51,9 +52,10 @@ use tokio::time::timeout;
 use super::admission::Slot;
 use super::api_versions;
 use super::client_socket::ClientReader;
-use super::frame::{read_frame, FrameError};
+use super::frame::FrameError;
 use super::reply::{respond, respond_sharing, Answer, Reply};
 use super::request_budget::ConnectionBudget;
+use super::stalled_read::read_frame_watching_stalls;
 use super::{fetch, init_producer_id, list_offsets, metadata, produce, BrokerState};
 
 /// Serves one connection until the client leaves, it misbehaves, it stays idle or half-way
@@ -93,7 +95,7 @@ pub async fn serve(
                 .oldest_arrival()
                 .map_or(Duration::ZERO, |arrived| arrived.elapsed());
             let whole = config.frame_read_timeout.saturating_sub(waited);
-            let frame = read_frame(&mut reader, config.max_frame_bytes);
+            let frame = read_frame_watching_stalls(&mut reader, config.max_frame_bytes, &slot);
             within(
                 whole,
                 "request not whole after",
