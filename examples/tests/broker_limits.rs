@@ -261,6 +261,9 @@ async fn review_4_connections_stalled_a_byte_into_a_frame_make_room_for_fresh_cl
         }
     }
     eventually("every place taken", || broker.stats().connections == CAP).await;
+    // Time for the broker to see each byte: until then a connection is idle, and a fresh
+    // client would take its place without any stall being noticed.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     // A fresh client gets in once they have sent nothing for a second or two, well before
     // the 30 s --frame-read-timeout-ms would close them.
     let started = std::time::Instant::now();
