@@ -113,7 +113,12 @@ impl<K, O: DelayedOperation> State<K, O> {
     /// [`expire_all`](Self::expire_all)'s.
     #[inline]
     pub(crate) fn expire_one(&self, expiry: Expiry) {
-        if let Some(taken) = self.table.take_for_expiry(expiry.0, Completion::Expired) {
+        let taken = {
+            let pin = self.table.pin();
+            self.table
+                .take_for_expiry(&pin, expiry.0, Completion::Expired)
+        };
+        if let Some(taken) = taken {
             self.complete_one_as(taken, Completion::Expired, Count::Expired);
         }
     }
@@ -166,8 +171,9 @@ impl<K, O: DelayedOperation> State<K, O> {
     ) -> usize {
         let mut taken: SmallVec<[Taken<O>; 16]> = SmallVec::new();
         let mut done = 0;
+        let pin = self.table.pin();
         for expiry in expired {
-            if let Some(mut t) = self.table.take_for_expiry(expiry.0, how) {
+            if let Some(mut t) = self.table.take_for_expiry(&pin, expiry.0, how) {
                 t.timer = None;
                 taken.push(t);
                 if taken.len() == taken.inline_size() {

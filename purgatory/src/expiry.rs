@@ -57,12 +57,14 @@ where
     }
 
     fn after_round(&self) -> NextRound {
+        // Between rounds, with no pin held: segments a burst left unused go back.
+        self.table.give_back();
         let wait = if self.purge_some() {
             NextRound::at_most(Duration::ZERO)
         } else {
             NextRound {
                 queued: REAPER_WAIT,
-                empty: if self.purge_due() {
+                empty: if self.purge_due() || self.table.wants_a_look() {
                     REAPER_WAIT
                 } else {
                     Duration::MAX
