@@ -57,8 +57,10 @@ where
     }
 
     fn after_round(&self) -> NextRound {
-        // Between rounds, with no pin held: segments a burst left unused go back.
+        // Between rounds, with no pin held: the op table's segments and the timer's
+        // entry slots a burst left unused go back.
         self.table.give_back();
+        self.timer.give_back();
         let wait = if self.purge_some() {
             NextRound::at_most(Duration::ZERO)
         } else {
