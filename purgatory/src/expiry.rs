@@ -13,6 +13,11 @@
 //!   timer applies the bound that holds when the round starts to wait, and the first add
 //!   wakes a reaper sleeping without limit, so operations watched just after a round
 //!   found the purgatory idle still get their purges and cancels within `REAPER_WAIT`.
+//! - After every round, with no pin held, the op table and the timer give back what a
+//!   drained burst left unused (`op_table.rs`, "Giving memory back"; `TimerCore::
+//!   give_back`). While the op table has a segment unlinked and not freed, or may have
+//!   one to give back, the next round waits `REAPER_WAIT` at most, so memory comes back
+//!   even when nothing else would wake the reaper.
 //! - With the cargo feature `metrics`, a round ends by publishing the figures if the last
 //!   publish is a second old (`metrics.rs`), which may shorten the next sleep.
 //! - Pending operations still there at shutdown (or when the last handle is dropped) are

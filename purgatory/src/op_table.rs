@@ -60,10 +60,31 @@
 //!   the slot, so a completion can never miss a timer armed after it.
 //! - A slot goes back to the free lists only after its occupant was taken, and is handed
 //!   out again only from there: one occupant per slot at a time.
-//! - Slots live in segments that are allocated once and never move or shrink (segment
-//!   `k` holds `FIRST_SEGMENT << k` slots), so the table's memory is its peak number of
-//!   operations in flight (give or take the few slots freed on another thread at the
-//!   moment an allocation skipped that thread's list as empty).
+//! - Slots live in segments that never move (segment `k` holds `FIRST_SEGMENT << k`
+//!   slots, from index `FIRST_SEGMENT * (2^k - 1)`); they are made as new slots reach
+//!   them and given back once a burst has drained (below).
+//!
+//! # Giving memory back
+//! | segment `k` | what reaches it | who moves it on |
+//! |---|---|---|
+//! | absent (never made, or given back) | a name of it finds the `gone` slot (no name matches) | [`new_slots`](OpTable::new_slots) makes it, under `growth`, its slots starting at `floors[k]` |
+//! | made | look-ups under a pin; its slots handed out | [`give_back`](OpTable::give_back) unlinks it, under `growth` |
+//! | unlinked, not freed | only pins taken before the unlink | [`free_unlinked`](OpTable::free_unlinked) frees it once each stripe's pins were read as 0 after the unlink (`pins.rs`) |
+//!
+//! - Only the top segment is given back, never the first, and only while every one of
+//!   its slots is in a free list (checked under every free-list lock, which it holds
+//!   until no list names a slot of it and new slots start below it) and what is in use
+//!   is at most half the slots below it: a held slot, a slot just allocated or taken and
+//!   not yet vacated, a retired slot, keeps its segment. So a thread that holds a slot
+//!   or has just been handed one reaches it without a pin; every look-up by a name that
+//!   may be stale (a list entry, a timer entry, a handle) is made under a pin
+//!   ([`OpTable::pin`]; the methods that take a name take the pin, and what they return
+//!   borrows it).
+//! - `floors[k]` is the highest generation a slot of segment `k` had (its next
+//!   occupant's) when it was given back: a name of a slot is below its slot's
+//!   generation, so no name of the segment given back matches a slot made again.
+//! - The free lists' indices are all below `high_water`, and every slot below it
+//!   exists.
 //! - No slot is waited for ([`OpTable::lock`]) while another is held (a batch watch
 //!   tries its operations one slot at a time, after releasing them all, see `watch.rs`);
 //!   the free-list locks are leaves, taken with slots held and never the other way
