@@ -13,9 +13,9 @@
 //!   timer applies the bound that holds when the round starts to wait, and the first add
 //!   wakes a reaper sleeping without limit, so operations watched just after a round
 //!   found the purgatory idle still get their purges and cancels within `REAPER_WAIT`.
-//! - After every round, with no pin held, the op table and the timer give back what a
-//!   drained burst left unused (`op_table.rs`, "Giving memory back"; `TimerCore::
-//!   give_back`). While the op table has a segment unlinked and not freed, or may have
+//! - After every round, with no pin held, the op table gives back what a drained burst
+//!   left unused (`op_table.rs`, "Giving memory back"), and, in the rounds where it gave
+//!   back or may, the timer too (`TimerCore::give_back`). While the op table has a segment unlinked and not freed, or may have
 //!   one to give back, the next round waits `REAPER_WAIT` at most, so memory comes back
 //!   even when nothing else would wake the reaper.
 //! - With the cargo feature `metrics`, a round ends by publishing the figures if the last
@@ -63,9 +63,13 @@ where
 
     fn after_round(&self) -> NextRound {
         // Between rounds, with no pin held: the op table's segments and the timer's
-        // entry slots a burst left unused go back.
-        self.table.give_back();
-        self.timer.give_back();
+        // entry slots a burst left unused go back. The timer holds an entry per
+        // operation (for a round at most after it completed): it is looked at only when
+        // the op table gives back or may (or did in the last few rounds), so a steady
+        // load locks no timer shard for it.
+        if self.table.give_back() > 0 || self.table.wants_a_look() {
+            self.timer.give_back();
+        }
         let wait = if self.purge_some() {
             NextRound::at_most(Duration::ZERO)
         } else {

@@ -298,6 +298,10 @@ pub(crate) struct OpTable<O> {
     growth: Mutex<Growth<O>>,
     /// Segments given back and not freed yet (`growth.unlinked` is not empty).
     has_unlinked: AtomicBool,
+    /// [`give_back`](Self::give_back) calls left after one that gave something back,
+    /// during which [`wants_a_look`](Self::wants_a_look) stays true: what else a burst
+    /// grew (the timer's slots, freed up to a round later) is looked at meanwhile.
+    after_give_back: AtomicU8,
     free: [FreeList; STRIPES],
     /// Where threads wait for a slot held by another.
     parker: Parker,
@@ -358,6 +362,10 @@ fn segment_start(k: usize) -> u32 {
     (FIRST_SEGMENT as u64 * ((1u64 << k) - 1)) as u32
 }
 
+/// [`OpTable::give_back`] calls after one that gave back, during which the table still
+/// wants a look (see `after_give_back`).
+const AFTER_GIVE_BACK: u8 = 4;
+
 /// Longest wait, in [`OpTable::give_back`] calls, between two attempts that found the top
 /// segment in use (each attempt reads every free list under its lock).
 const MAX_BACKOFF: u32 = 1 << 10;
@@ -388,6 +396,7 @@ impl<O: DelayedOperation> OpTable<O> {
                 dead: Vec::new(),
             }),
             has_unlinked: AtomicBool::new(false),
+            after_give_back: AtomicU8::new(0),
             free: std::array::from_fn(|_| FreeList::default()),
             parker: Parker::default(),
             orphans: parking_lot::Mutex::new(Vec::new()),
@@ -691,6 +700,10 @@ impl<O: DelayedOperation> OpTable<O> {
         if self.has_unlinked.load(Ordering::Acquire) {
             self.free_unlinked();
         }
+        let after = self.after_give_back.load(Ordering::Relaxed);
+        if after > 0 {
+            self.after_give_back.store(after - 1, Ordering::Relaxed);
+        }
         if !self.worth_a_look() {
             return 0;
         }
@@ -749,6 +762,8 @@ impl<O: DelayedOperation> OpTable<O> {
         }
         drop(growth);
         if unlinked > 0 {
+            self.after_give_back
+                .store(AFTER_GIVE_BACK, Ordering::Relaxed);
             self.free_unlinked();
         }
         unlinked
@@ -758,7 +773,9 @@ impl<O: DelayedOperation> OpTable<O> {
     /// back and not freed yet, or a top segment that may be given back. (The reaper then
     /// does not sleep without limit.)
     pub(crate) fn wants_a_look(&self) -> bool {
-        self.has_unlinked.load(Ordering::Relaxed) || self.worth_a_look()
+        self.has_unlinked.load(Ordering::Relaxed)
+            || self.after_give_back.load(Ordering::Relaxed) > 0
+            || self.worth_a_look()
     }
 
     /// Whether the top segment could be given back by the estimate of the free lists'
@@ -1244,7 +1261,10 @@ mod tests {
         }
         assert_eq!(table.give_back(), FIRST_SEGMENT * 6);
         assert_eq!(table.capacity(), FIRST_SEGMENT);
-        assert!(!table.wants_a_look(), "freed: no pin was held");
+        assert!(
+            !table.has_unlinked.load(Ordering::Relaxed),
+            "freed: no pin was held"
+        );
         let check_stale = |table: &OpTable<Named>| {
             let pin = table.pin();
             for op in &burst {
@@ -1319,7 +1339,10 @@ mod tests {
         assert!(table.lock_found(found).is_none());
         drop(pin);
         assert_eq!(table.give_back(), 0);
-        assert!(!table.wants_a_look(), "freed once the pin is dropped");
+        assert!(
+            !table.has_unlinked.load(Ordering::Relaxed),
+            "freed once the pin is dropped"
+        );
     }
 
     #[test]
