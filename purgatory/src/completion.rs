@@ -37,6 +37,7 @@ use timer_core::TimerHandle;
 use crate::counters::Count;
 use crate::op_table::{Locked, Taken, TakenExpiry};
 use crate::operation::{Completion, DelayedOperation};
+use crate::pins::Pinned;
 use crate::span::CarriedSpan;
 use crate::state::{Expiry, State};
 use crate::user_code::{report, Site};
@@ -112,13 +113,11 @@ impl<K, O: DelayedOperation> State<K, O> {
     /// handed out one task at a time, `Expire::expire_one`), counted as a timeout like
     /// [`expire_all`](Self::expire_all)'s.
     #[inline]
-    pub(crate) fn expire_one(&self, expiry: Expiry) {
-        let taken = {
-            let pin = self.table.pin();
-            self.table
-                .take_for_expiry(&pin, expiry.0, Completion::Expired)
-        };
-        if let Some(taken) = taken {
+    pub(crate) fn expire_one(&self, pin: &Pinned<'_>, expiry: Expiry) {
+        if let Some(taken) = self
+            .table
+            .take_for_expiry(pin, expiry.0, Completion::Expired)
+        {
             self.complete_one_as(taken, Completion::Expired, Count::Expired);
         }
     }

@@ -53,7 +53,15 @@ where
     }
 
     fn expire_one(&self, expiry: Expiry) {
-        State::expire_one(self, expiry);
+        State::expire_one(self, &self.table.pin(), expiry);
+    }
+
+    /// One pin for the whole batch, not one per task.
+    fn expire_claimed(&self, mut claim: impl FnMut() -> Option<Expiry>) {
+        let pin = self.table.pin();
+        while let Some(expiry) = claim() {
+            State::expire_one(self, &pin, expiry);
+        }
     }
 
     fn before_round(&self) {

@@ -28,6 +28,10 @@
 //!   ever issued matches it. That costs one entry per 2^32 - 1 tasks of one slot.
 //! - Every slot in `free` is below `entries.len()` and vacant; every vacant slot is in
 //!   `free` or retired (counted in `retired`).
+//! - A slot created (pushed) starts with generation `floor`, the highest generation of
+//!   the slots [`give_back`](Slab::give_back) dropped (each a vacant slot's next
+//!   generation, above every key it was handed out with), so a key to a dropped slot
+//!   never matches a slot made again at its index.
 
 use super::free_slots::FreeSlots;
 
