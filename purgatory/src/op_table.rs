@@ -80,6 +80,13 @@
 //!   may be stale (a list entry, a timer entry, a handle) is made under a pin
 //!   ([`OpTable::pin`]; the methods that take a name take the pin, and what they return
 //!   borrows it).
+//! - While the top segment could go but some slot of it is in use, its slots are set
+//!   aside as they are freed (`aside_from`, `aside`) instead of going back to a free
+//!   list: allocation takes the slots below first (the set-aside ones only once every
+//!   free list is empty), so a steady load that came after a burst moves down and the
+//!   segment empties. Setting aside stops when the segment is given back, or when what
+//!   is in use grows past half of the slots below it. Giving back counts the slots set
+//!   aside as free (under the same locks).
 //! - `floors[k]` is the highest generation a slot of segment `k` had (its next
 //!   occupant's) when it was given back: a name of a slot is below its slot's
 //!   generation, so no name of the segment given back matches a slot made again.
@@ -298,6 +305,15 @@ pub(crate) struct OpTable<O> {
     growth: Mutex<Growth<O>>,
     /// Segments given back and not freed yet (`growth.unlinked` is not empty).
     has_unlinked: AtomicBool,
+    /// Slots at or above this index, once freed, are set aside (`aside`) rather than
+    /// put back in a free list, so that allocation prefers the slots below and the top
+    /// segment empties under a steady load; `u32::MAX` while no segment is being
+    /// emptied. Set and cleared by [`give_back`](Self::give_back).
+    aside_from: StdAtomicU32,
+    /// Free slots set aside (see `aside_from`), handed out only when every free list is
+    /// empty; their number, for estimates without the lock.
+    aside: parking_lot::Mutex<Vec<u32>>,
+    aside_len: std::sync::atomic::AtomicUsize,
     /// [`give_back`](Self::give_back) calls left after one that gave something back,
     /// during which [`wants_a_look`](Self::wants_a_look) stays true: what else a burst
     /// grew (the timer's slots, freed up to a round later) is looked at meanwhile.
@@ -397,6 +413,9 @@ impl<O: DelayedOperation> OpTable<O> {
             }),
             has_unlinked: AtomicBool::new(false),
             after_give_back: AtomicU8::new(0),
+            aside_from: StdAtomicU32::new(u32::MAX),
+            aside: parking_lot::Mutex::new(Vec::new()),
+            aside_len: std::sync::atomic::AtomicUsize::new(0),
             free: std::array::from_fn(|_| FreeList::default()),
             parker: Parker::default(),
             orphans: parking_lot::Mutex::new(Vec::new()),
@@ -482,6 +501,17 @@ impl<O: DelayedOperation> OpTable<O> {
                 return;
             }
         }
+        if self.aside_len.load(Ordering::Relaxed) > 0 {
+            let mut aside = self.aside.lock();
+            let take = missing.min(aside.len());
+            let from = aside.len() - take;
+            out.extend(aside.drain(from..));
+            self.aside_len.store(aside.len(), Ordering::Relaxed);
+            missing -= take;
+            if missing == 0 {
+                return;
+            }
+        }
         let count = u32::try_from(missing).expect("batch fits in u32");
         out.extend(self.new_slots(count));
     }
@@ -524,6 +554,13 @@ impl<O: DelayedOperation> OpTable<O> {
                 return index;
             }
         }
+        if self.aside_len.load(Ordering::Relaxed) > 0 {
+            let mut aside = self.aside.lock();
+            if let Some(index) = aside.pop() {
+                self.aside_len.store(aside.len(), Ordering::Relaxed);
+                return index;
+            }
+        }
         *self.new_slots(1).start()
     }
 
@@ -546,10 +583,34 @@ impl<O: DelayedOperation> OpTable<O> {
         for v in vacated {
             self.tag(v.index).store(v.tag, Ordering::Release);
         }
+        let aside_from = self.aside_from.load(Ordering::Relaxed);
         let list = &self.free[stripe_index()];
         let mut free = list.indices.lock();
-        free.extend(vacated.iter().filter(|v| !v.retired).map(|v| v.index));
+        free.extend(
+            vacated
+                .iter()
+                .filter(|v| !v.retired && v.index < aside_from)
+                .map(|v| v.index),
+        );
         list.available.store(free.len(), Ordering::Relaxed);
+        drop(free);
+        if aside_from != u32::MAX {
+            self.set_aside(vacated, aside_from);
+        }
+    }
+
+    /// The slots of `vacated` at or above `aside_from`, set aside (out of line: only
+    /// while a segment is being emptied).
+    #[cold]
+    fn set_aside(&self, vacated: &[Vacated], aside_from: u32) {
+        let mut aside = self.aside.lock();
+        aside.extend(
+            vacated
+                .iter()
+                .filter(|v| !v.retired && v.index >= aside_from)
+                .map(|v| v.index),
+        );
+        self.aside_len.store(aside.len(), Ordering::Relaxed);
     }
 
     /// Puts `op` and its span in a free slot (not listed yet) and returns it locked.
@@ -705,6 +766,11 @@ impl<O: DelayedOperation> OpTable<O> {
             self.after_give_back.store(after - 1, Ordering::Relaxed);
         }
         if !self.worth_a_look() {
+            if self.aside_from.load(Ordering::Relaxed) != u32::MAX {
+                // What is in use grew back: no segment is being emptied any more.
+                let _growth = self.growth.lock();
+                self.stop_setting_aside();
+            }
             return 0;
         }
         let mut growth = self.growth.lock();
@@ -721,15 +787,38 @@ impl<O: DelayedOperation> OpTable<O> {
             // First one list at a time, then (if that found the whole top free) again
             // under every lock at once, which is what decides.
             let above = |free: &Vec<u32>| free.iter().filter(|&&i| i >= start).count();
-            let found: usize = self.free.iter().map(|l| above(&l.indices.lock())).sum();
+            let found: usize = self
+                .free
+                .iter()
+                .map(|l| above(&l.indices.lock()))
+                .sum::<usize>()
+                + above(&self.aside.lock());
             let mut lists: SmallVec<[_; STRIPES]> =
                 self.free.iter().map(|l| (l, l.indices.lock())).collect();
-            if found != spare || lists.iter().map(|(_, free)| above(free)).sum::<usize>() != spare {
+            let mut aside = self.aside.lock();
+            let in_lists: usize = lists.iter().map(|(_, free)| above(free)).sum();
+            if found != spare || in_lists + above(&aside) != spare {
+                // Some slot of the top segment is in use: from now on its slots are set
+                // aside as they are freed, and those free now too, so that allocation
+                // takes the slots below and the segment empties.
+                self.aside_from.store(start, Ordering::Relaxed);
+                for (list, free) in &mut lists {
+                    aside.extend(free.iter().filter(|&&i| i >= start));
+                    free.retain(|&i| i < start);
+                    list.available.store(free.len(), Ordering::Relaxed);
+                }
+                self.aside_len.store(aside.len(), Ordering::Relaxed);
+                drop(aside);
                 drop(lists);
                 growth.backoff = (growth.backoff * 2).min(MAX_BACKOFF);
                 growth.skip = growth.backoff;
                 break;
             }
+            aside.retain(|&i| i < start);
+            aside.shrink_to_fit();
+            self.aside_len.store(aside.len(), Ordering::Relaxed);
+            self.aside_from.store(u32::MAX, Ordering::Relaxed);
+            drop(aside);
             for (list, free) in &mut lists {
                 free.retain(|&i| i < start);
                 let len = free.len();
@@ -769,6 +858,17 @@ impl<O: DelayedOperation> OpTable<O> {
         unlinked
     }
 
+    /// Puts the slots set aside back in a free list. Under `growth`.
+    fn stop_setting_aside(&self) {
+        self.aside_from.store(u32::MAX, Ordering::Relaxed);
+        let mut aside = std::mem::take(&mut *self.aside.lock());
+        self.aside_len.store(0, Ordering::Relaxed);
+        let list = &self.free[stripe_index()];
+        let mut free = list.indices.lock();
+        free.append(&mut aside);
+        list.available.store(free.len(), Ordering::Relaxed);
+    }
+
     /// Whether [`give_back`](Self::give_back) has something to look at: a segment given
     /// back and not freed yet, or a top segment that may be given back. (The reaper then
     /// does not sleep without limit.)
@@ -790,7 +890,8 @@ impl<O: DelayedOperation> OpTable<O> {
             .free
             .iter()
             .map(|l| l.available.load(Ordering::Relaxed))
-            .sum();
+            .sum::<usize>()
+            + self.aside_len.load(Ordering::Relaxed);
         let in_use = (high as usize).saturating_sub(free);
         let (k, _) = locate(high - 1);
         k > 0 && in_use * 2 <= segment_start(k) as usize
@@ -1312,6 +1413,47 @@ mod tests {
             }
         }
         assert_eq!(table.capacity(), FIRST_SEGMENT * 7);
+    }
+
+    /// A burst taken in the order it came (its highest slots freed last, so on top of
+    /// the free list), then a steady load of 100 in flight: the top segment's slots are
+    /// set aside as they are freed, the load moves to the slots below, and the segments
+    /// above the first go back one after the other.
+    #[test]
+    fn a_steady_load_after_a_burst_moves_down_and_lets_the_top_segments_go() {
+        let table = OpTable::new();
+        let burst = fill(&table, FIRST_SEGMENT * 7);
+        {
+            let pin = table.pin();
+            for op in &burst {
+                assert!(table.take(&pin, *op).is_some());
+            }
+        }
+        let mut live = std::collections::VecDeque::new();
+        for i in 0..20_000 {
+            let locked = table.insert_one(Named("steady"), CarriedSpan::default());
+            live.push_back(locked.op());
+            assert!(locked.unlock().is_ok());
+            if live.len() > 100 {
+                let op = live.pop_front().expect("in flight");
+                assert!(table.take(&table.pin(), op).is_some());
+            }
+            if i % 100 == 0 {
+                table.give_back();
+            }
+        }
+        assert_eq!(
+            table.capacity(),
+            FIRST_SEGMENT,
+            "kept the first segment only"
+        );
+        let pin = table.pin();
+        for op in live {
+            assert!(table.is_waiting(&pin, op));
+        }
+        for op in &burst {
+            assert!(!table.is_waiting(&pin, *op));
+        }
     }
 
     /// A segment given back while a thread is pinned is freed only after that pin is
