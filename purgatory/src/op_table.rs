@@ -584,6 +584,20 @@ impl<O: DelayedOperation> OpTable<O> {
             self.tag(v.index).store(v.tag, Ordering::Release);
         }
         let aside_from = self.aside_from.load(Ordering::Relaxed);
+        if aside_from != u32::MAX {
+            return self.vacate_setting_aside(vacated, aside_from);
+        }
+        let list = &self.free[stripe_index()];
+        let mut free = list.indices.lock();
+        free.extend(vacated.iter().filter(|v| !v.retired).map(|v| v.index));
+        list.available.store(free.len(), Ordering::Relaxed);
+    }
+
+    /// [`vacate`](Self::vacate) while slots at or above `aside_from` are set aside (out
+    /// of line: only while a segment is being emptied).
+    #[cold]
+    #[inline(never)]
+    fn vacate_setting_aside(&self, vacated: &[Vacated], aside_from: u32) {
         let list = &self.free[stripe_index()];
         let mut free = list.indices.lock();
         free.extend(
@@ -594,15 +608,6 @@ impl<O: DelayedOperation> OpTable<O> {
         );
         list.available.store(free.len(), Ordering::Relaxed);
         drop(free);
-        if aside_from != u32::MAX {
-            self.set_aside(vacated, aside_from);
-        }
-    }
-
-    /// The slots of `vacated` at or above `aside_from`, set aside (out of line: only
-    /// while a segment is being emptied).
-    #[cold]
-    fn set_aside(&self, vacated: &[Vacated], aside_from: u32) {
         let mut aside = self.aside.lock();
         aside.extend(
             vacated
