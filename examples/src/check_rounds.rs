@@ -11,7 +11,7 @@
 //! |----------------|-----------------------------------------------------|-------------------------------|
 //! | `IDLE`         | no check running or owed                            | becomes `RUNNING`, checks inline |
 //! | `RUNNING`      | a check runs (or is handed over), started after every event so far | becomes `AGAIN` |
-//! | `AGAIN`        | a check runs and another round is owed              | nothing (already owed)        |
+//! | `AGAIN`        | a check runs and another round is owed              | stays `AGAIN`, marked again (an exchange, so the owed round starts after it) |
 //!
 //! The thread that runs a check inline (the event's own thread: a follower, or the task that
 //! appended) runs one round only: if another is owed when it ends, it hands the key to this
@@ -72,8 +72,12 @@ impl Shared {
         {
             return true;
         }
-        // AGAIN: the next round starts after this store, so after every event that asked.
-        state.store(RUNNING, Ordering::Release);
+        // AGAIN: the next round starts after this swap, so after every event that asked. A
+        // swap, not a store: it reads the latest mark (every write of a state is a
+        // read-modify-write, so it reads from every event's mark before it), where a store
+        // after the failed exchange would leave room for an event's mark in between that
+        // nothing orders before the next round.
+        state.swap(RUNNING, Ordering::AcqRel);
         false
     }
 }
@@ -118,7 +122,10 @@ impl CheckRounds {
             let (to, inline) = match seen {
                 IDLE => (RUNNING, true),
                 RUNNING => (AGAIN, false),
-                _ => return,
+                // Marked even when already marked: an event that only loaded `AGAIN` and
+                // returned would not be ordered before the owner's next round (which could
+                // miss what it did); the exchange is, through the owner's swap in `finish`.
+                _ => (AGAIN, false),
             };
             match state.compare_exchange(seen, to, Ordering::AcqRel, Ordering::Acquire) {
                 Ok(_) if inline => break,

@@ -6,8 +6,9 @@
 //! a loom thread too) whose check keeps a `Ledger`: the event counter it saw at its start,
 //! and an "inside" flag that two overlapping checks of one key would find set. In every
 //! interleaving loom produces:
-//! - [`two_events_on_one_key_are_both_seen`]: once the events are over and the owed
-//!   rounds drained, the last check saw every event (no lost wake-up);
+//! - [`two_events_on_one_key_are_both_seen`], [`an_event_that_finds_a_round_owed_is_seen`]:
+//!   once the events are over and the owed rounds drained, the last check saw every event
+//!   (no lost wake-up);
 //! - [`checks_of_one_key_never_overlap`]: at most one check of a key at a time, with
 //!   rounds handed to the checker thread and back.
 //!
@@ -108,6 +109,16 @@ fn every_event_is_seen(per_thread: &'static [usize]) {
 #[test]
 fn two_events_on_one_key_are_both_seen() {
     every_event_is_seen(&[1, 1]);
+}
+
+/// (a') A third event, which can find the round already owed (`AGAIN`): the owed round
+/// must still start after it. Before the mark was renewed through a read-modify-write and
+/// `finish` took it with a swap, that event only loaded `AGAIN` and returned, and nothing
+/// ordered it before the owner's next round: that round could read the event counter from
+/// before it (loom: the last check saw 2 of 3 events; a store buffer does this on x86).
+#[test]
+fn an_event_that_finds_a_round_owed_is_seen() {
+    every_event_is_seen(&[2, 1]);
 }
 
 /// (b) At most one check of a key at a time: rounds handed to the checker thread while
