@@ -25,7 +25,8 @@
 //!   owner sees when that check ends and answers with another round.
 //! - At most one check per key runs at a time, in the purgatory the key belongs to.
 //! - After [`CheckRounds::stop`] owed rounds are dropped (the purgatories are shut down
-//!   next, which answers every parked operation) and events check nothing.
+//!   next, which answers every parked operation) and events check nothing; a check that
+//!   an event started inline before ends before `stop` returns.
 //!
 //! The hand-overs (an event to the running check, the inline thread to the checker thread)
 //! have loom models in `check_rounds/loom_models.rs` (the atomics, lock, condvar and thread
@@ -52,6 +53,8 @@ struct Handed {
     /// The checker runs the owed rounds before it ends (`stopped` set by the tests'
     /// `drain_and_stop`).
     drain: bool,
+    /// Checks running inline (on events' threads), which `stop` waits for.
+    inline: usize,
 }
 
 struct Shared {
@@ -59,6 +62,8 @@ struct Shared {
     check: Check,
     handed: Mutex<Handed>,
     wake: Condvar,
+    /// Signalled when the last inline check ends after `stopped`.
+    quiet: Condvar,
 }
 
 impl Shared {
@@ -98,8 +103,10 @@ impl CheckRounds {
                 keys: VecDeque::new(),
                 stopped: false,
                 drain: false,
+                inline: 0,
             }),
             wake: Condvar::new(),
+            quiet: Condvar::new(),
         });
         let thread = {
             let shared = Arc::clone(&shared);
@@ -133,9 +140,14 @@ impl CheckRounds {
                 Err(now) => seen = now,
             }
         }
-        if self.shared.handed.lock().stopped {
-            return;
-        }
+        let _inline = {
+            let mut handed = self.shared.handed.lock();
+            if handed.stopped {
+                return;
+            }
+            handed.inline += 1;
+            Inline(&self.shared)
+        };
         (self.shared.check)(key);
         if !self.shared.finish(key) {
             let mut handed = self.shared.handed.lock();
@@ -145,7 +157,9 @@ impl CheckRounds {
         }
     }
 
-    /// Stops the checker thread (joins it) and drops owed rounds. Idempotent.
+    /// Stops the checker thread (joins it), waits for the checks running inline on events'
+    /// threads, and drops owed rounds: no check runs once it returns. Idempotent. (Not to
+    /// be called from a check: it would wait for itself.)
     pub fn stop(&self) {
         self.shut(false);
     }
@@ -162,10 +176,29 @@ impl CheckRounds {
             let mut handed = self.shared.handed.lock();
             handed.stopped = true;
             handed.drain |= drain;
+            while handed.inline > 0 {
+                handed = self.shared.quiet.wait(handed);
+            }
         }
         self.shared.wake.notify_one();
         if let Some(thread) = self.thread.lock().take() {
             let _ = thread.join();
+        }
+    }
+}
+
+/// An inline check in flight, counted in [`Handed::inline`] until it ends (or unwinds), so
+/// that `stop` waits for it.
+struct Inline<'a>(&'a Shared);
+
+impl Drop for Inline<'_> {
+    fn drop(&mut self) {
+        let mut handed = self.0.handed.lock();
+        handed.inline -= 1;
+        let last = handed.stopped && handed.inline == 0;
+        drop(handed);
+        if last {
+            self.0.quiet.notify_all();
         }
     }
 }

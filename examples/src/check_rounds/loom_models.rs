@@ -10,7 +10,9 @@
 //!   once the events are over and the owed rounds drained, the last check saw every event
 //!   (no lost wake-up);
 //! - [`checks_of_one_key_never_overlap`]: at most one check of a key at a time, with
-//!   rounds handed to the checker thread and back.
+//!   rounds handed to the checker thread and back;
+//! - [`nothing_is_checked_once_stop_returned`]: no check runs after `stop` returns (none
+//!   still running, none starting later), and `stop` returns (loom reports a deadlock).
 //!
 //! Run with `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom LOOM_MAX_PREEMPTIONS=3
 //! cargo test -p purgatory-examples --release --lib check_rounds`. Under `--cfg loom` the
@@ -126,4 +128,33 @@ fn an_event_that_finds_a_round_owed_is_seen() {
 #[test]
 fn checks_of_one_key_never_overlap() {
     every_event_is_seen(&[1, 2]);
+}
+
+/// (c) `stop` racing two events on one key from two threads (one checking inline, the
+/// other marking a round owed, which can be handed to the checker thread as it stops): when
+/// `stop` returns no check runs, and none starts afterwards; `stop` itself returns (a hang
+/// is a loom deadlock).
+#[test]
+fn nothing_is_checked_once_stop_returned() {
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(3);
+    }
+    builder.check(|| {
+        let ledger = Arc::new(Ledger::default());
+        let rounds = start(&ledger);
+        let events: Vec<_> = (0..2)
+            .map(|_| {
+                let (ledger, rounds) = (Arc::clone(&ledger), Arc::clone(&rounds));
+                loom::thread::spawn(move || ledger.event(&rounds))
+            })
+            .collect();
+        rounds.stop();
+        let begun = ledger.begun.load(SeqCst);
+        assert_eq!(begun, ledger.ended.load(SeqCst), "a check runs after stop");
+        for event in events {
+            event.join().unwrap();
+        }
+        assert_eq!(ledger.begun.load(SeqCst), begun, "a check began after stop");
+    });
 }

@@ -74,6 +74,11 @@ impl Condvar {
     pub(super) fn notify_one(&self) {
         self.0.notify_one();
     }
+
+    #[inline]
+    pub(super) fn notify_all(&self) {
+        self.0.notify_all();
+    }
 }
 
 /// Spawns the thread `name` running `f`.
