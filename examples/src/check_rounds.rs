@@ -24,6 +24,9 @@
 //!   wake-up): an event either starts one, or finds one running and marks `AGAIN`, which its
 //!   owner sees when that check ends and answers with another round.
 //! - At most one check per key runs at a time, in the purgatory the key belongs to.
+//! - A check that panics counts as ended: the panic is caught and reported, the key's state
+//!   moves on as after any check, and the checker thread lives on (an uncaught panic left
+//!   the key `RUNNING` for good, or killed the checker thread with the keys handed to it).
 //! - After [`CheckRounds::stop`] owed rounds are dropped (the purgatories are shut down
 //!   next, which answers every parked operation) and events check nothing; a check that
 //!   an event started inline before ends before `stop` returns.
@@ -67,6 +70,18 @@ struct Shared {
 }
 
 impl Shared {
+    /// Runs one check of `key`. A panic in it is caught and reported, and counts as the
+    /// check having ended: the key's state moves on as after any check (so an owed round
+    /// still runs and later events still check) and the checker thread lives on.
+    fn run(&self, key: usize) {
+        let check = std::panic::AssertUnwindSafe(|| (self.check)(key));
+        if std::panic::catch_unwind(check).is_err() {
+            eprintln!(
+                "check_rounds: the check of key {key} panicked; its next round runs as usual"
+            );
+        }
+    }
+
     /// Called by the owner of `key` after a check: `true` when no round is owed (the key
     /// is idle again), `false` when one is (the key stays owned, now `RUNNING`).
     fn finish(&self, key: usize) -> bool {
@@ -148,7 +163,7 @@ impl CheckRounds {
             handed.inline += 1;
             Inline(&self.shared)
         };
-        (self.shared.check)(key);
+        self.shared.run(key);
         if !self.shared.finish(key) {
             let mut handed = self.shared.handed.lock();
             handed.keys.push_back(key);
@@ -226,7 +241,7 @@ fn run_handed(shared: &Shared) {
                 }
             }
         };
-        (shared.check)(key);
+        shared.run(key);
         if !shared.finish(key) {
             // Another round: after the other handed keys.
             shared.handed.lock().keys.push_back(key);
@@ -308,6 +323,83 @@ mod tests {
         assert_eq!(counted.seen.load(Ordering::SeqCst), all);
         let checks = counted.checks.load(Ordering::SeqCst);
         assert!(checks < all / 10, "{checks} checks for {all} events");
+    }
+
+    /// A check that panics (inline, and on the checker thread) leaves no key stuck: later
+    /// events on the key are checked, and so are keys handed to the checker afterwards.
+    #[test]
+    fn a_panicking_check_leaves_no_key_stuck() {
+        let checks = Arc::new([AtomicUsize::new(0), AtomicUsize::new(0)]);
+        let panics = Arc::new(AtomicUsize::new(2));
+        let (gate, opened) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let rounds = {
+            let (checks, panics, gate, opened) = (
+                Arc::clone(&checks),
+                Arc::clone(&panics),
+                Arc::clone(&gate),
+                Arc::clone(&opened),
+            );
+            CheckRounds::start(
+                "test-checks",
+                2,
+                Box::new(move |key| {
+                    checks[key].fetch_add(1, Ordering::SeqCst);
+                    // Key 1's first check waits for the test's second event, so that event
+                    // is owed a round, which the checker thread runs (and which panics).
+                    if key == 1 && opened.fetch_add(1, Ordering::SeqCst) == 0 {
+                        while gate.load(Ordering::SeqCst) == 0 {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                        return;
+                    }
+                    if panics.load(Ordering::SeqCst) > 0 {
+                        panics.fetch_sub(1, Ordering::SeqCst);
+                        panic!("a check that panics");
+                    }
+                }),
+            )
+        };
+        let rounds = Arc::new(rounds);
+        // Key 0: an inline check that panics, then an event that must still be checked.
+        rounds.request(0);
+        rounds.request(0);
+        assert_eq!(
+            checks[0].load(Ordering::SeqCst),
+            2,
+            "key 0 stuck after a panic"
+        );
+        // Key 1: the first check blocks; a second event is owed a round, handed to the
+        // checker thread, whose check panics; later events are still checked there.
+        let first = {
+            let rounds = Arc::clone(&rounds);
+            std::thread::spawn(move || rounds.request(1))
+        };
+        while opened.load(Ordering::SeqCst) == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        rounds.request(1);
+        gate.store(1, Ordering::SeqCst);
+        first.join().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while checks[1].load(Ordering::SeqCst) < 2 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(
+            panics.load(Ordering::SeqCst),
+            0,
+            "the owed round did not panic"
+        );
+        for _ in 0..10 {
+            rounds.request(1);
+            while checks[1].load(Ordering::SeqCst) < 3 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+        assert!(
+            checks[1].load(Ordering::SeqCst) >= 3,
+            "key 1 was not checked after the checker thread's check panicked"
+        );
+        rounds.stop();
     }
 
     #[test]
