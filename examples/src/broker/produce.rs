@@ -7,7 +7,8 @@
 //!   partition, or answers REQUEST_TIMED_OUT at the request's `timeout_ms` (capped by
 //!   `--max-produce-wait-ms` when given).
 //!
-//! Partitions with an error (unknown partition, corrupt or old-format batches, batches whose
+//! Partitions with an error (compressed batches: UNSUPPORTED_COMPRESSION_TYPE, 76; unknown
+//! partition, corrupt or old-format batches, batches whose
 //! offsets disagree with their records or would pass `i64::MAX`: INVALID_RECORD; a producer
 //! id this broker did not hand out or has retired: UNKNOWN_PRODUCER_ID; a producer whose
 //! state the partition forgot, after `--producer-id-expiration-ms` without an append there
@@ -113,6 +114,8 @@ fn append(
     let batches = ProducedBatch::parse_all(records).map_err(|e| match e {
         BatchError::UnsupportedFormat => ResponseError::UnsupportedForMessageFormat,
         BatchError::Transactional | BatchError::Invalid(_) => ResponseError::InvalidRecord,
+        // Kafka's answer (76) to a batch in a codec the broker will not take.
+        BatchError::Compressed(_) => ResponseError::UnsupportedCompressionType,
         BatchError::Empty | BatchError::Corrupt(_) => ResponseError::CorruptMessage,
     })?;
     // An idempotent batch names its producer id; only ids handed out may be named, or a
