@@ -590,3 +590,43 @@ async fn review_finding3_topics_count_against_the_per_request_cap() {
     }
     broker.shutdown().await;
 }
+
+/// Review finding 3: tagged fields decode into a map entry each, in any request and in the
+/// request header: counted against the cap before decoding (before: any number passed, so a
+/// frame of 2-byte tagged fields decoded into tens of times its size).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_finding3_tagged_fields_count_against_the_per_request_cap() {
+    const CAP: usize = 10;
+    let broker = start(BrokerConfig {
+        max_partitions_per_request: CAP,
+        ..config(1)
+    })
+    .await;
+    // (tagged fields in the header, in the body) of an ApiVersions v3 (header v2).
+    for (in_header, in_body) in [(10, 0), (0, 10), (11, 0), (0, 11), (6000, 0), (0, 6000)] {
+        let tags = |n: usize, out: &mut Vec<u8>| {
+            // Counts and tags below 2^14 as 2-byte unsigned varints.
+            out.extend_from_slice(&[(n as u8) | 0x80, (n >> 7) as u8]);
+            for tag in 0..n {
+                out.extend_from_slice(&[(tag as u8) | 0x80, (tag >> 7) as u8, 0]);
+            }
+        };
+        let mut body = vec![0, 18, 0, 3, 0, 0, 0, 1, 0xff, 0xff];
+        tags(in_header, &mut body);
+        body.extend_from_slice(&[1, 1]); // empty client software name and version
+        tags(in_body, &mut body);
+        let mut frame = (body.len() as i32).to_be_bytes().to_vec();
+        frame.extend_from_slice(&body);
+        let mut client = connect(broker.local_addr()).await;
+        client.send_raw(&frame).await.unwrap();
+        let mut answer = vec![0u8; 64 * 1024];
+        let read = timeout(LIMIT, client.read_some(&mut answer)).await.unwrap();
+        let answered = matches!(read, Ok(n) if n > 0);
+        assert_eq!(
+            answered,
+            in_header.max(in_body) <= CAP,
+            "ApiVersions v3 with {in_header} tagged fields in its header, {in_body} in its body"
+        );
+    }
+    broker.shutdown().await;
+}

@@ -226,7 +226,19 @@ pub async fn handle(state: &BrokerState, mut frame: Bytes) -> Reply {
         let id = i32::from_be_bytes([id[0], id[1], id[2], id[3]]);
         return respond(api, 0, id, &api_versions::response(true));
     }
-    let header = match RequestHeader::decode(&mut frame, api.request_header_version(version)) {
+    let cap = state.config.max_partitions_per_request;
+    let header_version = api.request_header_version(version);
+    // Each tagged field of the header decodes into an entry of a map: counted first.
+    match request_entries::count_header(&frame, header_version, cap) {
+        Ok(fields) if fields > cap => {
+            return Reply::Close(format!(
+                "request header has more than --max-partitions-per-request {cap} tagged fields"
+            ))
+        }
+        Ok(_) => {}
+        Err(e) => return Reply::Close(format!("bad {api:?} request header: {e:?}")),
+    }
+    let header = match RequestHeader::decode(&mut frame, header_version) {
         Ok(header) => header,
         Err(e) => return Reply::Close(format!("bad {api:?} request header: {e}")),
     };
@@ -373,11 +385,19 @@ impl Entries for ApiVersionsRequest {
     fn entries(&self) -> usize {
         0
     }
+
+    fn announced(body: &[u8], version: i16, cap: usize) -> Result<Option<usize>, String> {
+        walked(Kind::ApiVersions, body, version, cap)
+    }
 }
 
 impl Entries for InitProducerIdRequest {
     fn entries(&self) -> usize {
         0
+    }
+
+    fn announced(body: &[u8], version: i16, cap: usize) -> Result<Option<usize>, String> {
+        walked(Kind::InitProducerId, body, version, cap)
     }
 }
 
@@ -386,8 +406,8 @@ impl Entries for MetadataRequest {
         self.topics.as_ref().map_or(0, Vec::len)
     }
 
-    fn announced(body: &[u8], version: i16, _cap: usize) -> Result<Option<usize>, String> {
-        Ok(metadata::announced_topics(body, version))
+    fn announced(body: &[u8], version: i16, cap: usize) -> Result<Option<usize>, String> {
+        walked(Kind::Metadata, body, version, cap)
     }
 }
 

@@ -4,13 +4,15 @@
 //! wire: an empty Produce topic is 3 bytes on the wire and about 100 bytes decoded (a name,
 //! a vector, a map of tagged fields), so an 8 MiB frame of them decoded into 275 MB (issue
 //! #29's review, finding 3). The per-request cap (`--max-partitions-per-request`) is
-//! therefore checked on the raw body: [`count`] walks a Produce (v3-9), Fetch (v4-12) or
-//! ListOffsets (v1-6) body field by field, without allocating, and counts its entries.
+//! therefore checked on the raw bytes: [`count`] walks a Produce (v3-9), Fetch (v4-12),
+//! ListOffsets (v1-6), Metadata (v0-9), InitProducerId (v0-4) or ApiVersions (v0-3) body
+//! field by field, without allocating, and counts its entries; [`count_header`] counts a
+//! request header's tagged fields (which decode into a map entry each, whatever the API).
 //!
 //! Invariants:
 //! - An entry is a topic, a partition (of a Fetch: also a forgotten topic and each of its
-//!   partitions) or a tagged field at any level: everything that decodes into its own heap
-//!   value. So a request that passes the cap decodes into at most `cap` entries, each of a
+//!   partitions) or a tagged field at any level (header included): everything that decodes
+//!   into its own heap value. So a request that passes the cap decodes into at most `cap` entries, each of a
 //!   bounded size (its strings and records stay slices of the frame).
 //! - The walk stops as soon as the count passes `cap` (it never reads more than `cap + 1`
 //!   entries), and at the first field the body is too short for.
@@ -34,6 +36,9 @@ pub enum Kind {
     Produce,
     Fetch,
     ListOffsets,
+    Metadata,
+    InitProducerId,
+    ApiVersions,
 }
 
 impl Kind {
@@ -43,6 +48,9 @@ impl Kind {
             Kind::Produce => 9,
             Kind::Fetch => 12,
             Kind::ListOffsets => 6,
+            Kind::Metadata => 9,
+            Kind::InitProducerId => 2,
+            Kind::ApiVersions => 3,
         }
     }
 }
@@ -60,11 +68,35 @@ pub fn count(kind: Kind, body: &[u8], version: i16, cap: usize) -> Result<usize,
         Kind::Produce => walk.produce(),
         Kind::Fetch => walk.fetch(version),
         Kind::ListOffsets => walk.list_offsets(version),
+        Kind::Metadata => walk.metadata(version),
+        Kind::InitProducerId => walk.init_producer_id(version),
+        Kind::ApiVersions => walk.api_versions(version),
     };
-    match result {
-        Ok(()) | Err(Stop::OverCap) => Ok(walk.entries),
-        Err(Stop::Bad(e)) => Err(e),
-    }
+    walk.finish(result)
+}
+
+/// The tagged fields of a request header of `header_version` at the start of `frame` (none
+/// before v2), or a number above `cap` as soon as the walk has seen more than `cap`.
+pub fn count_header(frame: &[u8], header_version: i16, cap: usize) -> Result<usize, WalkError> {
+    let mut walk = Walk {
+        rest: frame,
+        // The client id stays a 16-bit-length string even in header v2.
+        flexible: false,
+        entries: 0,
+        cap,
+    };
+    let result = (|| {
+        walk.skip(2 + 2 + 4)?; // api key, version, correlation id
+        if header_version >= 1 {
+            walk.string()?; // client_id
+        }
+        if header_version >= 2 {
+            walk.flexible = true;
+            walk.tagged()?;
+        }
+        Ok(())
+    })();
+    walk.finish(result)
 }
 
 enum Stop {
@@ -86,6 +118,44 @@ struct Walk<'a> {
 }
 
 impl Walk<'_> {
+    fn finish(&self, result: Result<(), Stop>) -> Result<usize, WalkError> {
+        match result {
+            Ok(()) | Err(Stop::OverCap) => Ok(self.entries),
+            Err(Stop::Bad(e)) => Err(e),
+        }
+    }
+
+    fn metadata(&mut self, version: i16) -> Result<(), Stop> {
+        self.array(|w| {
+            w.string()?; // name
+            w.tagged()
+        })?;
+        if version >= 4 {
+            self.skip(1)?; // allow_auto_topic_creation
+        }
+        if version >= 8 {
+            self.skip(2)?; // include cluster and topic authorized operations
+        }
+        self.tagged()
+    }
+
+    fn init_producer_id(&mut self, version: i16) -> Result<(), Stop> {
+        self.string()?; // transactional_id
+        self.skip(4)?; // transaction_timeout_ms
+        if version >= 3 {
+            self.skip(8 + 2)?; // producer_id, producer_epoch
+        }
+        self.tagged()
+    }
+
+    fn api_versions(&mut self, version: i16) -> Result<(), Stop> {
+        if version >= 3 {
+            self.string()?; // client_software_name
+            self.string()?; // client_software_version
+        }
+        self.tagged()
+    }
+
     fn produce(&mut self) -> Result<(), Stop> {
         self.string()?; // transactional_id
         self.skip(2 + 4)?; // acks, timeout_ms
@@ -355,6 +425,85 @@ mod tests {
             count(Kind::Produce, &huge, 7, 10),
             Err(WalkError::Truncated)
         );
+    }
+
+    #[test]
+    fn counts_metadata_init_producer_id_and_api_versions_entries() {
+        use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
+        use kafka_protocol::messages::{
+            ApiVersionsRequest, InitProducerIdRequest, MetadataRequest,
+        };
+        for version in 0..=9 {
+            let mut topic = MetadataRequestTopic::default();
+            topic.name = Some(name());
+            let mut request = MetadataRequest::default();
+            request.topics = Some(vec![topic; 7]);
+            let body = encode(&request, version);
+            assert_eq!(
+                count(Kind::Metadata, &body, version, 100),
+                Ok(7),
+                "v{version}"
+            );
+            if version >= 1 {
+                request.topics = None;
+                let body = encode(&request, version);
+                assert_eq!(count(Kind::Metadata, &body, version, 100), Ok(0));
+            }
+        }
+        for version in 0..=4 {
+            let mut request = InitProducerIdRequest::default();
+            request.transactional_id = None;
+            if version >= 2 {
+                request.unknown_tagged_fields.insert(3, Bytes::new());
+            }
+            let body = encode(&request, version);
+            let expected = usize::from(version >= 2);
+            assert_eq!(
+                count(Kind::InitProducerId, &body, version, 100),
+                Ok(expected),
+                "v{version}"
+            );
+        }
+        for version in 0..=3 {
+            let mut request = ApiVersionsRequest::default();
+            if version >= 3 {
+                request.client_software_name = StrBytes::from_static_str("client");
+                request.client_software_version = StrBytes::from_static_str("1.0");
+                for tag in 0..5 {
+                    request.unknown_tagged_fields.insert(tag, Bytes::new());
+                }
+            }
+            let body = encode(&request, version);
+            let expected = if version >= 3 { 5 } else { 0 };
+            assert_eq!(
+                count(Kind::ApiVersions, &body, version, 100),
+                Ok(expected),
+                "v{version}"
+            );
+        }
+    }
+
+    #[test]
+    fn counts_request_header_tagged_fields() {
+        use kafka_protocol::messages::RequestHeader;
+        for header_version in 1..=2 {
+            let mut header = RequestHeader::default();
+            header.request_api_version = 9;
+            header.client_id = Some(StrBytes::from_static_str("client"));
+            if header_version >= 2 {
+                for tag in 0..20 {
+                    header.unknown_tagged_fields.insert(tag, Bytes::new());
+                }
+            }
+            let mut frame = encode(&header, header_version);
+            frame.extend_from_slice(b"the body follows");
+            let expected = if header_version >= 2 { 20 } else { 0 };
+            assert_eq!(count_header(&frame, header_version, 100), Ok(expected));
+            assert_eq!(
+                count_header(&frame, header_version, 10),
+                Ok(expected.min(11))
+            );
+        }
     }
 
     #[test]
