@@ -40,6 +40,7 @@ mod produce;
 mod producer_ids;
 mod reply;
 mod request_budget;
+mod request_entries;
 
 use std::io;
 use std::net::SocketAddr;
