@@ -284,8 +284,8 @@ impl Leader {
     }
 
     /// Stops the follower threads, then the checker threads (joins them: it blocks, for
-    /// one report or one check at most, whatever the followers still had to copy).
-    /// Idempotent.
+    /// one report or one check at most, whatever the followers still had to copy, and for
+    /// the checks an append runs inline on its own thread). Idempotent.
     pub fn stop_followers(&self) {
         self.followers.lock().shutdown();
         self.events.stop_checks();

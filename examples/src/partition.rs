@@ -380,7 +380,8 @@ mod tests {
         let partition = Partition::new(0);
         partition.append(batch(1)).unwrap();
         let mut huge = batch(1);
-        // A compressed batch's count is a claim: one that fills the offset space.
+        // A count that fills the offset space (record_batch.rs refuses such batches first;
+        // this is the partition's own guard).
         huge[0].offset_count = i64::MAX;
         let both = [batch(1), huge].concat();
         assert_eq!(

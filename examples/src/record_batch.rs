@@ -1,7 +1,7 @@
 //! Record batches as a producer sends them, checked and stamped with log offsets.
 //!
-//! The broker keeps batches exactly as produced (Kafka's v2 record-batch format, any
-//! compression) and never decodes the records inside them. The header is checked with
+//! The broker keeps batches exactly as produced (Kafka's v2 record-batch format,
+//! uncompressed only) and never decodes the records inside them. The header is checked with
 //! `kafka-protocol`'s [`RecordBatchDecoder::decode_batch_info`] (magic byte, lengths, CRC),
 //! and the two header fields the broker rewrites or needs beyond that are read here at their
 //! fixed places in the v2 header.
@@ -12,16 +12,21 @@
 //! Kafka's `LogValidator` does, and refused with INVALID_RECORD (Kafka's
 //! `InvalidRecordException`) when they disagree.
 //!
+//! Compressed batches are refused (UNSUPPORTED_COMPRESSION_TYPE): their records cannot be
+//! counted without decompressing them, and a batch whose count is only a claim can take
+//! 2^31 - 1 offsets for 21 bytes of garbage (issue #29's review, finding 1). Decompressing
+//! as Kafka does would need four codecs (two of them C libraries) and an output bound the
+//! codec's own decompression (`kafka-protocol`'s `compression` module, which decompresses
+//! whole into memory) does not have.
+//!
 //! Invariants of a [`ProducedBatch`]:
-//! - `bytes` holds exactly one v2 batch whose CRC was valid when it was parsed; stamping
-//!   changes only the base offset and the partition leader epoch, which the CRC does not cover
-//!   (it starts at the attributes field), so a stamped batch stays valid.
+//! - `bytes` holds exactly one uncompressed v2 batch whose CRC was valid when it was
+//!   parsed; stamping changes only the base offset and the partition leader epoch, which the
+//!   CRC does not cover (it starts at the attributes field), so a stamped batch stays valid.
 //! - `offset_count >= 1`: a batch occupies `last_offset_delta + 1` offsets of the log, and
-//!   `last_offset_delta + 1` is its record count field.
-//! - For an uncompressed batch, the record count field is the number of records its bytes
-//!   hold (each record's length prefix walked to the batch's end). A compressed batch's
-//!   records are not decompressed, so its count stays a claim, bounded by `i32::MAX`
-//!   offsets per batch; the partition refuses an append past `i64::MAX` (`partition.rs`).
+//!   `last_offset_delta + 1` is its record count field, which is the number of records its
+//!   bytes hold (each record's length prefix walked to the batch's end). Records' own offset
+//!   deltas are not read (Kafka does not refuse an uncompressed batch for them either).
 
 use std::fmt;
 
@@ -57,6 +62,8 @@ pub enum BatchError {
     UnsupportedFormat,
     /// A transactional or control batch: this broker has no transactions.
     Transactional,
+    /// A compressed batch (its codec's attribute bits): its records cannot be checked.
+    Compressed(i16),
     /// A well-formed batch whose header disagrees with its records (offset range, record
     /// count): Kafka's `InvalidRecordException`.
     Invalid(String),
@@ -69,6 +76,9 @@ impl fmt::Display for BatchError {
             BatchError::Corrupt(why) => write!(f, "corrupt record batch: {why}"),
             BatchError::UnsupportedFormat => write!(f, "message format older than v2"),
             BatchError::Transactional => write!(f, "transactional batches are not supported"),
+            BatchError::Compressed(codec) => {
+                write!(f, "compressed batches (codec {codec}) are not supported")
+            }
             BatchError::Invalid(why) => write!(f, "invalid record batch: {why}"),
         }
     }
@@ -131,6 +141,9 @@ impl ProducedBatch {
         if attributes & header::TRANSACTIONAL_OR_CONTROL != 0 {
             return Err(BatchError::Transactional);
         }
+        if attributes & header::COMPRESSION != 0 {
+            return Err(BatchError::Compressed(attributes & header::COMPRESSION));
+        }
         let last_offset_delta = read_i32(&one, header::LAST_OFFSET_DELTA).unwrap_or(-1);
         // Kafka's LogValidator.validateBatch: the offset range is not empty and holds
         // exactly the record count.
@@ -142,14 +155,12 @@ impl ProducedBatch {
                 info.record_count
             )));
         }
-        if attributes & header::COMPRESSION == 0 {
-            let held = count_records(&one[header::SIZE..])?;
-            if held != i64::from(info.record_count) {
-                return Err(BatchError::Invalid(format!(
-                    "record count {} for {held} records",
-                    info.record_count
-                )));
-            }
+        let held = count_records(&one[header::SIZE..])?;
+        if held != i64::from(info.record_count) {
+            return Err(BatchError::Invalid(format!(
+                "record count {} for {held} records",
+                info.record_count
+            )));
         }
         Ok(ProducedBatch {
             bytes: BytesMut::from(&one[..]),

@@ -3,6 +3,11 @@
 //! `--max-frame-bytes`) until it is freed. Scaled to a few MiB by small flags; every wait
 //! bounded. The parked fetch (finding 1) is measured on the broker binary, whose resident
 //! memory is read from `/proc`; the rest on an in-process broker's own account.
+//!
+//! The review of issue #29, finding 3: what a request decodes into. Topics count against
+//! `--max-partitions-per-request` as well as partitions, counted in the raw body before it
+//! is decoded, so a frame of empty topics (3 bytes on the wire, about 100 decoded) is
+//! refused undecoded, and a parked acks=all produce keeps only the names its answer echoes.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -367,5 +372,261 @@ async fn fetch_answers_copied_for_a_client_stay_in_the_budget() {
         stats.connections
     );
     drop(readers);
+    broker.shutdown().await;
+}
+
+/// A Produce v9 frame (acks=all, timeout 2^31 - 1) of one real partition of "demo" and then
+/// empty topics (3 bytes each: an empty name, no partitions, no tagged fields) up to about
+/// `size` bytes, as the review's `amplify_park.py` sent it.
+fn produce_of_empty_topics(size: usize) -> Vec<u8> {
+    fn uvarint(mut n: usize, out: &mut Vec<u8>) {
+        while n >= 0x80 {
+            out.push((n as u8) | 0x80);
+            n >>= 7;
+        }
+        out.push(n as u8);
+    }
+    let batch = encode_batch(&[Bytes::from_static(b"x")], 1_000);
+    let mut body = Vec::with_capacity(size + 64);
+    // Request header v2: api key 0, version 9, correlation id 7, null client id, no tags.
+    body.extend_from_slice(&0i16.to_be_bytes());
+    body.extend_from_slice(&9i16.to_be_bytes());
+    body.extend_from_slice(&7i32.to_be_bytes());
+    body.extend_from_slice(&(-1i16).to_be_bytes());
+    body.push(0);
+    // Null transactional id, acks=all, timeout_ms.
+    body.push(0);
+    body.extend_from_slice(&(-1i16).to_be_bytes());
+    body.extend_from_slice(&i32::MAX.to_be_bytes());
+    let empty = (size - body.len() - batch.len() - 32) / 3;
+    uvarint(empty + 2, &mut body);
+    uvarint(5, &mut body);
+    body.extend_from_slice(b"demo");
+    uvarint(2, &mut body);
+    body.extend_from_slice(&0i32.to_be_bytes());
+    uvarint(batch.len() + 1, &mut body);
+    body.extend_from_slice(&batch);
+    body.extend_from_slice(&[0, 0]);
+    for _ in 0..empty {
+        body.extend_from_slice(&[1, 1, 0]);
+    }
+    body.push(0);
+    let mut frame = (body.len() as i32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&body);
+    frame
+}
+
+/// Review finding 3: three acks=all produces of 4 MiB of empty topics, parked behind a
+/// stalled follower. Empty topics were not counted and the decoded request was kept for
+/// the wait: about 32 times the frame each (the review: 1,086 MB for four 8 MiB frames).
+/// Counted before decoding, each is refused undecoded and its connection closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_finding3_a_frame_of_empty_topics_is_refused_before_it_is_decoded() {
+    const CLIENTS: usize = 3;
+    let broker = BrokerProcess::start(&[
+        "--followers",
+        "1",
+        "--stall-followers",
+        "--max-frame-bytes",
+        "8388608",
+    ]);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = broker.rss_mib();
+    let frame = produce_of_empty_topics(4 * MIB);
+    let mut clients = Vec::with_capacity(CLIENTS);
+    for _ in 0..CLIENTS {
+        let mut client = connect(broker.addr).await;
+        // A broker closing the connection may refuse the end of the frame.
+        let _ = client.send_raw(&frame).await;
+        clients.push(client);
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let grown = broker.rss_mib().saturating_sub(before);
+    eprintln!("{CLIENTS} acks=all produces of 4 MiB of empty topics: RSS grew by {grown} MiB");
+    // Decoded and parked: 3 x ~130 MiB. Refused undecoded: the frames' bytes at most.
+    assert!(
+        grown < 48,
+        "{CLIENTS} produces of empty topics hold {grown} MiB"
+    );
+    for client in &mut clients {
+        assert!(
+            closed_within(client, LIMIT).await,
+            "a produce of {} empty topics was not refused",
+            4 * MIB / 3
+        );
+    }
+}
+
+/// A Produce v9 frame (acks=all, timeout 2^31 - 1) of one real partition of "demo" and then
+/// `extra` mentions of partition 0 with no records, each with one unknown tagged field:
+/// 8 bytes on the wire, over 400 decoded (a map node of its own), all within the cap.
+fn produce_of_tagged_partitions(extra: usize) -> Vec<u8> {
+    let batch = encode_batch(&[Bytes::from_static(b"x")], 1_000);
+    let mut body = Vec::new();
+    // Request header v2: api key 0, version 9, correlation id 7, null client id, no tags.
+    body.extend_from_slice(&[0, 0, 0, 9, 0, 0, 0, 7, 0xff, 0xff, 0]);
+    // Null transactional id, acks=all, timeout_ms; one topic "demo".
+    body.push(0);
+    body.extend_from_slice(&(-1i16).to_be_bytes());
+    body.extend_from_slice(&i32::MAX.to_be_bytes());
+    body.push(2);
+    body.push(5);
+    body.extend_from_slice(b"demo");
+    let mut count = extra + 2;
+    while count >= 0x80 {
+        body.push((count as u8) | 0x80);
+        count >>= 7;
+    }
+    body.push(count as u8);
+    body.extend_from_slice(&0i32.to_be_bytes());
+    assert!(batch.len() + 1 < 0x80);
+    body.push((batch.len() + 1) as u8);
+    body.extend_from_slice(&batch);
+    body.push(0);
+    for _ in 0..extra {
+        // Partition 0, null records, one tagged field (tag 0, empty).
+        body.extend_from_slice(&[0, 0, 0, 0, 0, 1, 0, 0]);
+    }
+    body.extend_from_slice(&[0, 0]);
+    let mut frame = (body.len() as i32).to_be_bytes().to_vec();
+    frame.extend_from_slice(&body);
+    frame
+}
+
+/// Review finding 3: an acks=all produce kept its decoded request for the whole wait. 100
+/// produces within the cap (1 topic, 4,901 partitions with 4,900 tagged fields: 9,802
+/// entries of 10,000), each about 2.3 MB decoded from a 39 KB frame, parked behind a
+/// stalled follower: the wait now keeps only the names and one result per partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_finding3_a_parked_produce_keeps_only_what_its_answer_echoes() {
+    const CLIENTS: usize = 100;
+    let broker = BrokerProcess::start(&["--followers", "1", "--stall-followers"]);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = broker.rss_mib();
+    let frame = produce_of_tagged_partitions(4_900);
+    let mut clients = Vec::with_capacity(CLIENTS);
+    for _ in 0..CLIENTS {
+        let mut client = connect(broker.addr).await;
+        client.send_raw(&frame).await.unwrap();
+        clients.push(client);
+    }
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    let grown = broker.rss_mib().saturating_sub(before);
+    eprintln!("{CLIENTS} parked acks=all produces of 9,802 entries: RSS grew by {grown} MiB");
+    // Every produce is still waiting: no answer, no close.
+    for client in &mut clients {
+        assert!(
+            !closed_within(client, Duration::from_millis(20)).await,
+            "a produce within the cap was answered or closed instead of parked"
+        );
+    }
+    // Decoded requests kept: 100 x ~2.3 MB. Names and results: 100 x ~0.2 MB.
+    assert!(
+        grown < 96,
+        "{CLIENTS} parked produces within the cap hold {grown} MiB"
+    );
+    drop(clients);
+}
+
+/// Review finding 3: the cap counts topics as well as partitions, in Produce, Fetch and
+/// ListOffsets alike; a request at the cap is answered, one entry more closes the
+/// connection (before: topics were free, so any number of empty ones passed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_finding3_topics_count_against_the_per_request_cap() {
+    const CAP: usize = 10;
+    let broker = start(BrokerConfig {
+        max_partitions_per_request: CAP,
+        ..config(1)
+    })
+    .await;
+    let addr = broker.local_addr();
+    // (topics, partitions each): entries = topics x (1 + partitions).
+    for (topics, partitions) in [(10, 0), (5, 1), (11, 0), (6, 1), (1, 10)] {
+        let within = topics * (1 + partitions) <= CAP;
+        for api in ["Produce v9", "Produce v3", "Fetch v12", "ListOffsets v6"] {
+            let mut client = connect(addr).await;
+            let sent = match api {
+                "Produce v9" | "Produce v3" => {
+                    let mut request = requests::produce(
+                        "demo",
+                        0,
+                        1,
+                        1000,
+                        encode_batch(&[Bytes::from_static(b"x")], 1_000),
+                    );
+                    let mut topic = request.topic_data.remove(0);
+                    let partition = topic.partition_data.remove(0);
+                    topic.partition_data = vec![partition; partitions];
+                    request.topic_data = vec![topic; topics];
+                    let version = if api == "Produce v9" { 9 } else { 3 };
+                    client.send(version, &request).await
+                }
+                "Fetch v12" => {
+                    let mut request = requests::fetch("demo", 0, 0, 1, 0);
+                    let mut topic = request.topics.remove(0);
+                    let partition = topic.partitions.remove(0);
+                    topic.partitions = vec![partition; partitions];
+                    request.topics = vec![topic; topics];
+                    client.send(12, &request).await
+                }
+                _ => {
+                    let mut request = requests::list_offsets("other", 0, -1);
+                    let mut topic = request.topics.remove(0);
+                    let partition = topic.partitions.remove(0);
+                    topic.partitions = vec![partition; partitions];
+                    request.topics = vec![topic; topics];
+                    client.send(6, &request).await
+                }
+            };
+            sent.unwrap();
+            let mut answer = vec![0u8; 64 * 1024];
+            let read = timeout(LIMIT, client.read_some(&mut answer)).await.unwrap();
+            let answered = matches!(read, Ok(n) if n > 0);
+            assert_eq!(
+                answered, within,
+                "{api} of {topics} topics x {partitions} partitions, cap {CAP}"
+            );
+        }
+    }
+    broker.shutdown().await;
+}
+
+/// Review finding 3: tagged fields decode into a map entry each, in any request and in the
+/// request header: counted against the cap before decoding (before: any number passed, so a
+/// frame of 2-byte tagged fields decoded into tens of times its size).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_finding3_tagged_fields_count_against_the_per_request_cap() {
+    const CAP: usize = 10;
+    let broker = start(BrokerConfig {
+        max_partitions_per_request: CAP,
+        ..config(1)
+    })
+    .await;
+    // (tagged fields in the header, in the body) of an ApiVersions v3 (header v2).
+    for (in_header, in_body) in [(10, 0), (0, 10), (11, 0), (0, 11), (6000, 0), (0, 6000)] {
+        let tags = |n: usize, out: &mut Vec<u8>| {
+            // Counts and tags below 2^14 as 2-byte unsigned varints.
+            out.extend_from_slice(&[(n as u8) | 0x80, (n >> 7) as u8]);
+            for tag in 0..n {
+                out.extend_from_slice(&[(tag as u8) | 0x80, (tag >> 7) as u8, 0]);
+            }
+        };
+        let mut body = vec![0, 18, 0, 3, 0, 0, 0, 1, 0xff, 0xff];
+        tags(in_header, &mut body);
+        body.extend_from_slice(&[1, 1]); // empty client software name and version
+        tags(in_body, &mut body);
+        let mut frame = (body.len() as i32).to_be_bytes().to_vec();
+        frame.extend_from_slice(&body);
+        let mut client = connect(broker.local_addr()).await;
+        client.send_raw(&frame).await.unwrap();
+        let mut answer = vec![0u8; 64 * 1024];
+        let read = timeout(LIMIT, client.read_some(&mut answer)).await.unwrap();
+        let answered = matches!(read, Ok(n) if n > 0);
+        assert_eq!(
+            answered,
+            in_header.max(in_body) <= CAP,
+            "ApiVersions v3 with {in_header} tagged fields in its header, {in_body} in its body"
+        );
+    }
     broker.shutdown().await;
 }

@@ -112,7 +112,7 @@ async fn with_stalled_followers_acks_all_produce_is_answered_with_a_timeout() {
     // rskafka always asks for a 30 s produce timeout; the broker caps it for this test.
     let cap = Duration::from_millis(500);
     let broker = Broker::start(BrokerConfig {
-        max_produce_wait: Some(cap),
+        max_produce_wait: cap,
         ..config(2, 10, true)
     })
     .await

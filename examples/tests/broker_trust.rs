@@ -5,7 +5,10 @@
 //!   out ids no client can guess, so no client can produce as another one before it does.
 //! - Finding 8: a record batch's `lastOffsetDelta` and record count are claims; the broker
 //!   moves its log end offset only by the records a batch really holds.
-//! - Review finding 2: asking for ids is cheap, so a flood of InitProducerId retires only
+//! - Review of issue #29, finding 1: a compressed batch's records cannot be counted without
+//!   decompressing them, so the broker refuses compressed batches
+//!   (UNSUPPORTED_COMPRESSION_TYPE) rather than take their count on trust.
+//! - Review of issue #29, finding 2: asking for ids is cheap, so a flood of InitProducerId retires only
 //!   ids nobody produced under, and one address may take ids at a bounded rate.
 
 use bytes::{Bytes, BytesMut};
@@ -22,6 +25,8 @@ use support::{config, connect, start, LIMIT};
 
 /// Kafka's answer to a batch that fails the broker's validation (InvalidRecordException).
 const INVALID_RECORD: i16 = 87;
+/// Kafka's answer to a batch in a compression codec the broker does not take.
+const UNSUPPORTED_COMPRESSION_TYPE: i16 = 76;
 /// Kafka's answer to a produce under a producer id it holds no state for.
 const UNKNOWN_PRODUCER_ID: i16 = 59;
 
@@ -50,7 +55,18 @@ fn crc32c(bytes: &[u8]) -> u32 {
 /// `batch` with its `lastOffsetDelta` and record count replaced, and a valid CRC again: what
 /// a hostile client sends, since the checksum proves nothing about who wrote the header.
 fn forge(batch: &Bytes, last_offset_delta: i32, record_count: i32) -> Bytes {
+    forge_attributes(batch, 0, last_offset_delta, record_count)
+}
+
+/// `forge` with the attributes (compression codec bits) replaced too.
+fn forge_attributes(
+    batch: &Bytes,
+    attributes: i16,
+    last_offset_delta: i32,
+    record_count: i32,
+) -> Bytes {
     let mut forged = BytesMut::from(&batch[..]);
+    forged[ATTRIBUTES..ATTRIBUTES + 2].copy_from_slice(&attributes.to_be_bytes());
     forged[LAST_OFFSET_DELTA..LAST_OFFSET_DELTA + 4]
         .copy_from_slice(&last_offset_delta.to_be_bytes());
     forged[RECORD_COUNT..RECORD_COUNT + 4].copy_from_slice(&record_count.to_be_bytes());
@@ -126,6 +142,49 @@ async fn finding_8_a_batch_claiming_more_offsets_than_it_holds_records_is_refuse
     // An honest batch is still appended, at the offset the forged ones did not move.
     assert_eq!(produce(&mut client, 7, three).await, (0, 0));
     assert_eq!(log_end_offset(&mut client).await, 3);
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_finding_1_a_compressed_batch_is_refused_not_taken_on_trust() {
+    let broker = start(config(1)).await;
+    let mut client = connect(broker.local_addr()).await;
+    // What the review sent: a batch marked gzip claiming 2^31 - 1 records over 21 bytes of
+    // garbage; and the same codec bits over a batch whose count is true, in every codec
+    // (1 gzip, 2 snappy, 3 lz4, 4 zstd; the records are not compressed, which the broker
+    // could only tell by decompressing).
+    let one = encode_batch(&[Bytes::from_static(b"few")], 1_000);
+    let mut garbage = BytesMut::from(&one[..61]);
+    garbage.extend_from_slice(b"\x1f\x8bgarbage-not-even-gzip");
+    let length = (garbage.len() - 12) as i32;
+    garbage[8..12].copy_from_slice(&length.to_be_bytes());
+    let mut forged = vec![(
+        "gzip claiming 2^31 - 1 records".to_string(),
+        forge_attributes(&garbage.freeze(), 1, i32::MAX - 1, i32::MAX),
+    )];
+    for codec in 1..=4 {
+        forged.push((
+            format!("codec {codec}"),
+            forge_attributes(&one, codec, 0, 1),
+        ));
+    }
+    for version in [3, 7, 9] {
+        for (what, records) in &forged {
+            let (error, _) = produce(&mut client, version, records.clone()).await;
+            assert_eq!(
+                error, UNSUPPORTED_COMPRESSION_TYPE,
+                "Produce v{version}, {what}"
+            );
+            assert_eq!(
+                log_end_offset(&mut client).await,
+                0,
+                "Produce v{version}, {what}: the log end offset moved"
+            );
+        }
+    }
+    // The same batch uncompressed is appended at offset 0.
+    assert_eq!(produce(&mut client, 9, one).await, (0, 0));
+    assert_eq!(log_end_offset(&mut client).await, 1);
     broker.shutdown().await;
 }
 

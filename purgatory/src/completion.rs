@@ -37,6 +37,7 @@ use timer_core::TimerHandle;
 use crate::counters::Count;
 use crate::op_table::{Locked, Taken, TakenExpiry};
 use crate::operation::{Completion, DelayedOperation};
+use crate::pins::Pinned;
 use crate::span::CarriedSpan;
 use crate::state::{Expiry, State};
 use crate::user_code::{report, Site};
@@ -112,8 +113,11 @@ impl<K, O: DelayedOperation> State<K, O> {
     /// handed out one task at a time, `Expire::expire_one`), counted as a timeout like
     /// [`expire_all`](Self::expire_all)'s.
     #[inline]
-    pub(crate) fn expire_one(&self, expiry: Expiry) {
-        if let Some(taken) = self.table.take_for_expiry(expiry.0, Completion::Expired) {
+    pub(crate) fn expire_one(&self, pin: &Pinned<'_>, expiry: Expiry) {
+        if let Some(taken) = self
+            .table
+            .take_for_expiry(pin, expiry.0, Completion::Expired)
+        {
             self.complete_one_as(taken, Completion::Expired, Count::Expired);
         }
     }
@@ -166,8 +170,9 @@ impl<K, O: DelayedOperation> State<K, O> {
     ) -> usize {
         let mut taken: SmallVec<[Taken<O>; 16]> = SmallVec::new();
         let mut done = 0;
+        let pin = self.table.pin();
         for expiry in expired {
-            if let Some(mut t) = self.table.take_for_expiry(expiry.0, how) {
+            if let Some(mut t) = self.table.take_for_expiry(&pin, expiry.0, how) {
                 t.timer = None;
                 taken.push(t);
                 if taken.len() == taken.inline_size() {

@@ -13,6 +13,11 @@
 //!   timer applies the bound that holds when the round starts to wait, and the first add
 //!   wakes a reaper sleeping without limit, so operations watched just after a round
 //!   found the purgatory idle still get their purges and cancels within `REAPER_WAIT`.
+//! - After every round, with no pin held, the op table gives back what a drained burst
+//!   left unused (`op_table.rs`, "Giving memory back"), and, in the rounds where it gave
+//!   back or may, the timer too (`TimerCore::give_back`). While the op table has a segment unlinked and not freed, or may have
+//!   one to give back, the next round waits `REAPER_WAIT` at most, so memory comes back
+//!   even when nothing else would wake the reaper.
 //! - With the cargo feature `metrics`, a round ends by publishing the figures if the last
 //!   publish is a second old (`metrics.rs`), which may shorten the next sleep.
 //! - Pending operations still there at shutdown (or when the last handle is dropped) are
@@ -48,7 +53,15 @@ where
     }
 
     fn expire_one(&self, expiry: Expiry) {
-        State::expire_one(self, expiry);
+        State::expire_one(self, &self.table.pin(), expiry);
+    }
+
+    /// One pin for the whole batch, not one per task.
+    fn expire_claimed(&self, mut claim: impl FnMut() -> Option<Expiry>) {
+        let pin = self.table.pin();
+        while let Some(expiry) = claim() {
+            State::expire_one(self, &pin, expiry);
+        }
     }
 
     fn before_round(&self) {
@@ -57,12 +70,20 @@ where
     }
 
     fn after_round(&self) -> NextRound {
+        // Between rounds, with no pin held: the op table's segments and the timer's
+        // entry slots a burst left unused go back. The timer holds an entry per
+        // operation (for a round at most after it completed): it is looked at only when
+        // the op table gives back or may (or did in the last few rounds), so a steady
+        // load locks no timer shard for it.
+        if self.table.give_back() > 0 || self.table.wants_a_look() {
+            self.timer.give_back();
+        }
         let wait = if self.purge_some() {
             NextRound::at_most(Duration::ZERO)
         } else {
             NextRound {
                 queued: REAPER_WAIT,
-                empty: if self.purge_due() {
+                empty: if self.purge_due() || self.table.wants_a_look() {
                     REAPER_WAIT
                 } else {
                     Duration::MAX

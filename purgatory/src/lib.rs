@@ -90,6 +90,7 @@ mod op_table;
 mod operation;
 #[cfg(feature = "tokio")]
 mod parked;
+mod pins;
 mod purgatory;
 mod purge;
 mod runtime;

@@ -60,10 +60,38 @@
 //!   the slot, so a completion can never miss a timer armed after it.
 //! - A slot goes back to the free lists only after its occupant was taken, and is handed
 //!   out again only from there: one occupant per slot at a time.
-//! - Slots live in segments that are allocated once and never move or shrink (segment
-//!   `k` holds `FIRST_SEGMENT << k` slots), so the table's memory is its peak number of
-//!   operations in flight (give or take the few slots freed on another thread at the
-//!   moment an allocation skipped that thread's list as empty).
+//! - Slots live in segments that never move (segment `k` holds `FIRST_SEGMENT << k`
+//!   slots, from index `FIRST_SEGMENT * (2^k - 1)`); they are made as new slots reach
+//!   them and given back once a burst has drained (below).
+//!
+//! # Giving memory back
+//! | segment `k` | what reaches it | who moves it on |
+//! |---|---|---|
+//! | absent (never made, or given back) | a name of it finds the `gone` slot (no name matches) | [`new_slots`](OpTable::new_slots) makes it, under `growth`, its slots starting at `floors[k]` |
+//! | made | look-ups under a pin; its slots handed out | [`give_back`](OpTable::give_back) unlinks it, under `growth` |
+//! | unlinked, not freed | only pins taken before the unlink | [`free_unlinked`](OpTable::free_unlinked) frees it once each stripe's pins were read as 0 after the unlink (`pins.rs`) |
+//!
+//! - Only the top segment is given back, never the first, and only while every one of
+//!   its slots is in a free list (checked under every free-list lock, which it holds
+//!   until no list names a slot of it and new slots start below it) and what is in use
+//!   is at most half the slots below it: a held slot, a slot just allocated or taken and
+//!   not yet vacated, a retired slot, keeps its segment. So a thread that holds a slot
+//!   or has just been handed one reaches it without a pin; every look-up by a name that
+//!   may be stale (a list entry, a timer entry, a handle) is made under a pin
+//!   ([`OpTable::pin`]; the methods that take a name take the pin, and what they return
+//!   borrows it).
+//! - While the top segment could go but some slot of it is in use, its slots are set
+//!   aside as they are freed (`aside_from`, `aside`) instead of going back to a free
+//!   list: allocation takes the slots below first (the set-aside ones only once every
+//!   free list is empty), so a steady load that came after a burst moves down and the
+//!   segment empties. Setting aside stops when the segment is given back, or when what
+//!   is in use grows past half of the slots below it. Giving back counts the slots set
+//!   aside as free (under the same locks).
+//! - `floors[k]` is the highest generation a slot of segment `k` had (its next
+//!   occupant's) when it was given back: a name of a slot is below its slot's
+//!   generation, so no name of the segment given back matches a slot made again.
+//! - The free lists' indices are all below `high_water`, and every slot below it
+//!   exists.
 //! - No slot is waited for ([`OpTable::lock`]) while another is held (a batch watch
 //!   tries its operations one slot at a time, after releasing them all, see `watch.rs`);
 //!   the free-list locks are leaves, taken with slots held and never the other way
@@ -71,16 +99,17 @@
 
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicU32 as StdAtomicU32, AtomicU8, Ordering};
-use std::sync::OnceLock;
 
+use smallvec::SmallVec;
 use timer_core::TimerHandle;
 
 use crate::counters::{stripe_index, STRIPES};
 use crate::operation::{Completion, DelayedOperation};
+use crate::pins::{Grace, Pinned, Pins};
 pub(crate) use crate::slot::RETIRED;
 use crate::slot::{ExpiryAttempt, Slot, Unlocked};
 use crate::span::CarriedSpan;
-use crate::sync::Parker;
+use crate::sync::{AtomicPtr, Mutex, Parker};
 use crate::user_code::{Site, UserCode};
 
 /// Slots in the first segment (each next segment doubles).
@@ -176,17 +205,32 @@ struct TableSlot<O> {
     touch: StdAtomicU32,
 }
 
+impl<O> OpState<O> {
+    fn vacant() -> Self {
+        OpState {
+            op: None,
+            span: CarriedSpan::default(),
+            timer: None,
+            keys: 0,
+            #[cfg(feature = "metrics")]
+            since: NOT_ARMED,
+        }
+    }
+}
+
 impl<O> TableSlot<O> {
-    fn new() -> Self {
+    /// A free slot whose next occupant gets `generation`.
+    fn free_with(generation: u32) -> Self {
         TableSlot {
-            slot: Slot::new(OpState {
-                op: None,
-                span: CarriedSpan::default(),
-                timer: None,
-                keys: 0,
-                #[cfg(feature = "metrics")]
-                since: NOT_ARMED,
-            }),
+            slot: Slot::free_with(OpState::vacant(), generation),
+            touch: StdAtomicU32::new(0),
+        }
+    }
+
+    /// The slot every name of a segment given back finds: no name matches it.
+    fn gone() -> Self {
+        TableSlot {
+            slot: Slot::retired(OpState::vacant()),
             touch: StdAtomicU32::new(0),
         }
     }
@@ -245,9 +289,35 @@ pub(crate) struct Locked<'a, O: DelayedOperation> {
 }
 
 pub(crate) struct OpTable<O> {
-    segments: [OnceLock<Segment<O>>; SEGMENTS],
-    /// Slots ever handed out; the next new slot's index.
+    /// Segment `k`, or null while it does not exist (never made, or given back). Made
+    /// and given back under `growth`; read under a pin (`pins.rs`).
+    segments: [AtomicPtr<Segment<O>>; SEGMENTS],
+    /// Slots below this index exist (their segments are made); the next new slot's
+    /// index. Raised by new slots, lowered by a segment given back, both under `growth`.
     high_water: StdAtomicU32,
+    /// Who may be reading a segment (see `pins.rs`).
+    pins: Pins,
+    /// What a stale name of a segment given back finds: a slot no name matches, and its
+    /// tag.
+    gone: TableSlot<O>,
+    gone_tag: AtomicU8,
+    /// Making and giving back segments (see "Giving memory back" in the module doc).
+    growth: Mutex<Growth<O>>,
+    /// Segments given back and not freed yet (`growth.unlinked` is not empty).
+    has_unlinked: AtomicBool,
+    /// Slots at or above this index, once freed, are set aside (`aside`) rather than
+    /// put back in a free list, so that allocation prefers the slots below and the top
+    /// segment empties under a steady load; `u32::MAX` while no segment is being
+    /// emptied. Set and cleared by [`give_back`](Self::give_back).
+    aside_from: StdAtomicU32,
+    /// Free slots set aside (see `aside_from`), handed out only when every free list is
+    /// empty; their number, for estimates without the lock.
+    aside: parking_lot::Mutex<Vec<u32>>,
+    aside_len: std::sync::atomic::AtomicUsize,
+    /// [`give_back`](Self::give_back) calls left after one that gave something back,
+    /// during which [`wants_a_look`](Self::wants_a_look) stays true: what else a burst
+    /// grew (the timer's slots, freed up to a round later) is looked at meanwhile.
+    after_give_back: AtomicU8,
     free: [FreeList; STRIPES],
     /// Where threads wait for a slot held by another.
     parker: Parker,
@@ -264,7 +334,57 @@ struct Segment<O> {
     /// stale list entries apart without touching their slots (see
     /// [`OpTable::may_be_waiting`]).
     tags: Box<[AtomicU8]>,
+    /// Under loom: written when the segment would be freed, read by every look-up, so
+    /// that the models catch a look-up the grace period does not cover (a data race).
+    #[cfg(loom)]
+    alive: loom::cell::UnsafeCell<bool>,
 }
+
+impl<O> Segment<O> {
+    /// Segment `k`, every slot free with `floor` as its next generation.
+    fn new(k: usize, floor: u32) -> Box<Self> {
+        Box::new(Segment {
+            slots: (0..FIRST_SEGMENT << k)
+                .map(|_| TableSlot::free_with(floor))
+                .collect(),
+            tags: (0..FIRST_SEGMENT << k)
+                .map(|_| AtomicU8::new(tag_of(floor)))
+                .collect(),
+            #[cfg(loom)]
+            alive: loom::cell::UnsafeCell::new(true),
+        })
+    }
+}
+
+/// The cold state of making and giving back segments.
+struct Growth<O> {
+    /// Per segment, the generation its slots start with when it is made (again): the
+    /// highest next generation its slots had when it was given back, so that no name
+    /// of its earlier slots matches a later one.
+    floors: [u32; SEGMENTS],
+    /// Segments unlinked, each freed once its grace has passed (`pins.rs`).
+    unlinked: Vec<(Box<Segment<O>>, Grace)>,
+    /// Reaper rounds to skip before the next attempt to give a segment back, after one
+    /// that found its top segment still in use, and the next such wait.
+    skip: u32,
+    backoff: u32,
+    /// Under loom: segments "freed", kept so that a late look-up is reported, not run.
+    #[cfg(loom)]
+    dead: Vec<Box<Segment<O>>>,
+}
+
+/// The first slot index of segment `k`.
+fn segment_start(k: usize) -> u32 {
+    (FIRST_SEGMENT as u64 * ((1u64 << k) - 1)) as u32
+}
+
+/// [`OpTable::give_back`] calls after one that gave back, during which the table still
+/// wants a look (see `after_give_back`).
+const AFTER_GIVE_BACK: u8 = 4;
+
+/// Longest wait, in [`OpTable::give_back`] calls, between two attempts that found the top
+/// segment in use (each attempt reads every free list under its lock).
+const MAX_BACKOFF: u32 = 1 << 10;
 
 /// The segment and offset of slot `index`.
 #[inline]
@@ -278,57 +398,83 @@ fn locate(index: u32) -> (usize, usize) {
 impl<O: DelayedOperation> OpTable<O> {
     pub(crate) fn new() -> Self {
         let table = OpTable {
-            segments: std::array::from_fn(|_| OnceLock::new()),
+            segments: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
             high_water: StdAtomicU32::new(0),
+            pins: Pins::default(),
+            gone: TableSlot::gone(),
+            gone_tag: AtomicU8::new(tag_of(RETIRED)),
+            growth: Mutex::new(Growth {
+                floors: [0; SEGMENTS],
+                unlinked: Vec::new(),
+                skip: 0,
+                backoff: 1,
+                #[cfg(loom)]
+                dead: Vec::new(),
+            }),
+            has_unlinked: AtomicBool::new(false),
+            after_give_back: AtomicU8::new(0),
+            aside_from: StdAtomicU32::new(u32::MAX),
+            aside: parking_lot::Mutex::new(Vec::new()),
+            aside_len: std::sync::atomic::AtomicUsize::new(0),
             free: std::array::from_fn(|_| FreeList::default()),
             parker: Parker::default(),
             orphans: parking_lot::Mutex::new(Vec::new()),
             has_orphans: AtomicBool::new(false),
         };
-        // The first segment up front, so small purgatories never race to create it.
-        table.segment(0);
+        // The first segment up front, so small purgatories never race to create it; it
+        // is never given back.
+        table.segments[0].store(Box::into_raw(Segment::new(0, 0)), Ordering::Release);
         table
     }
 
-    fn segment(&self, k: usize) -> &Segment<O> {
-        self.segments[k].get_or_init(|| Segment {
-            slots: (0..FIRST_SEGMENT << k).map(|_| TableSlot::new()).collect(),
-            tags: (0..FIRST_SEGMENT << k).map(|_| AtomicU8::new(0)).collect(),
-        })
+    /// Pins the table for the calling thread: required to look a slot up by a name
+    /// that may be stale (see `pins.rs`).
+    #[inline]
+    pub(crate) fn pin(&self) -> Pinned<'_> {
+        self.pins.pin()
     }
 
-    /// The segment holding slot `index`, and the slot's offset in it.
+    /// The slot `index` and its tag: in its segment, or, if the segment does not exist
+    /// (given back, or never made: a stale or corrupt name), the slot no name matches.
+    ///
+    /// Without a pin, only for a slot the caller holds or has just been handed
+    /// (allocated and not yet free again): its segment cannot be given back meanwhile,
+    /// since only a segment whose every slot is in the free lists is.
     #[inline]
-    fn segment_of(&self, index: u32) -> (&Segment<O>, usize) {
+    fn slot_and_tag(&self, index: u32) -> (&TableSlot<O>, &AtomicU8) {
         let (k, offset) = locate(index);
-        match self.segments[k].get() {
-            Some(segment) => (segment, offset),
-            // Only reachable for an index never handed out (a corrupt `OpRef`).
-            None => (self.segment(k), offset),
+        let segment = self.segments[k].load(Ordering::Acquire);
+        if segment.is_null() {
+            return (&self.gone, &self.gone_tag);
         }
+        // SAFETY: a non-null segment pointer is a live segment (`Box::into_raw`), freed
+        // only after it was unlinked and every pin that could have read it was dropped
+        // (`pins.rs`); the caller holds a pin or a slot of it (see above).
+        let segment = unsafe { &*segment };
+        #[cfg(loom)]
+        segment.alive.with(|alive| {
+            // SAFETY: loom checks this read against the write that marks it freed.
+            assert!(unsafe { *alive }, "a look-up of a freed segment")
+        });
+        (&segment.slots[offset], &segment.tags[offset])
     }
 
     /// Where the slot and the tag of `op` are.
     #[inline]
-    pub(crate) fn find(&self, op: OpRef) -> Found<'_, O> {
-        let (segment, offset) = self.segment_of(op.index);
-        Found {
-            slot: &segment.slots[offset],
-            tag: &segment.tags[offset],
-            op,
-        }
+    pub(crate) fn find<'a>(&'a self, pin: &'a Pinned<'_>, op: OpRef) -> Found<'a, O> {
+        debug_assert!(self.pins.owns(pin));
+        let (slot, tag) = self.slot_and_tag(op.index);
+        Found { slot, tag, op }
     }
 
     #[inline]
     fn tag(&self, index: u32) -> &AtomicU8 {
-        let (segment, offset) = self.segment_of(index);
-        &segment.tags[offset]
+        self.slot_and_tag(index).1
     }
 
     #[inline]
     fn slot(&self, index: u32) -> &TableSlot<O> {
-        let (segment, offset) = self.segment_of(index);
-        &segment.slots[offset]
+        self.slot_and_tag(index).0
     }
 
     /// Hands out `n` free slot indices (appended to `out`): the calling thread's free
@@ -355,26 +501,41 @@ impl<O: DelayedOperation> OpTable<O> {
                 return;
             }
         }
+        if self.aside_len.load(Ordering::Relaxed) > 0 {
+            let mut aside = self.aside.lock();
+            let take = missing.min(aside.len());
+            let from = aside.len() - take;
+            out.extend(aside.drain(from..));
+            self.aside_len.store(aside.len(), Ordering::Relaxed);
+            missing -= take;
+            if missing == 0 {
+                return;
+            }
+        }
         let count = u32::try_from(missing).expect("batch fits in u32");
         out.extend(self.new_slots(count));
     }
 
-    /// `count` (at least 1) slots never handed out before, their segments created.
+    /// `count` (at least 1) slots not in use, above every slot that exists, their
+    /// segments created.
     fn new_slots(&self, count: u32) -> std::ops::RangeInclusive<u32> {
+        let growth = self.growth.lock();
+        let first = self.high_water.load(Ordering::Relaxed);
         // Never wraps: a wrapped index would hand out slots in use.
-        let first = self
-            .high_water
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |high| {
-                high.checked_add(count)
-            })
+        let end = first
+            .checked_add(count)
             .expect("more than 2^32 operations in flight");
-        let last = first + (count - 1);
+        let last = end - 1;
         // Make sure the segments exist before anyone looks the slots up.
         let (first_segment, _) = locate(first);
         let (last_segment, _) = locate(last);
         for k in first_segment..=last_segment {
-            self.segment(k);
+            if self.segments[k].load(Ordering::Relaxed).is_null() {
+                let segment = Segment::new(k, growth.floors[k]);
+                self.segments[k].store(Box::into_raw(segment), Ordering::Release);
+            }
         }
+        self.high_water.store(end, Ordering::Relaxed);
         first..=last
     }
 
@@ -393,6 +554,13 @@ impl<O: DelayedOperation> OpTable<O> {
                 return index;
             }
         }
+        if self.aside_len.load(Ordering::Relaxed) > 0 {
+            let mut aside = self.aside.lock();
+            if let Some(index) = aside.pop() {
+                self.aside_len.store(aside.len(), Ordering::Relaxed);
+                return index;
+            }
+        }
         *self.new_slots(1).start()
     }
 
@@ -403,7 +571,7 @@ impl<O: DelayedOperation> OpTable<O> {
     /// (nor its cache miss) until the previous one is done; slots last written by
     /// another core then cost one full miss each, in sequence. Plain stores do not wait
     /// for each other: one to each slot first puts all the misses in flight at once.
-    pub(crate) fn prepare(&self, refs: impl IntoIterator<Item = OpRef>) {
+    pub(crate) fn prepare(&self, _pin: &Pinned<'_>, refs: impl IntoIterator<Item = OpRef>) {
         for op in refs {
             self.slot(op.index).touch.store(0, Ordering::Relaxed);
         }
@@ -415,10 +583,39 @@ impl<O: DelayedOperation> OpTable<O> {
         for v in vacated {
             self.tag(v.index).store(v.tag, Ordering::Release);
         }
+        let aside_from = self.aside_from.load(Ordering::Relaxed);
+        if aside_from != u32::MAX {
+            return self.vacate_setting_aside(vacated, aside_from);
+        }
         let list = &self.free[stripe_index()];
         let mut free = list.indices.lock();
         free.extend(vacated.iter().filter(|v| !v.retired).map(|v| v.index));
         list.available.store(free.len(), Ordering::Relaxed);
+    }
+
+    /// [`vacate`](Self::vacate) while slots at or above `aside_from` are set aside (out
+    /// of line: only while a segment is being emptied).
+    #[cold]
+    #[inline(never)]
+    fn vacate_setting_aside(&self, vacated: &[Vacated], aside_from: u32) {
+        let list = &self.free[stripe_index()];
+        let mut free = list.indices.lock();
+        free.extend(
+            vacated
+                .iter()
+                .filter(|v| !v.retired && v.index < aside_from)
+                .map(|v| v.index),
+        );
+        list.available.store(free.len(), Ordering::Relaxed);
+        drop(free);
+        let mut aside = self.aside.lock();
+        aside.extend(
+            vacated
+                .iter()
+                .filter(|v| !v.retired && v.index >= aside_from)
+                .map(|v| v.index),
+        );
+        self.aside_len.store(aside.len(), Ordering::Relaxed);
     }
 
     /// Puts `op` and its span in a free slot (not listed yet) and returns it locked.
@@ -477,8 +674,9 @@ impl<O: DelayedOperation> OpTable<O> {
 
     /// Locks the slot `op` names, if its operation is still there, waiting while another
     /// thread holds it. `None` once the operation is gone, without holding the slot.
-    pub(crate) fn lock(&self, op: OpRef) -> Option<Locked<'_, O>> {
-        self.lock_found(self.find(op))
+    pub(crate) fn lock<'a>(&'a self, pin: &'a Pinned<'_>, op: OpRef) -> Option<Locked<'a, O>> {
+        let found = self.find(pin, op);
+        self.lock_found(found)
     }
 
     /// [`lock`](Self::lock) on a slot already found.
@@ -497,7 +695,7 @@ impl<O: DelayedOperation> OpTable<O> {
     /// Whether the operation `op` names is still waiting (not taken). Without the lock:
     /// may report "waiting" for a moment after it was taken, never the other way round.
     #[inline]
-    pub(crate) fn is_waiting(&self, op: OpRef) -> bool {
+    pub(crate) fn is_waiting(&self, _pin: &Pinned<'_>, op: OpRef) -> bool {
         self.slot(op.index).slot.generation() == op.generation
     }
 
@@ -508,8 +706,8 @@ impl<O: DelayedOperation> OpTable<O> {
     /// the next look. For purges and list scans, which read many entries: their slots
     /// are mostly in other cores' caches, the tags mostly in this one's.
     #[inline]
-    pub(crate) fn may_be_waiting(&self, op: OpRef) -> bool {
-        self.find(op).may_be_waiting()
+    pub(crate) fn may_be_waiting(&self, pin: &Pinned<'_>, op: OpRef) -> bool {
+        self.find(pin, op).may_be_waiting()
     }
 
     /// [`may_be_waiting`](Self::may_be_waiting), made certain for the one case a later
@@ -517,13 +715,14 @@ impl<O: DelayedOperation> OpTable<O> {
     /// generation has the retired tag is checked against the slot itself (one entry in
     /// 256 reads its slot; the others only their tag).
     #[inline]
-    pub(crate) fn is_waiting_by_tag(&self, op: OpRef) -> bool {
-        self.may_be_waiting(op) && (tag_of(op.generation) != tag_of(RETIRED) || self.is_waiting(op))
+    pub(crate) fn is_waiting_by_tag(&self, pin: &Pinned<'_>, op: OpRef) -> bool {
+        self.may_be_waiting(pin, op)
+            && (tag_of(op.generation) != tag_of(RETIRED) || self.is_waiting(pin, op))
     }
 
     /// Takes the operation `op` names, whatever its readiness (force, cancel).
-    pub(crate) fn take(&self, op: OpRef) -> Option<Taken<O>> {
-        self.lock(op).map(Locked::take)
+    pub(crate) fn take(&self, pin: &Pinned<'_>, op: OpRef) -> Option<Taken<O>> {
+        self.lock(pin, op).map(Locked::take)
     }
 
     /// Takes the operation `op` names for its expiry, without waiting: if another thread
@@ -532,8 +731,13 @@ impl<O: DelayedOperation> OpTable<O> {
     /// when the operation is already gone. The timer entry has fired (`how` is
     /// `Expired`) or was drained by shutdown (`Shutdown`), which a holder is told: the
     /// taken operation has no timer to cancel.
-    pub(crate) fn take_for_expiry(&self, op: OpRef, how: Completion) -> Option<Taken<O>> {
-        let slot = &self.slot(op.index).slot;
+    pub(crate) fn take_for_expiry<'a>(
+        &'a self,
+        pin: &'a Pinned<'_>,
+        op: OpRef,
+        how: Completion,
+    ) -> Option<Taken<O>> {
+        let slot = &self.find(pin, op).slot.slot;
         match slot.lock_or_request_expiry(op.generation, how == Completion::Shutdown) {
             ExpiryAttempt::Locked => Some(
                 HandedOver {
@@ -551,6 +755,191 @@ impl<O: DelayedOperation> OpTable<O> {
         }
     }
 
+    /// Gives back the top segments while none of their slots is in use and what is in
+    /// use would still fit in half of what remains (see "Giving memory back" in the
+    /// module doc); frees the segments given back earlier whose grace has passed.
+    /// Returns how many slots it unlinked. For the reaper's rounds and
+    /// `Purgatory::purge`: never on a request's path, and with no pin of this thread
+    /// held (one only delays the free). Costs a few loads when there is nothing to give
+    /// back.
+    pub(crate) fn give_back(&self) -> usize {
+        if self.has_unlinked.load(Ordering::Acquire) {
+            self.free_unlinked();
+        }
+        let after = self.after_give_back.load(Ordering::Relaxed);
+        if after > 0 {
+            self.after_give_back.store(after - 1, Ordering::Relaxed);
+        }
+        if !self.worth_a_look() {
+            if self.aside_from.load(Ordering::Relaxed) != u32::MAX {
+                // What is in use grew back: no segment is being emptied any more.
+                let _growth = self.growth.lock();
+                self.stop_setting_aside();
+            }
+            return 0;
+        }
+        let mut growth = self.growth.lock();
+        if growth.skip > 0 {
+            growth.skip -= 1;
+            return 0;
+        }
+        let mut unlinked = 0;
+        while self.worth_a_look() {
+            let high = self.high_water.load(Ordering::Relaxed);
+            let (k, _) = locate(high - 1);
+            let start = segment_start(k);
+            let spare = (high - start) as usize;
+            // First one list at a time, then (if that found the whole top free) again
+            // under every lock at once, which is what decides.
+            let above = |free: &Vec<u32>| free.iter().filter(|&&i| i >= start).count();
+            let found: usize = self
+                .free
+                .iter()
+                .map(|l| above(&l.indices.lock()))
+                .sum::<usize>()
+                + above(&self.aside.lock());
+            let mut lists: SmallVec<[_; STRIPES]> =
+                self.free.iter().map(|l| (l, l.indices.lock())).collect();
+            let mut aside = self.aside.lock();
+            let in_lists: usize = lists.iter().map(|(_, free)| above(free)).sum();
+            if found != spare || in_lists + above(&aside) != spare {
+                // Some slot of the top segment is in use: from now on its slots are set
+                // aside as they are freed, and those free now too, so that allocation
+                // takes the slots below and the segment empties.
+                self.aside_from.store(start, Ordering::Relaxed);
+                for (list, free) in &mut lists {
+                    aside.extend(free.iter().filter(|&&i| i >= start));
+                    free.retain(|&i| i < start);
+                    list.available.store(free.len(), Ordering::Relaxed);
+                }
+                self.aside_len.store(aside.len(), Ordering::Relaxed);
+                drop(aside);
+                drop(lists);
+                growth.backoff = (growth.backoff * 2).min(MAX_BACKOFF);
+                growth.skip = growth.backoff;
+                break;
+            }
+            aside.retain(|&i| i < start);
+            aside.shrink_to_fit();
+            self.aside_len.store(aside.len(), Ordering::Relaxed);
+            self.aside_from.store(u32::MAX, Ordering::Relaxed);
+            drop(aside);
+            for (list, free) in &mut lists {
+                free.retain(|&i| i < start);
+                let len = free.len();
+                if free.capacity() > 4 * len + 64 {
+                    free.shrink_to(2 * len);
+                }
+                list.available.store(free.len(), Ordering::Relaxed);
+            }
+            // No free list names a slot of segment `k` any more, and new slots start
+            // below it: nobody can be handed one of its slots.
+            self.high_water.store(start, Ordering::Relaxed);
+            drop(lists);
+            let segment = self.segments[k].swap(std::ptr::null_mut(), Ordering::AcqRel);
+            // SAFETY: segment `k` existed (it holds slot `high - 1`), made by
+            // `Box::into_raw`; unlinked now, it is freed only after its grace.
+            let segment = unsafe { Box::from_raw(segment) };
+            // Every slot is free, so its word is stable (a stale name's compare fails and
+            // writes nothing), and holds the generation its next occupant would get,
+            // above every name it ever had.
+            growth.floors[k] = segment
+                .slots
+                .iter()
+                .map(|s| s.slot.generation())
+                .max()
+                .unwrap_or(0);
+            growth.unlinked.push((segment, Grace::default()));
+            self.has_unlinked.store(true, Ordering::Release);
+            growth.backoff = 1;
+            unlinked += FIRST_SEGMENT << k;
+        }
+        drop(growth);
+        if unlinked > 0 {
+            self.after_give_back
+                .store(AFTER_GIVE_BACK, Ordering::Relaxed);
+            self.free_unlinked();
+        }
+        unlinked
+    }
+
+    /// Puts the slots set aside back in a free list. Under `growth`.
+    fn stop_setting_aside(&self) {
+        self.aside_from.store(u32::MAX, Ordering::Relaxed);
+        let mut aside = std::mem::take(&mut *self.aside.lock());
+        self.aside_len.store(0, Ordering::Relaxed);
+        let list = &self.free[stripe_index()];
+        let mut free = list.indices.lock();
+        free.append(&mut aside);
+        list.available.store(free.len(), Ordering::Relaxed);
+    }
+
+    /// Whether [`give_back`](Self::give_back) has something to look at: a segment given
+    /// back and not freed yet, or a top segment that may be given back. (The reaper then
+    /// does not sleep without limit.)
+    pub(crate) fn wants_a_look(&self) -> bool {
+        self.has_unlinked.load(Ordering::Relaxed)
+            || self.after_give_back.load(Ordering::Relaxed) > 0
+            || self.worth_a_look()
+    }
+
+    /// Whether the top segment could be given back by the estimate of the free lists'
+    /// lengths: it is not the first, and what is in use is at most half the slots below
+    /// it (so a steady load never gives back a segment it grows into again).
+    fn worth_a_look(&self) -> bool {
+        let high = self.high_water.load(Ordering::Relaxed);
+        if high as usize <= FIRST_SEGMENT {
+            return false;
+        }
+        let free: usize = self
+            .free
+            .iter()
+            .map(|l| l.available.load(Ordering::Relaxed))
+            .sum::<usize>()
+            + self.aside_len.load(Ordering::Relaxed);
+        let in_use = (high as usize).saturating_sub(free);
+        let (k, _) = locate(high - 1);
+        k > 0 && in_use * 2 <= segment_start(k) as usize
+    }
+
+    /// Frees the segments given back whose grace has passed (`pins.rs`).
+    fn free_unlinked(&self) {
+        let mut growth = self.growth.lock();
+        let mut freed = Vec::new();
+        let mut i = 0;
+        while i < growth.unlinked.len() {
+            if growth.unlinked[i].1.passed(&self.pins) {
+                freed.push(growth.unlinked.swap_remove(i).0);
+            } else {
+                i += 1;
+            }
+        }
+        self.has_unlinked
+            .store(!growth.unlinked.is_empty(), Ordering::Release);
+        drop(growth);
+        #[cfg(not(loom))]
+        drop(freed);
+        #[cfg(loom)]
+        for segment in freed {
+            // Kept until the table's drop under loom, so that a late look-up is a data
+            // race loom reports rather than a use after free.
+            // SAFETY: loom checks that no look-up reads this concurrently.
+            segment.alive.with_mut(|alive| unsafe { *alive = false });
+            self.growth.lock().dead.push(segment);
+        }
+    }
+
+    /// Slots that exist (in segments made and not given back), for tests.
+    #[cfg(test)]
+    pub(crate) fn capacity(&self) -> usize {
+        let high = self.high_water.load(Ordering::Relaxed);
+        if high == 0 {
+            return FIRST_SEGMENT;
+        }
+        let (k, _) = locate(high - 1);
+        (segment_start(k) as usize) + (FIRST_SEGMENT << k)
+    }
+
     /// The operations whose expiry only a dropped, unconsumed [`Locked`] saw (see the
     /// module doc), for the caller to complete as expired. Cheap when there are none.
     pub(crate) fn take_orphans(&self) -> Vec<TakenExpiry<O>> {
@@ -560,6 +949,19 @@ impl<O: DelayedOperation> OpTable<O> {
         let mut orphans = self.orphans.lock();
         self.has_orphans.store(false, Ordering::Relaxed);
         std::mem::take(&mut *orphans)
+    }
+}
+
+impl<O> Drop for OpTable<O> {
+    /// Frees every segment, made or given back (nobody else can reach them now).
+    fn drop(&mut self) {
+        for segment in &self.segments {
+            let segment = segment.swap(std::ptr::null_mut(), Ordering::Relaxed);
+            if !segment.is_null() {
+                // SAFETY: made by `Box::into_raw` and unlinked here, once.
+                drop(unsafe { Box::from_raw(segment) });
+            }
+        }
     }
 }
 
@@ -746,25 +1148,26 @@ mod tests {
     #[test]
     fn a_stale_ref_never_touches_the_next_occupant_of_its_slot() {
         let table = OpTable::new();
+        let pin = table.pin();
         let a = {
             let mut locked = table.insert_one(Named("a"), CarriedSpan::default());
             locked.set_keys(2);
             locked.op()
         };
-        assert!(table.is_waiting(a));
-        let taken = table.take(a).expect("a is there");
+        assert!(table.is_waiting(&pin, a));
+        let taken = table.take(&pin, a).expect("a is there");
         assert_eq!((taken.op.0, taken.keys), ("a", 2));
-        assert!(!table.is_waiting(a));
+        assert!(!table.is_waiting(&pin, a));
         // The freed slot is handed out again (this thread's free list comes first).
         let b = table.insert_one(Named("b"), CarriedSpan::default()).op();
         assert_eq!(b.index, a.index);
         assert_ne!(b.generation, a.generation);
-        assert!(!table.is_waiting(a) && table.is_waiting(b));
-        assert!(!table.may_be_waiting(a) && table.may_be_waiting(b));
-        assert!(table.lock(a).is_none());
-        assert!(table.take(a).is_none());
-        assert_eq!(table.take(b).map(|t| t.op.0), Some("b"));
-        assert!(table.take(b).is_none(), "taken once");
+        assert!(!table.is_waiting(&pin, a) && table.is_waiting(&pin, b));
+        assert!(!table.may_be_waiting(&pin, a) && table.may_be_waiting(&pin, b));
+        assert!(table.lock(&pin, a).is_none());
+        assert!(table.take(&pin, a).is_none());
+        assert_eq!(table.take(&pin, b).map(|t| t.op.0), Some("b"));
+        assert!(table.take(&pin, b).is_none(), "taken once");
     }
 
     /// A and then B in one slot, B held: every call naming A returns at once, without
@@ -772,29 +1175,38 @@ mod tests {
     #[test]
     fn a_stale_name_never_holds_the_slot_or_waits_for_its_holder() {
         let table = OpTable::new();
+        let pin = table.pin();
         let a = table.insert_one(Named("a"), CarriedSpan::default()).op();
-        drop(table.take(a).expect("a is there"));
+        drop(table.take(&pin, a).expect("a is there"));
         let held = table.insert_one(Named("b"), CarriedSpan::default());
         let b = held.op();
         assert_eq!(b.index, a.index);
-        assert!(table.lock(a).is_none(), "a stale lock returns at once");
-        assert!(table.take(a).is_none());
-        assert!(table.take_for_expiry(a, Completion::Expired).is_none());
+        assert!(
+            table.lock(&pin, a).is_none(),
+            "a stale lock returns at once"
+        );
+        assert!(table.take(&pin, a).is_none());
+        assert!(table
+            .take_for_expiry(&pin, a, Completion::Expired)
+            .is_none());
         // Nothing of those reached B: its holder unlocks it with no expiry to honour.
         assert!(held.unlock().is_ok());
-        assert_eq!(table.take(b).map(|t| t.op.0), Some("b"));
+        assert_eq!(table.take(&pin, b).map(|t| t.op.0), Some("b"));
     }
 
     #[test]
     fn an_expiry_that_finds_the_slot_held_is_handed_to_the_unlocker() {
         let table = OpTable::new();
+        let pin = table.pin();
         let held = table.insert_one(Named("x"), CarriedSpan::default());
         let x = held.op();
         assert!(
-            table.take_for_expiry(x, Completion::Expired).is_none(),
+            table
+                .take_for_expiry(&pin, x, Completion::Expired)
+                .is_none(),
             "the expiry does not wait"
         );
-        assert!(table.is_waiting(x), "left to the holder");
+        assert!(table.is_waiting(&pin, x), "left to the holder");
         let expired = held
             .unlock()
             .expect_err("the unlock hands the expiry over")
@@ -802,9 +1214,11 @@ mod tests {
         assert_eq!(expired.taken.op.0, "x");
         assert!(expired.taken.timer.is_none(), "its timer fired");
         assert_eq!(expired.how, Completion::Expired, "the timeout's");
-        assert!(!table.is_waiting(x));
+        assert!(!table.is_waiting(&pin, x));
         assert!(
-            table.take_for_expiry(x, Completion::Expired).is_none(),
+            table
+                .take_for_expiry(&pin, x, Completion::Expired)
+                .is_none(),
             "taken once"
         );
     }
@@ -812,9 +1226,12 @@ mod tests {
     #[test]
     fn a_holder_that_takes_the_operation_makes_a_requested_expiry_moot() {
         let table = OpTable::new();
+        let pin = table.pin();
         let held = table.insert_one(Named("x"), CarriedSpan::default());
         let x = held.op();
-        assert!(table.take_for_expiry(x, Completion::Expired).is_none());
+        assert!(table
+            .take_for_expiry(&pin, x, Completion::Expired)
+            .is_none());
         assert_eq!(held.take().op.0, "x");
         // The slot is free and clean: the next occupant has no expiry waiting for it.
         let next = table.insert_one(Named("y"), CarriedSpan::default());
@@ -825,17 +1242,20 @@ mod tests {
     #[test]
     fn a_held_slot_dropped_unconsumed_keeps_its_expiry_as_an_orphan() {
         let table = OpTable::new();
+        let pin = table.pin();
         assert!(table.take_orphans().is_empty());
         let held = table.insert_one(Named("x"), CarriedSpan::default());
         let x = held.op();
-        assert!(table.take_for_expiry(x, Completion::Expired).is_none());
+        assert!(table
+            .take_for_expiry(&pin, x, Completion::Expired)
+            .is_none());
         drop(held);
         let orphans = table.take_orphans();
         assert_eq!(
             orphans.iter().map(|o| o.taken.op.0).collect::<Vec<_>>(),
             ["x"]
         );
-        assert!(!table.is_waiting(x));
+        assert!(!table.is_waiting(&pin, x));
         assert!(table.take_orphans().is_empty(), "taken once");
     }
 
@@ -844,11 +1264,12 @@ mod tests {
     #[test]
     fn a_waiter_gets_the_slot_after_an_unlock_and_nothing_after_a_take() {
         let table = OpTable::new();
+        let pin = table.pin();
         for holder_takes in [false, true] {
             let held = table.insert_one(Named("x"), CarriedSpan::default());
             let x = held.op();
             std::thread::scope(|s| {
-                let waiter = s.spawn(|| table.lock(x).map(Locked::take).map(|t| t.op.0));
+                let waiter = s.spawn(|| table.lock(&pin, x).map(Locked::take).map(|t| t.op.0));
                 std::thread::sleep(std::time::Duration::from_millis(20));
                 if holder_takes {
                     assert_eq!(held.take().op.0, "x");
@@ -858,17 +1279,18 @@ mod tests {
                     assert_eq!(waiter.join().unwrap(), Some("x"));
                 }
             });
-            assert!(!table.is_waiting(x));
+            assert!(!table.is_waiting(&pin, x));
         }
     }
 
     #[test]
     fn a_slot_whose_generation_is_used_up_is_retired_and_never_matches_again() {
         let table = OpTable::new();
+        let pin = table.pin();
         let first = table
             .insert_one(Named("first"), CarriedSpan::default())
             .op();
-        drop(table.take(first).expect("first is there"));
+        drop(table.take(&pin, first).expect("first is there"));
         table.age_slot(first.index, RETIRED - 1);
         let last = table.insert_one(Named("last"), CarriedSpan::default()).op();
         assert_eq!(
@@ -878,7 +1300,7 @@ mod tests {
                 generation: RETIRED - 1
             }
         );
-        assert_eq!(table.take(last).map(|t| t.op.0), Some("last"));
+        assert_eq!(table.take(&pin, last).map(|t| t.op.0), Some("last"));
         // Retired: every later operation gets another slot, and no name the old slot was
         // ever given (the last occupant's, the first one's) matches anything.
         for name in ["a", "b", "c"] {
@@ -886,15 +1308,16 @@ mod tests {
             assert_ne!(next.index, first.index, "{name} got the retired slot");
         }
         for stale in [first, last] {
-            assert!(!table.is_waiting(stale));
-            assert!(table.lock(stale).is_none());
-            assert!(table.take(stale).is_none());
+            assert!(!table.is_waiting(&pin, stale));
+            assert!(table.lock(&pin, stale).is_none());
+            assert!(table.take(&pin, stale).is_none());
         }
     }
 
     #[test]
     fn slots_beyond_the_first_segment_are_created_and_reused() {
         let table = OpTable::new();
+        let pin = table.pin();
         let n = FIRST_SEGMENT * 3 + 5;
         let mut locked: Vec<Option<Locked<'_, Named>>> = (0..n).map(|_| None).collect();
         table.insert_many(
@@ -908,12 +1331,164 @@ mod tests {
         indices.dedup();
         assert_eq!(indices.len(), n, "one slot per operation");
         for op in &refs {
-            assert!(table.take(*op).is_some());
+            assert!(table.take(&pin, *op).is_some());
         }
         let again = table.insert_one(Named("y"), CarriedSpan::default()).op();
         assert!(
             (again.index as usize) < n,
             "a freed slot is reused before a new one"
+        );
+    }
+
+    /// Fills the table with `n` operations, returning their names (all released).
+    fn fill(table: &OpTable<Named>, n: usize) -> Vec<OpRef> {
+        let mut locked: Vec<Option<Locked<'_, Named>>> = (0..n).map(|_| None).collect();
+        table.insert_many(
+            (0..n).map(|_| (Named("x"), CarriedSpan::default())),
+            locked.iter_mut(),
+        );
+        locked.iter().flatten().map(Locked::op).collect()
+    }
+
+    /// After a burst is taken, the segments above the first are given back, and every
+    /// name of the burst (stale now) finds nothing, before and after the segments are
+    /// made again for a second burst (whose slots start above every old generation).
+    #[test]
+    fn a_drained_bursts_segments_are_given_back_and_its_names_match_nothing() {
+        let table = OpTable::new();
+        let burst = fill(&table, FIRST_SEGMENT * 7);
+        assert_eq!(table.capacity(), FIRST_SEGMENT * 7);
+        assert_eq!(table.give_back(), 0, "nothing while all are in use");
+        {
+            let pin = table.pin();
+            for op in &burst {
+                assert!(table.take(&pin, *op).is_some());
+            }
+        }
+        assert_eq!(table.give_back(), FIRST_SEGMENT * 6);
+        assert_eq!(table.capacity(), FIRST_SEGMENT);
+        assert!(
+            !table.has_unlinked.load(Ordering::Relaxed),
+            "freed: no pin was held"
+        );
+        let check_stale = |table: &OpTable<Named>| {
+            let pin = table.pin();
+            for op in &burst {
+                assert!(!table.is_waiting(&pin, *op));
+                assert!(!table.is_waiting_by_tag(&pin, *op));
+                assert!(table.lock(&pin, *op).is_none());
+                assert!(table
+                    .take_for_expiry(&pin, *op, Completion::Expired)
+                    .is_none());
+            }
+        };
+        check_stale(&table);
+        // A second burst makes the segments again: no old name matches a new occupant.
+        let second = fill(&table, FIRST_SEGMENT * 7);
+        check_stale(&table);
+        let pin = table.pin();
+        for op in &second {
+            assert!(table.is_waiting(&pin, *op));
+        }
+        for (old, new) in burst.iter().zip(&second) {
+            if old.index == new.index {
+                assert!(new.generation > old.generation, "{old:?} then {new:?}");
+            }
+        }
+    }
+
+    /// What is in use keeps twice its number of slots: taking half of a full table
+    /// gives nothing back, and a steady load at that level neither shrinks nor grows it.
+    #[test]
+    fn a_steady_load_keeps_its_segments() {
+        let table = OpTable::new();
+        let all = fill(&table, FIRST_SEGMENT * 7);
+        let pin = table.pin();
+        // The upper half is taken, the lower half still waits.
+        for op in &all[FIRST_SEGMENT * 7 / 2..] {
+            assert!(table.take(&pin, *op).is_some());
+        }
+        drop(pin);
+        for _ in 0..1000 {
+            assert_eq!(table.give_back(), 0);
+            let again = fill(&table, 16);
+            let pin = table.pin();
+            for op in again {
+                assert!(table.take(&pin, op).is_some());
+            }
+        }
+        assert_eq!(table.capacity(), FIRST_SEGMENT * 7);
+    }
+
+    /// A burst taken in the order it came (its highest slots freed last, so on top of
+    /// the free list), then a steady load of 100 in flight: the top segment's slots are
+    /// set aside as they are freed, the load moves to the slots below, and the segments
+    /// above the first go back one after the other.
+    #[test]
+    fn a_steady_load_after_a_burst_moves_down_and_lets_the_top_segments_go() {
+        let table = OpTable::new();
+        let burst = fill(&table, FIRST_SEGMENT * 7);
+        {
+            let pin = table.pin();
+            for op in &burst {
+                assert!(table.take(&pin, *op).is_some());
+            }
+        }
+        let mut live = std::collections::VecDeque::new();
+        for i in 0..20_000 {
+            let locked = table.insert_one(Named("steady"), CarriedSpan::default());
+            live.push_back(locked.op());
+            assert!(locked.unlock().is_ok());
+            if live.len() > 100 {
+                let op = live.pop_front().expect("in flight");
+                assert!(table.take(&table.pin(), op).is_some());
+            }
+            if i % 100 == 0 {
+                table.give_back();
+            }
+        }
+        assert_eq!(
+            table.capacity(),
+            FIRST_SEGMENT,
+            "kept the first segment only"
+        );
+        let pin = table.pin();
+        for op in live {
+            assert!(table.is_waiting(&pin, op));
+        }
+        for op in &burst {
+            assert!(!table.is_waiting(&pin, *op));
+        }
+    }
+
+    /// A segment given back while a thread is pinned is freed only after that pin is
+    /// dropped (the slot behind a stale name stays readable meanwhile).
+    #[test]
+    fn a_segment_given_back_is_freed_only_after_the_pins_before_it() {
+        let table = OpTable::new();
+        let burst = fill(&table, FIRST_SEGMENT * 3);
+        {
+            let pin = table.pin();
+            for op in &burst {
+                assert!(table.take(&pin, *op).is_some());
+            }
+        }
+        let pin = table.pin();
+        let stale = burst[FIRST_SEGMENT * 2];
+        let found = table.find(&pin, stale);
+        assert_eq!(table.give_back(), FIRST_SEGMENT * 2);
+        assert!(
+            table.wants_a_look(),
+            "not freed while a pin of before is held"
+        );
+        // Still readable through what was found before: the generation moved on.
+        assert!(!found.may_be_waiting() || !table.is_waiting(&pin, stale));
+        assert!(table.lock_found(found).is_none());
+        drop(pin);
+        assert_eq!(table.give_back(), 0);
+        assert!(
+            !table.has_unlinked.load(Ordering::Relaxed),
+            "freed once the pin is dropped"
         );
     }
 

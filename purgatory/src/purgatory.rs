@@ -325,9 +325,10 @@ where
         // Not ready, and whose timeout fired while this check held them (each answered
         // at once, before the next candidate's `try_complete`).
         let mut expired = 0;
+        let pin = state.table.pin();
         for &op in candidates.iter() {
             // Each entry's slot and tag are found once, for the tag and the lock.
-            let found = state.table.find(op);
+            let found = state.table.find(&pin, op);
             // The dense tag first: an entry of an operation already completed (through
             // another key, or by force, expiry or cancel) is skipped without touching its
             // slot, and the list is cleaned below.
@@ -340,7 +341,7 @@ where
                 // (a retired slot's, or one whose tag matches a later generation). Counted
                 // only if the list filter below would drop it: a tag collision it keeps
                 // must not make every check rewrite the list for nothing.
-                dead += usize::from(!state.table.is_waiting_by_tag(op));
+                dead += usize::from(!state.table.is_waiting_by_tag(&pin, op));
                 continue;
             };
             match state.try_held(locked, &self.driver, false) {
@@ -354,9 +355,11 @@ where
         // per entry. Dropping them once they are a quarter of the list keeps both O(1)
         // per completion, amortised. (`candidates` is not empty: see the early return.)
         if gone * 4 >= candidates.len() {
-            state
-                .watchers
-                .drop_completed(key, |op| state.table.is_waiting_by_tag(op), &state.user);
+            state.watchers.drop_completed(
+                key,
+                |op| state.table.is_waiting_by_tag(&pin, op),
+                &state.user,
+            );
         }
         state.after_call();
         completed
@@ -405,14 +408,15 @@ where
             return 0;
         }
         let state = self.state();
+        let pin = state.table.pin();
         if chunk.len() > 1 {
-            state.table.prepare(chunk.iter().copied());
+            state.table.prepare(&pin, chunk.iter().copied());
         }
         let _work = self.driver.work();
         let mut taken: SmallVec<[Taken<O>; CHUNK]> = SmallVec::new();
         let mut vacated = SmallVec::<[_; CHUNK]>::new();
         for op in chunk.drain(..) {
-            if let Some(locked) = state.table.lock(op) {
+            if let Some(locked) = state.table.lock(&pin, op) {
                 let (t, slot) = locked.take_deferred();
                 taken.push(t);
                 vacated.push(slot);
@@ -446,7 +450,7 @@ where
         if handle.purgatory != state.id {
             return None;
         }
-        let taken = state.table.take(handle.op)?;
+        let taken = state.table.take(&state.table.pin(), handle.op)?;
         report!(state.user, DEBUG, purgatory = %state.name, "cancel");
         let taken_back = self.hand_back(taken);
         state.after_call();
@@ -456,7 +460,8 @@ where
     /// Whether the operation `handle` names has been completed, expired or cancelled.
     /// A handle of another purgatory names nothing here and reads as completed.
     pub fn is_completed(&self, handle: &OperationHandle<O>) -> bool {
-        handle.purgatory != self.state().id || !self.state().table.is_waiting(handle.op)
+        let table = &self.state().table;
+        handle.purgatory != self.state().id || !table.is_waiting(&table.pin(), handle.op)
     }
 
     /// Removes every operation watched on `key`, disarms their timeouts and hands them
@@ -473,11 +478,12 @@ where
         Q: Hash + Eq + ?Sized,
     {
         let state = self.state();
+        let pin = state.table.pin();
         let ops: Vec<O> = state
             .watchers
             .take(key, &state.user)
             .into_iter()
-            .filter_map(|op| state.table.take(op))
+            .filter_map(|op| state.table.take(&pin, op))
             .map(|taken| {
                 let (op, span) = self.hand_back(taken);
                 span.close(&state.user);
@@ -518,8 +524,11 @@ where
     }
 
     /// Drops every completed entry from every list now; returns how many were dropped.
+    /// Also gives back the memory of operation slots a burst left unused, as the reaper
+    /// does between its rounds (see "Watchers, purging, memory" in `docs/purgatory.md`).
     pub fn purge(&self) -> usize {
         let purged = self.state().purge_all();
+        self.state().table.give_back();
         self.state().after_call();
         purged
     }
@@ -722,7 +731,8 @@ mod tests {
             .build()
             .unwrap();
         let x = pending(purgatory.watch(Named, ["x"]));
-        let held = purgatory.state().table.lock(x.op).expect("x waits");
+        let pin = purgatory.state().table.pin();
+        let held = purgatory.state().table.lock(&pin, x.op).expect("x waits");
         clock.advance(Duration::from_secs(60));
         assert_eq!(
             purgatory.advance_clock(Duration::ZERO),
@@ -769,7 +779,8 @@ mod tests {
             Ok(WatchOutcome::Pending(handle)) => handle,
             _ => panic!("x waits"),
         };
-        let held = purgatory.state().table.lock(x.op).expect("x waits");
+        let pin = purgatory.state().table.pin();
+        let held = purgatory.state().table.lock(&pin, x.op).expect("x waits");
         clock.advance(Duration::from_secs(60));
         assert_eq!(purgatory.advance_clock(Duration::ZERO), 1);
         drop(held);

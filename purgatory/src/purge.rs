@@ -42,11 +42,12 @@ impl<K: Hash + Eq, O: DelayedOperation> State<K, O> {
     /// One purge step (see `watchers.rs`) on shard `index` from `cursor`; counts what it
     /// dropped.
     fn purge_step(&self, index: usize, cursor: PurgeCursor) -> (usize, Option<PurgeCursor>) {
+        let pin = self.table.pin();
         let (removed, next) = self.watchers.purge_step(
             index,
             cursor,
             STEP,
-            |op| self.table.may_be_waiting(op),
+            |op| self.table.may_be_waiting(&pin, op),
             &self.user,
         );
         if removed > 0 {

@@ -131,9 +131,21 @@ pub(crate) struct Slot<S> {
 unsafe impl<S: Send> Sync for Slot<S> {}
 
 impl<S> Slot<S> {
-    pub(crate) fn new(state: S) -> Self {
+    /// A free slot whose next occupant gets `generation` (below [`RETIRED`]): for a slot
+    /// made anew where an older one was, whose names must never match it.
+    pub(crate) fn free_with(state: S, generation: u32) -> Self {
+        debug_assert_ne!(generation, RETIRED);
         Slot {
-            word: AtomicU64::new(unlocked(0)),
+            word: AtomicU64::new(unlocked(generation)),
+            state: UnsafeCell::new(state),
+        }
+    }
+
+    /// A slot that no name ever matches: it stands in for the slots of a segment given
+    /// back (`op_table.rs`), so a stale name finds "gone" there and writes nothing.
+    pub(crate) fn retired(state: S) -> Self {
+        Slot {
+            word: AtomicU64::new(unlocked(RETIRED)),
             state: UnsafeCell::new(state),
         }
     }

@@ -13,7 +13,9 @@
 //! slots, which nobody else can be waiting for. Watcher shard, timer shard and free-list
 //! locks are leaves: nothing is locked while one is held. A cancel-queue lock is held
 //! while its handles are applied, so a timer shard lock is taken under it (never the other
-//! way round; see `cancels.rs`). No lock but the
+//! way round; see `cancels.rs`). The op table's growth lock (making and giving back its
+//! segments, `op_table.rs`) is taken with no lock held but slots, and the free-list
+//! locks are taken under it (never the other way round). No lock but the
 //! operation's own slot is held while user code runs (its `try_complete`), except a
 //! key's `Eq` under a watcher shard lock.
 

@@ -492,11 +492,12 @@ where
     /// (waiting for a holder), answering at once what it completes and any expiry its
     /// unlock hands over.
     fn try_chunk(&self, chunk: &mut Chunk<O>, driver: &Driver<Self>) {
+        let pin = self.table.pin();
         for &position in &chunk.positions {
             let Some(Ok(WatchOutcome::Pending(handle))) = &chunk.out[position] else {
                 continue;
             };
-            let Some(locked) = self.table.lock(handle.op) else {
+            let Some(locked) = self.table.lock(&pin, handle.op) else {
                 continue; // completed, expired or cancelled since it was armed
             };
             // Completed now, it never waited (as a single watch's at its tries).

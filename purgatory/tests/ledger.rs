@@ -278,6 +278,8 @@ fn worker(
             98 => {
                 if rng.percent(10) {
                     purgatory.purge();
+                } else if rng.percent(3) {
+                    burst(&purgatory, &epoch, &mut rng, &readiness, &mut recent);
                 }
             }
             _ => {
@@ -287,6 +289,40 @@ fn worker(
     }
     // Dropped here, concurrently with the other workers' clones.
     drop(purgatory);
+}
+
+/// A burst: thousands of operations watched in one batch and forced in one batch, then a
+/// purge, which gives back the op table's segments the burst grew (once what else is in
+/// flight fits in half of what remains) while the other workers go on, their handles
+/// and list entries often naming slots of the segments given back; a few of the burst's
+/// handles, stale now, join the recent ones.
+fn burst(
+    purgatory: &Purgatory<u64, Probe>,
+    epoch: &Epoch,
+    rng: &mut Rng,
+    readiness: &Readiness,
+    recent: &mut Recent,
+) {
+    let size = 1_000 + rng.below(4_000) as usize;
+    let batch: Vec<(Probe, Vec<u64>)> = (0..size)
+        .map_while(|_| new_op(epoch, rng, readiness))
+        .collect();
+    let ids: Vec<usize> = batch.iter().map(|(op, _)| op.id).collect();
+    let mut handles = Vec::new();
+    for (id, result) in ids.into_iter().zip(purgatory.watch_batch(batch)) {
+        match result {
+            Ok(WatchOutcome::Pending(handle)) => {
+                if rng.percent(1) {
+                    recent.add(rng, id, handle);
+                }
+                handles.push(handle);
+            }
+            Ok(WatchOutcome::Completed) => {}
+            Err(error) => epoch.refuse(error),
+        }
+    }
+    purgatory.force_complete_batch(handles.iter());
+    purgatory.purge();
 }
 
 /// What an epoch ran.

@@ -681,3 +681,103 @@ fn a_check_that_holds_a_slot_when_its_timeout_fires_expires_it() {
 fn a_check_racing_a_reuse_of_its_slot_loses_no_expiry() {
     explore("check racing a reuse", check_racing_a_reuse_model);
 }
+
+/// What the late thread of [`give_back_model`] does with the name of X, an operation of
+/// the segment given back meanwhile.
+#[derive(Clone, Copy, Debug)]
+enum LateAction {
+    Cancel,
+    Force,
+    IsCompleted,
+    /// A check of X's key, whose entry for X is still listed (under loom every tag
+    /// collides, so the check looks at the slot behind it).
+    Check,
+}
+
+/// Nine operations fill the first segment (8 slots under loom) and one slot of the
+/// second (X), and are forced. One thread then uses X's stale name while another purges,
+/// which gives the second segment back (nothing is in use) and frees it once no pin
+/// taken before the unlink is left. Each segment carries, under loom, a cell written when
+/// it is freed and read by every look-up: a look-up the grace period does not cover is a
+/// data race loom reports. After both, the segment is made again by nine new
+/// operations: X's name matches none of them.
+fn give_back_model(action: LateAction) {
+    EXPLORED.fetch_add(1, SeqCst);
+    let clock = ManualClock::new();
+    let purgatory = purgatory(&clock);
+    let watch_nine = |first_key: u8| {
+        (0..9u8)
+            .map(|i| {
+                let (op, _) = never_ready(Duration::from_secs(60));
+                let key = if first_key == KEY && i == 8 {
+                    KEY
+                } else {
+                    first_key + 1 + i
+                };
+                let WatchOutcome::Pending(handle) = purgatory.watch(op, [key]).expect("accepted")
+                else {
+                    panic!("waits");
+                };
+                handle
+            })
+            .collect::<Vec<_>>()
+    };
+    let first = watch_nine(KEY);
+    let x = first[8];
+    assert_eq!(purgatory.force_complete_batch(first.iter()), 9);
+    let late = {
+        let purgatory = purgatory.clone();
+        spawn(move || match action {
+            LateAction::Cancel => assert!(purgatory.cancel(&x).is_none()),
+            LateAction::Force => assert!(!purgatory.force_complete(&x)),
+            LateAction::IsCompleted => assert!(purgatory.is_completed(&x)),
+            LateAction::Check => assert_eq!(purgatory.check_and_complete(&KEY), 0),
+        })
+    };
+    let giver = {
+        let purgatory = purgatory.clone();
+        spawn(move || {
+            purgatory.purge();
+        })
+    };
+    late.join().unwrap();
+    giver.join().unwrap();
+    // Frees what waited for the late thread's pin (if it had to).
+    purgatory.purge();
+    let second = watch_nine(100);
+    assert!(purgatory.is_completed(&x), "{action:?}");
+    assert!(purgatory.cancel(&x).is_none(), "{action:?}");
+    assert!(!purgatory.force_complete(&x), "{action:?}");
+    for handle in &second {
+        assert!(!purgatory.is_completed(handle), "{action:?}");
+    }
+    assert_eq!(purgatory.stats().pending, 9);
+}
+
+#[test]
+fn a_stale_cancel_racing_a_give_back_reads_no_freed_segment() {
+    explore("give back and a late cancel", || {
+        give_back_model(LateAction::Cancel)
+    });
+}
+
+#[test]
+fn a_stale_force_racing_a_give_back_reads_no_freed_segment() {
+    explore("give back and a late force", || {
+        give_back_model(LateAction::Force)
+    });
+}
+
+#[test]
+fn a_stale_is_completed_racing_a_give_back_reads_no_freed_segment() {
+    explore("give back and a late is_completed", || {
+        give_back_model(LateAction::IsCompleted)
+    });
+}
+
+#[test]
+fn a_stale_check_racing_a_give_back_reads_no_freed_segment() {
+    explore("give back and a late check", || {
+        give_back_model(LateAction::Check)
+    });
+}

@@ -543,6 +543,18 @@ impl<T> TimerCore<T> {
         self.clock.panics()
     }
 
+    /// Gives back the memory of entry slots a burst left unused: each shard whose
+    /// tasks are at most a quarter of its slots drops the free slots above its last one
+    /// in use (keys to them stay stale: a slot made again starts above their
+    /// generations). Returns how many slots were dropped. Locks each shard once; call it
+    /// between rounds, not on a hot path (a purgatory's reaper does).
+    pub fn give_back(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|shard| shard.state.lock().wheel.give_back())
+            .sum()
+    }
+
     /// Whether [`shutdown`](Self::shutdown) has been called.
     pub fn is_shutdown(&self) -> bool {
         self.closed.load(Ordering::SeqCst)

@@ -82,6 +82,17 @@ pub trait Expire: Send + Sync + 'static {
         expire_alone(self, task);
     }
 
+    /// Handles the tasks `claim` hands out, one at a time, until it returns `None`: the
+    /// tasks of a batch the reaper (or a stand-in taking it over) hands out one by one.
+    /// The default is [`expire_one`](Self::expire_one) on each; a target overrides it to
+    /// set something up once for all of them. Claim each task only when about to handle
+    /// it: the tasks not claimed yet are what a stand-in takes over.
+    fn expire_claimed(&self, mut claim: impl FnMut() -> Option<Self::Task>) {
+        while let Some(task) = claim() {
+            self.expire_one(task);
+        }
+    }
+
     /// Runs at the start of every round, before the core is advanced.
     fn before_round(&self) {}
 
@@ -587,11 +598,7 @@ impl<E: Expire> Shared<E> {
     /// target's `expire_one` is caught and reported; the claims go on.
     fn expire_claimed(self: &Arc<Self>, batch: &SharedBatch<E::Task>) {
         let _inside = ExpiringHere::enter(self);
-        let all = || {
-            while let Some(task) = batch.claim() {
-                self.target.expire_one(task);
-            }
-        };
+        let all = || self.target.expire_claimed(|| batch.claim());
         while caught("expiry handler panicked; the batch goes on", all).is_none() {}
     }
 

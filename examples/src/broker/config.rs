@@ -31,7 +31,8 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
   --max-frame-bytes B       largest request accepted, and each connection's share of
                             --queued-max-request-bytes beyond its own 64 KiB (default 104857600,
                             Kafka's socket.request.max.bytes)
-  --max-produce-wait-ms T   cap on an acks=all produce's own timeout (default: none)
+  --max-produce-wait-ms T   cap on an acks=all produce's own timeout (default 30000, Kafka's
+                            request.timeout.ms)
   --metrics-listen ADDR     serve the purgatories' figures as Prometheus text over HTTP there
                             (default: not served; port 0 = any free port)
   --max-connections N       open connections at most (default: the open-file limit minus 64, so
@@ -93,7 +94,7 @@ pub struct BrokerConfig {
     /// connection may hold of `queued_max_request_bytes`.
     pub max_frame_bytes: usize,
     /// Cap on how long an acks=all produce waits, whatever its own timeout says.
-    pub max_produce_wait: Option<Duration>,
+    pub max_produce_wait: Duration,
     /// Where the binary serves Prometheus text (see `metrics_endpoint.rs`), if anywhere.
     pub metrics_listen: Option<SocketAddr>,
     /// Open connections at most; at the cap a new connection takes an idle one's place, or
@@ -182,7 +183,8 @@ impl Default for BrokerConfig {
                 stalled: false,
             },
             max_frame_bytes: 100 * 1024 * 1024,
-            max_produce_wait: None,
+            // Kafka's request.timeout.ms default (a client's own wait for an answer).
+            max_produce_wait: Duration::from_secs(30),
             metrics_listen: None,
             max_connections: default_max_connections(),
             max_connections_per_ip: None,
@@ -261,10 +263,6 @@ impl BrokerConfig {
                 why: "a topic name has 1 to 249 characters".into(),
             });
         }
-        let max_produce_wait: Option<u64> = match flags.get("--max-produce-wait-ms", 0u64)? {
-            0 => None,
-            ms => Some(ms),
-        };
         let positive = |flag: &str, default: u64| -> Result<u64, FlagError> {
             match flags.get(flag, default)? {
                 0 => Err(FlagError::BadValue {
@@ -332,7 +330,10 @@ impl BrokerConfig {
                 stalled: flags.switch("--stall-followers"),
             },
             max_frame_bytes: flags.get("--max-frame-bytes", defaults.max_frame_bytes)?,
-            max_produce_wait: max_produce_wait.map(Duration::from_millis),
+            max_produce_wait: millis(positive(
+                "--max-produce-wait-ms",
+                defaults.max_produce_wait.as_millis() as u64,
+            )?),
             metrics_listen: flags.get_opt("--metrics-listen")?,
         })
     }
@@ -406,7 +407,7 @@ mod tests {
         assert_eq!(config.followers.lag, Duration::from_millis(7));
         assert!(config.followers.stalled);
         assert_eq!(config.max_frame_bytes, 1000);
-        assert_eq!(config.max_produce_wait, Some(Duration::from_millis(250)));
+        assert_eq!(config.max_produce_wait, Duration::from_millis(250));
         assert_eq!(config.max_connections, 40);
         assert_eq!(config.connections_max_idle, Duration::from_millis(1500));
         assert_eq!(config.frame_read_timeout, Duration::from_millis(700));
@@ -432,6 +433,8 @@ mod tests {
         assert!(parse(&["--connections-max-idle-ms", "0"]).is_err());
         assert!(parse(&["--fetch-max-bytes", "0"]).is_err());
         assert!(parse(&["--write-timeout-ms", "0"]).is_err());
+        // No way back to an unbounded acks=all wait (the review of issue #29, finding 3).
+        assert!(parse(&["--max-produce-wait-ms", "0"]).is_err());
         assert!(parse(&["--retention-bytes", "0"]).is_err());
         assert!(parse(&["--metrics-max-connections", "0"]).is_err());
         assert!(parse(&["--max-connections-per-ip", "0"]).is_err());
@@ -456,6 +459,8 @@ mod tests {
         assert_eq!(BrokerConfig::default().fetch_max_bytes, 57_671_680);
         let expiration = BrokerConfig::default().producer_id_expiration;
         assert_eq!(expiration.as_millis(), 86_400_000);
+        // Kafka's request.timeout.ms default.
+        assert_eq!(BrokerConfig::default().max_produce_wait.as_millis(), 30_000);
     }
 
     #[test]

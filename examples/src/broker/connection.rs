@@ -30,7 +30,9 @@
 //! - Bad input ends only its own connection: a frame size outside the limit, a header that
 //!   does not decode, an unknown API, an unsupported version (except ApiVersions, answered
 //!   with UNSUPPORTED_VERSION as KIP-511 asks), a body that does not decode, or a request
-//!   naming more partitions (Metadata: topics) than `max_partitions_per_request` closes it.
+//!   naming more entries than `max_partitions_per_request` closes it: topics and
+//!   partitions (Metadata: topics), counted in the raw body before decoding, with tagged
+//!   fields, so that what a request decodes into is bounded (`request_entries.rs`).
 //!   Nothing a client sends can make the broker panic.
 
 use std::future::Future;
@@ -56,6 +58,7 @@ use super::frame::FrameError;
 use super::reply::{respond, respond_sharing, Answer, Reply};
 use super::request_budget::ConnectionBudget;
 use super::stalled_read::read_frame_watching_stalls;
+use super::request_entries::{self, Kind};
 use super::{fetch, init_producer_id, list_offsets, metadata, produce, BrokerState};
 
 /// Serves one connection until the client leaves, it misbehaves, it stays idle or half-way
@@ -226,7 +229,19 @@ pub async fn handle(state: &BrokerState, mut frame: Bytes, peer: IpAddr) -> Repl
         let id = i32::from_be_bytes([id[0], id[1], id[2], id[3]]);
         return respond(api, 0, id, &api_versions::response(true));
     }
-    let header = match RequestHeader::decode(&mut frame, api.request_header_version(version)) {
+    let cap = state.config.max_partitions_per_request;
+    let header_version = api.request_header_version(version);
+    // Each tagged field of the header decodes into an entry of a map: counted first.
+    match request_entries::count_header(&frame, header_version, cap) {
+        Ok(fields) if fields > cap => {
+            return Reply::Close(format!(
+                "request header has more than --max-partitions-per-request {cap} tagged fields"
+            ))
+        }
+        Ok(_) => {}
+        Err(e) => return Reply::Close(format!("bad {api:?} request header: {e:?}")),
+    }
+    let header = match RequestHeader::decode(&mut frame, header_version) {
         Ok(header) => header,
         Err(e) => return Reply::Close(format!("bad {api:?} request header: {e}")),
     };
@@ -332,12 +347,15 @@ async fn dispatch(
 fn decode<R: Decodable + Entries>(mut body: Bytes, version: i16, cap: usize) -> Result<R, String> {
     let too_many = |named: usize| {
         format!(
-            "request names {named} partitions (Metadata: topics), more than \
-             --max-partitions-per-request {cap}"
+            "request names {named} entries (topics and partitions; Metadata: topics), \
+             more than --max-partitions-per-request {cap}"
         )
     };
-    if let Some(announced) = R::announced(&body, version).filter(|&n| n > cap) {
-        return Err(too_many(announced));
+    if R::announced(&body, version, cap)?.is_some_and(|n| n > cap) {
+        return Err(format!(
+            "request names more than --max-partitions-per-request {cap} entries (topics, \
+             partitions and tagged fields; Metadata: topics), counted before decoding"
+        ));
     }
     let request = R::decode(&mut body, version)
         .map_err(|e| format!("malformed request body (v{version}): {e}"))?;
@@ -354,28 +372,45 @@ fn decode<R: Decodable + Entries>(mut body: Bytes, version: i16, cap: usize) -> 
     Ok(request)
 }
 
-/// What the per-request cap counts: partitions named (topics for Metadata), duplicates
-/// included.
+/// What the per-request cap counts: topics and partitions named (Metadata: topics),
+/// duplicates included; before decoding, also tagged fields and a Fetch's forgotten topics
+/// (`request_entries.rs`).
 trait Entries {
     /// Entries of the decoded request.
     fn entries(&self) -> usize;
 
-    /// Entries the raw body announces, where that can be read before decoding (so a
-    /// request over the cap costs no decoding).
-    fn announced(_body: &[u8], _version: i16) -> Option<usize> {
-        None
+    /// Entries the raw body holds, where they can be counted before decoding (so a request
+    /// over the cap costs no decoding), or a number above `cap` once past it; `Err` for a
+    /// body that does not hold its version's fields.
+    fn announced(_body: &[u8], _version: i16, _cap: usize) -> Result<Option<usize>, String> {
+        Ok(None)
     }
+}
+
+/// Counts a body's entries with `request_entries::count`.
+fn walked(kind: Kind, body: &[u8], version: i16, cap: usize) -> Result<Option<usize>, String> {
+    request_entries::count(kind, body, version, cap)
+        .map(Some)
+        .map_err(|e| format!("malformed {kind:?} request body (v{version}): {e:?}"))
 }
 
 impl Entries for ApiVersionsRequest {
     fn entries(&self) -> usize {
         0
     }
+
+    fn announced(body: &[u8], version: i16, cap: usize) -> Result<Option<usize>, String> {
+        walked(Kind::ApiVersions, body, version, cap)
+    }
 }
 
 impl Entries for InitProducerIdRequest {
     fn entries(&self) -> usize {
         0
+    }
+
+    fn announced(body: &[u8], version: i16, cap: usize) -> Result<Option<usize>, String> {
+        walked(Kind::InitProducerId, body, version, cap)
     }
 }
 
@@ -384,25 +419,40 @@ impl Entries for MetadataRequest {
         self.topics.as_ref().map_or(0, Vec::len)
     }
 
-    fn announced(body: &[u8], version: i16) -> Option<usize> {
-        metadata::announced_topics(body, version)
+    fn announced(body: &[u8], version: i16, cap: usize) -> Result<Option<usize>, String> {
+        walked(Kind::Metadata, body, version, cap)
     }
 }
 
 impl Entries for ProduceRequest {
     fn entries(&self) -> usize {
-        self.topic_data.iter().map(|t| t.partition_data.len()).sum()
+        self.topic_data
+            .iter()
+            .map(|t| 1 + t.partition_data.len())
+            .sum()
+    }
+
+    fn announced(body: &[u8], version: i16, cap: usize) -> Result<Option<usize>, String> {
+        walked(Kind::Produce, body, version, cap)
     }
 }
 
 impl Entries for FetchRequest {
     fn entries(&self) -> usize {
-        self.topics.iter().map(|t| t.partitions.len()).sum()
+        self.topics.iter().map(|t| 1 + t.partitions.len()).sum()
+    }
+
+    fn announced(body: &[u8], version: i16, cap: usize) -> Result<Option<usize>, String> {
+        walked(Kind::Fetch, body, version, cap)
     }
 }
 
 impl Entries for ListOffsetsRequest {
     fn entries(&self) -> usize {
-        self.topics.iter().map(|t| t.partitions.len()).sum()
+        self.topics.iter().map(|t| 1 + t.partitions.len()).sum()
+    }
+
+    fn announced(body: &[u8], version: i16, cap: usize) -> Result<Option<usize>, String> {
+        walked(Kind::ListOffsets, body, version, cap)
     }
 }

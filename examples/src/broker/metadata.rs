@@ -21,24 +21,6 @@ use super::BrokerState;
 /// The cluster id reported from Metadata v2 on.
 pub const CLUSTER_ID: &str = "purgatory-example";
 
-/// The number of topics a raw Metadata body announces (its first field), before decoding:
-/// a 32-bit count up to v8, an unsigned varint of the count plus one from v9. `None` for a
-/// null list (all topics) or a body too short to tell.
-pub fn announced_topics(body: &[u8], version: i16) -> Option<usize> {
-    if version < 9 {
-        let count = i32::from_be_bytes(body.get(..4)?.try_into().ok()?);
-        return usize::try_from(count).ok();
-    }
-    let mut value: u64 = 0;
-    for (i, byte) in body.iter().take(5).enumerate() {
-        value |= u64::from(byte & 0x7f) << (7 * i);
-        if byte & 0x80 == 0 {
-            return usize::try_from(value.checked_sub(1)?).ok();
-        }
-    }
-    None
-}
-
 /// Answers a Metadata request.
 pub fn handle(state: &BrokerState, request: &MetadataRequest, version: i16) -> MetadataResponse {
     let mut broker = MetadataResponseBroker::default();
@@ -91,38 +73,4 @@ fn topic(state: &BrokerState, name: Option<StrBytes>) -> MetadataResponseTopic {
         }
     }
     topic
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
-    use kafka_protocol::protocol::Encodable;
-
-    fn encoded(topics: Option<usize>, version: i16) -> Vec<u8> {
-        let mut request = MetadataRequest::default();
-        request.topics = topics.map(|n| {
-            let mut topic = MetadataRequestTopic::default();
-            topic.name = Some(TopicName(StrBytes::from_static_str("demo")));
-            vec![topic; n]
-        });
-        let mut out = bytes::BytesMut::new();
-        request.encode(&mut out, version).unwrap();
-        out.to_vec()
-    }
-
-    #[test]
-    fn the_announced_topic_count_is_read_before_decoding() {
-        for version in 0..=9 {
-            for n in [0, 1, 200, 20_000] {
-                let body = encoded(Some(n), version);
-                assert_eq!(announced_topics(&body, version), Some(n), "v{version} {n}");
-            }
-            if version >= 1 {
-                assert_eq!(announced_topics(&encoded(None, version), version), None);
-            }
-        }
-        assert_eq!(announced_topics(&[0, 0], 3), None);
-        assert_eq!(announced_topics(&[0x80, 0x80], 9), None);
-    }
 }

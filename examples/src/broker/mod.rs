@@ -43,6 +43,7 @@ mod producer_id_quota;
 mod producer_ids;
 mod reply;
 mod request_budget;
+mod request_entries;
 mod stalled_read;
 
 use std::io;

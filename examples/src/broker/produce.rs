@@ -4,10 +4,12 @@
 //! - acks=1: answered once the leader appended.
 //! - acks=-1 (all): a [`DelayedProduce`](crate::delayed_produce::DelayedProduce) waits in
 //!   the purgatory until every in-sync follower has the request's last offset in each
-//!   partition, or answers REQUEST_TIMED_OUT at the request's `timeout_ms` (capped by
-//!   `--max-produce-wait-ms` when given).
+//!   partition, or answers REQUEST_TIMED_OUT at the request's `timeout_ms` capped by
+//!   `--max-produce-wait-ms` (default 30 s, Kafka's `request.timeout.ms`). Only the topic
+//!   names the answer echoes are kept across the wait, not the decoded request.
 //!
-//! Partitions with an error (unknown partition, corrupt or old-format batches, batches whose
+//! Partitions with an error (compressed batches: UNSUPPORTED_COMPRESSION_TYPE, 76; unknown
+//! partition, corrupt or old-format batches, batches whose
 //! offsets disagree with their records or would pass `i64::MAX`: INVALID_RECORD; a producer
 //! id this broker did not hand out or has retired: UNKNOWN_PRODUCER_ID; a producer whose
 //! state the partition forgot, after `--producer-id-expiration-ms` without an append there
@@ -17,7 +19,7 @@
 use std::time::Duration;
 
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
-use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
+use kafka_protocol::messages::{ProduceRequest, ProduceResponse, TopicName};
 use kafka_protocol::ResponseError;
 
 use super::BrokerState;
@@ -40,7 +42,7 @@ struct PartitionResult {
 /// Handles a produce request; `None` means no answer (acks=0).
 pub async fn handle(
     state: &BrokerState,
-    request: ProduceRequest,
+    mut request: ProduceRequest,
     version: i16,
 ) -> Option<ProduceResponse> {
     let acks = request.acks;
@@ -54,6 +56,7 @@ pub async fn handle(
 
     let mut results = Vec::new();
     let mut waits = Vec::new();
+    let timeout_ms = request.timeout_ms;
     for (topic_index, topic) in request.topic_data.iter().enumerate() {
         for data in &topic.partition_data {
             let mut result = PartitionResult {
@@ -75,13 +78,17 @@ pub async fn handle(
         }
     }
 
+    // The answer echoes only the topic names (slices of the frame, which the answer shares
+    // and the request budget counts): the decoded request, up to
+    // `--max-partitions-per-request` entries, is not kept across the wait.
+    let topics = std::mem::take(&mut request.topic_data);
+    drop(request);
+    let names: Vec<TopicName> = topics.into_iter().map(|t| t.name).collect();
     match acks {
         ACKS_NONE if refuse_all.is_none() => return None,
         ACKS_ALL if refuse_all.is_none() && !waits.is_empty() => {
-            let mut timeout = Duration::from_millis(request.timeout_ms.max(0) as u64);
-            if let Some(cap) = state.config.max_produce_wait {
-                timeout = timeout.min(cap);
-            }
+            let timeout =
+                Duration::from_millis(timeout_ms.max(0) as u64).min(state.config.max_produce_wait);
             let (indexes, waits): (Vec<usize>, Vec<ReplicaWait>) = waits.into_iter().unzip();
             let answer = state.leader.wait_for_replicas(timeout, waits).await;
             let acknowledged = match answer {
@@ -96,7 +103,7 @@ pub async fn handle(
         }
         _ => {}
     }
-    Some(response(&request, results, version))
+    Some(response(names, results, version))
 }
 
 /// Appends one partition's records; returns what acks=all must wait for and the base offset.
@@ -113,6 +120,8 @@ fn append(
     let batches = ProducedBatch::parse_all(records).map_err(|e| match e {
         BatchError::UnsupportedFormat => ResponseError::UnsupportedForMessageFormat,
         BatchError::Transactional | BatchError::Invalid(_) => ResponseError::InvalidRecord,
+        // Kafka's answer (76) to a batch in a codec the broker will not take.
+        BatchError::Compressed(_) => ResponseError::UnsupportedCompressionType,
         BatchError::Empty | BatchError::Corrupt(_) => ResponseError::CorruptMessage,
     })?;
     // An idempotent batch names its producer id; only ids handed out may be named, or a
@@ -139,17 +148,12 @@ fn append(
     Ok((wait, appended.base_offset))
 }
 
-fn response(
-    request: &ProduceRequest,
-    results: Vec<PartitionResult>,
-    version: i16,
-) -> ProduceResponse {
-    let mut topics: Vec<TopicProduceResponse> = request
-        .topic_data
-        .iter()
-        .map(|topic| {
+fn response(names: Vec<TopicName>, results: Vec<PartitionResult>, version: i16) -> ProduceResponse {
+    let mut topics: Vec<TopicProduceResponse> = names
+        .into_iter()
+        .map(|name| {
             let mut answer = TopicProduceResponse::default();
-            answer.name = topic.name.clone();
+            answer.name = name;
             answer
         })
         .collect();

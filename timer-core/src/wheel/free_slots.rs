@@ -79,6 +79,60 @@ impl FreeSlots {
         Some(slot as u32)
     }
 
+    /// The number of slots below the first of a run of free slots that reaches `slots`
+    /// (the slab's length): every slot at or above it is free, the one below it is not.
+    pub(crate) fn free_above(&self, slots: usize) -> usize {
+        let mut word = slots.div_ceil(64);
+        while word > 0 {
+            word -= 1;
+            let valid = if (word + 1) * 64 <= slots {
+                u64::MAX
+            } else {
+                (1u64 << (slots - word * 64)) - 1
+            };
+            let taken = !self.words[word] & valid;
+            if taken != 0 {
+                return word * 64 + 64 - taken.leading_zeros() as usize;
+            }
+        }
+        0
+    }
+
+    /// Forgets the slots at and above `slots`, which must all be free: the slab drops
+    /// them.
+    pub(crate) fn truncate(&mut self, slots: usize) {
+        let words = slots.div_ceil(64);
+        let dropped: usize = self.words[words.min(self.words.len())..]
+            .iter()
+            .map(|w| w.count_ones() as usize)
+            .sum();
+        self.words.truncate(words);
+        let mut cleared = 0;
+        if let Some(last) = self.words.last_mut() {
+            if slots % 64 != 0 {
+                let keep = (1u64 << (slots % 64)) - 1;
+                cleared = (*last & !keep).count_ones() as usize;
+                *last &= keep;
+            }
+        }
+        self.len -= dropped + cleared;
+        self.summary.truncate(words.div_ceil(64));
+        for (group, summary) in self.summary.iter_mut().enumerate() {
+            *summary = 0;
+            for (i, w) in self.words[group * 64..((group + 1) * 64).min(words)]
+                .iter()
+                .enumerate()
+            {
+                if *w != 0 {
+                    *summary |= 1 << i;
+                }
+            }
+        }
+        self.low = self.low.min(self.summary.len().saturating_sub(1));
+        self.words.shrink_to_fit();
+        self.summary.shrink_to_fit();
+    }
+
     /// Calls `visit` on the (at most) `n` slots the next `n` pops would hand out, lowest
     /// first, without taking them.
     pub(crate) fn peek_lowest(&self, n: usize, mut visit: impl FnMut(u32)) {

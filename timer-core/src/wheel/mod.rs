@@ -339,6 +339,12 @@ impl<T> Wheel<T> {
         }
     }
 
+    /// Gives back the memory of the slots a burst left unused (see `slab.rs`); returns
+    /// how many slots it dropped.
+    pub fn give_back(&mut self) -> usize {
+        self.slab.give_back()
+    }
+
     /// Takes every task out, in no particular order, leaving the wheel empty.
     pub fn drain(&mut self) -> Vec<T> {
         // Cancelled entries hold no task; the slab frees their slots with the rest.

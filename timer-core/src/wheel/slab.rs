@@ -28,6 +28,10 @@
 //!   ever issued matches it. That costs one entry per 2^32 - 1 tasks of one slot.
 //! - Every slot in `free` is below `entries.len()` and vacant; every vacant slot is in
 //!   `free` or retired (counted in `retired`).
+//! - A slot created (pushed) starts with generation `floor`, the highest generation of
+//!   the slots [`give_back`](Slab::give_back) dropped (each a vacant slot's next
+//!   generation, above every key it was handed out with), so a key to a dropped slot
+//!   never matches a slot made again at its index.
 
 use super::free_slots::FreeSlots;
 
@@ -72,7 +76,13 @@ pub(crate) struct Slab<T> {
     pub(crate) occupied: usize,
     /// Slots retired because their generation reached [`RETIRED`].
     pub(crate) retired: usize,
+    /// The generation a slot created from now on starts with: above every generation of
+    /// the slots given back ([`give_back`](Self::give_back)), so no key to them matches.
+    floor: u32,
 }
+
+/// Fewest slots a slab gives back at once ([`Slab::give_back`]).
+const GIVE_BACK_MIN: usize = 4096;
 
 impl<T> Slab<T> {
     pub(crate) fn new() -> Self {
@@ -81,6 +91,7 @@ impl<T> Slab<T> {
             free: FreeSlots::default(),
             occupied: 0,
             retired: 0,
+            floor: 0,
         }
     }
 
@@ -132,14 +143,14 @@ impl<T> Slab<T> {
         self.entries.push(Entry {
             next: NIL,
             prev: NIL,
-            generation: 0,
+            generation: self.floor,
             bucket: NIL,
             expiration,
             task: Some(task),
         });
         SlotKey {
             index,
-            generation: 0,
+            generation: self.floor,
         }
     }
 
@@ -228,6 +239,34 @@ impl<T> Slab<T> {
         tasks
     }
 
+    /// Drops the free slots above the last slot in use, and the memory they took, once
+    /// at most a quarter of the slots are occupied and at least half of them would go
+    /// (and [`GIVE_BACK_MIN`] at least), so a burst's slots do not stay allocated for
+    /// good while a steady load keeps at least four times its slots. The next
+    /// occupants of slots made again start above every generation dropped. Returns how
+    /// many slots it dropped.
+    pub(crate) fn give_back(&mut self) -> usize {
+        let len = self.entries.len();
+        if len < 2 * GIVE_BACK_MIN || self.occupied * 4 > len {
+            return 0;
+        }
+        let keep = self.free.free_above(len);
+        if len - keep < GIVE_BACK_MIN || keep * 2 > len {
+            return 0;
+        }
+        // Free slots only (retired ones are not free): below `RETIRED`.
+        let top = self.entries[keep..]
+            .iter()
+            .map(|e| e.generation)
+            .max()
+            .unwrap_or(0);
+        self.floor = self.floor.max(top);
+        self.entries.truncate(keep);
+        self.entries.shrink_to(keep);
+        self.free.truncate(keep);
+        len - keep
+    }
+
     #[inline]
     pub(crate) fn get_mut(&mut self, index: u32) -> &mut Entry<T> {
         &mut self.entries[index as usize]
@@ -313,6 +352,62 @@ mod tests {
             assert_eq!(slab.drain().len(), 5_001);
             assert_eq!(slab.occupied(), 0);
         }
+    }
+
+    /// A burst's slots go back once it drained to a quarter, down to the last slot in
+    /// use; keys to them match nothing, before or after the slots are made again.
+    #[test]
+    fn a_drained_bursts_slots_are_given_back_and_its_keys_stay_stale() {
+        let mut slab = Slab::new();
+        let keys: Vec<_> = (0..100_000u64).map(|i| slab.insert(i, i)).collect();
+        assert_eq!(slab.give_back(), 0, "all in use");
+        // All but the first 1,000 leave; one more, at 40,000, stays for a while.
+        for key in &keys[1_000..] {
+            if key.index != 40_000 {
+                slab.remove(key.index);
+            }
+        }
+        assert_eq!(
+            slab.give_back(),
+            100_000 - 40_001,
+            "down to the last in use"
+        );
+        slab.remove(40_000);
+        assert_eq!(slab.give_back(), 40_001 - 1_000);
+        assert_eq!(slab.entries.len(), 1_000);
+        assert!(slab.entries.capacity() < 2_000, "the memory went too");
+        assert_eq!(slab.occupied(), 1_000);
+        assert_eq!(slab.give_back(), 0, "nothing more to give");
+        for key in &keys[1_000..] {
+            assert!(slab.lookup(*key).is_none());
+        }
+        // Made again: every new key differs from every old key of its slot.
+        let again: Vec<_> = (0..99_000u64).map(|i| slab.insert(i, i)).collect();
+        for key in &keys[1_000..] {
+            assert!(slab.lookup(*key).is_none(), "{key:?}");
+        }
+        for (old, new) in keys[1_000..].iter().zip(&again) {
+            assert_eq!(old.index, new.index);
+            assert!(new.generation > old.generation);
+        }
+        assert_eq!(slab.occupied(), 100_000);
+    }
+
+    /// A steady load keeps its slots: nothing goes back while more than a quarter of
+    /// them are occupied.
+    #[test]
+    fn a_steady_load_keeps_its_slots() {
+        let mut slab = Slab::new();
+        let keys: Vec<_> = (0..20_000u64).map(|i| slab.insert(i, i)).collect();
+        for key in &keys[5_001..] {
+            slab.remove(key.index);
+        }
+        for i in 0..10_000u64 {
+            assert_eq!(slab.give_back(), 0);
+            let key = slab.insert(i, i);
+            slab.remove(key.index);
+        }
+        assert_eq!(slab.entries.len(), 20_000);
     }
 
     #[test]
