@@ -214,9 +214,15 @@ async fn connections_beyond_the_cap_are_closed_at_once() {
         ..config(2)
     })
     .await;
+    // Each client from its own loopback address: by default one address may hold only half
+    // of the places (`--max-connections-per-ip`, tests/broker_limits.rs).
+    let from = |last: usize| {
+        let source = std::net::IpAddr::from([127, 0, 0, last as u8]);
+        WireClient::connect_from(source, broker.local_addr())
+    };
     let mut admitted = Vec::with_capacity(CAP);
-    for _ in 0..CAP {
-        let mut client = connect(broker.local_addr()).await;
+    for i in 0..CAP {
+        let mut client = timeout(LIMIT, from(2 + i)).await.unwrap().unwrap();
         let answer = timeout(LIMIT, client.call(1, &MetadataRequest::default())).await;
         assert!(answer.unwrap().is_ok());
         // A waiting long poll: the connection is busy, so no newcomer may evict it (an
@@ -229,7 +235,7 @@ async fn connections_beyond_the_cap_are_closed_at_once() {
         broker.stats().leader.fetch.pending == CAP
     })
     .await;
-    let mut refused = connect(broker.local_addr()).await;
+    let mut refused = timeout(LIMIT, from(2 + CAP)).await.unwrap().unwrap();
     assert!(
         closed_by_broker(&mut refused, Duration::from_secs(2)).await,
         "a connection beyond the cap was kept"
@@ -239,7 +245,7 @@ async fn connections_beyond_the_cap_are_closed_at_once() {
     // A place freed is a place for a new client.
     drop(admitted.pop());
     eventually("the freed place", || broker.stats().connections == CAP - 1).await;
-    let mut client = connect(broker.local_addr()).await;
+    let mut client = timeout(LIMIT, from(3 + CAP)).await.unwrap().unwrap();
     let answer = timeout(LIMIT, client.call(1, &MetadataRequest::default())).await;
     assert_eq!(answer.unwrap().unwrap().brokers.len(), 1);
     broker.shutdown().await;

@@ -5,6 +5,9 @@
 //!
 //! - Finding 5: connections per address (`--max-connections-per-ip`), and at the
 //!   broker-wide cap idle connections make room for new ones.
+//! - Review finding 4: a client keeping its connections busy (a byte of a frame each) does
+//!   not evict the idle connections of a smaller client, and by default holds at most half
+//!   of the places, so a fresh client gets in.
 //! - Finding 6: a partition forgets an idempotent producer after
 //!   `--producer-id-expiration-ms`; it may then start again only at sequence 0.
 //! - Finding 9: the metrics endpoint serves scrapers while idle clients keep reconnecting;
@@ -67,6 +70,8 @@ async fn finding_5_one_clients_idle_connections_make_room_for_fresh_clients() {
     const CAP: usize = 32;
     let broker = start(BrokerConfig {
         max_connections: CAP,
+        // One address may hold every place: the broker-wide cap is what is tested here.
+        max_connections_per_ip: Some(CAP),
         ..config(1)
     })
     .await;
@@ -112,7 +117,7 @@ async fn finding_5_one_clients_idle_connections_make_room_for_fresh_clients() {
 async fn finding_5_one_address_is_capped_and_another_still_gets_in() {
     const PER_IP: usize = 4;
     let broker = start(BrokerConfig {
-        max_connections_per_ip: PER_IP,
+        max_connections_per_ip: Some(PER_IP),
         ..config(1)
     })
     .await;
@@ -153,6 +158,130 @@ async fn finding_5_one_address_is_capped_and_another_still_gets_in() {
         closed_by_broker(&mut again, LIMIT).await,
         "the idle connection was kept"
     );
+    broker.shutdown().await;
+}
+
+/// Three good clients of 127.0.0.2, served and then idle, and a client of 127.0.0.1 opening
+/// `cap` connections that each send one byte of a frame (busy, not idle): returns the good
+/// clients and the other's connections.
+async fn busy_flood_after_idle_clients(
+    addr: SocketAddr,
+    cap: usize,
+) -> (Vec<WireClient>, Vec<WireClient>) {
+    let mut good = Vec::new();
+    for _ in 0..3 {
+        let mut client = connect_from(loopback(2), addr).await;
+        assert!(served(&mut client).await);
+        good.push(client);
+    }
+    let mut flood = Vec::new();
+    for _ in 0..cap {
+        let mut client = connect_from(loopback(1), addr).await;
+        // A refused connection may be closed already: its send may fail.
+        let _ = client.send_raw(&[0]).await;
+        flood.push(client);
+        // Time for the broker to see the byte (the connection is busy from then on).
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (good, flood)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_4_busy_connections_do_not_evict_a_smaller_addresss_idle_ones() {
+    const CAP: usize = 20;
+    let broker = start(BrokerConfig {
+        max_connections: CAP,
+        // Only the eviction rule protects the good clients here.
+        max_connections_per_ip: Some(CAP),
+        ..config(1)
+    })
+    .await;
+    let addr = broker.local_addr();
+    let (mut good, flood) = busy_flood_after_idle_clients(addr, CAP).await;
+    for (i, client) in good.iter_mut().enumerate() {
+        assert!(
+            served(client).await,
+            "good client {i} was evicted by a larger address's newcomer"
+        );
+    }
+    // The flood's last three found no room (or took one of its own idle places).
+    eventually("the open connections back within the cap", || {
+        broker.stats().connections <= CAP
+    })
+    .await;
+    drop(flood);
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_4_by_default_one_address_leaves_room_for_fresh_clients() {
+    const CAP: usize = 20;
+    let broker = start(BrokerConfig {
+        max_connections: CAP,
+        ..config(1)
+    })
+    .await;
+    let addr = broker.local_addr();
+    let (mut good, flood) = busy_flood_after_idle_clients(addr, CAP).await;
+    // Half the places at most for 127.0.0.1: the rest of its connections closed at once.
+    eventually("127.0.0.1 down to half the places", || {
+        broker.stats().connections <= CAP / 2 + good.len()
+    })
+    .await;
+    for (i, client) in good.iter_mut().enumerate() {
+        assert!(served(client).await, "good client {i} was closed");
+    }
+    // Fresh clients from another address get in, one after another.
+    for i in 0..5 {
+        let mut fresh = connect_from(loopback(3), addr).await;
+        assert!(served(&mut fresh).await, "fresh client {i} was refused");
+    }
+    assert!(broker.stats().connections <= CAP);
+    drop(flood);
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review_4_connections_stalled_a_byte_into_a_frame_make_room_for_fresh_clients() {
+    const CAP: usize = 20;
+    let broker = start(BrokerConfig {
+        max_connections: CAP,
+        ..config(1)
+    })
+    .await;
+    let addr = broker.local_addr();
+    // Two addresses, half the places each (the default per address), every connection one
+    // byte into a frame and silent from then on.
+    let mut stalled = Vec::new();
+    for source in [loopback(1), loopback(4)] {
+        for _ in 0..CAP / 2 {
+            let mut client = connect_from(source, addr).await;
+            client.send_raw(&[0]).await.unwrap();
+            stalled.push(client);
+        }
+    }
+    eventually("every place taken", || broker.stats().connections == CAP).await;
+    // Time for the broker to see each byte: until then a connection is idle, and a fresh
+    // client would take its place without any stall being noticed.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A fresh client gets in once they have sent nothing for a second or two, well before
+    // the 30 s --frame-read-timeout-ms would close them.
+    let started = std::time::Instant::now();
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let mut fresh = connect_from(loopback(3), addr).await;
+        if served(&mut fresh).await {
+            break;
+        }
+        assert!(
+            started.elapsed() < LIMIT,
+            "no fresh client served in {tries} tries over {LIMIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(broker.stats().evicted_connections >= 1);
+    drop(stalled);
     broker.shutdown().await;
 }
 

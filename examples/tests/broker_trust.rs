@@ -8,6 +8,8 @@
 //! - Review of issue #29, finding 1: a compressed batch's records cannot be counted without
 //!   decompressing them, so the broker refuses compressed batches
 //!   (UNSUPPORTED_COMPRESSION_TYPE) rather than take their count on trust.
+//! - Review of issue #29, finding 2: asking for ids is cheap, so a flood of InitProducerId retires only
+//!   ids nobody produced under, and one address may take ids at a bounded rate.
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::InitProducerIdRequest;
@@ -279,5 +281,122 @@ async fn finding_7_a_producer_id_never_handed_out_cannot_shadow_the_next_client(
         (0, 1)
     );
     assert_eq!(broker.stats().producer_ids, 2);
+    broker.shutdown().await;
+}
+
+/// Kafka's answer to a client over its quota (here: of producer ids, `producer_id_quota.rs`).
+const THROTTLING_QUOTA_EXCEEDED: i16 = 89;
+
+/// Ids the broker keeps live at most (`MAX_LIVE_PRODUCER_IDS`).
+const LIVE_IDS: usize = 1 << 16;
+
+/// Ids one address may take at once (the quota's burst).
+const BURST: usize = 256;
+
+/// A client connected from the loopback address 127.0.`a`.`b`: on Linux all of 127/8 is
+/// loopback, so each is a client of its own address.
+async fn connect_from(a: u8, b: u8, addr: std::net::SocketAddr) -> WireClient {
+    let source = std::net::IpAddr::from([127, 0, a, b]);
+    timeout(LIMIT, WireClient::connect_from(source, addr))
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// Sends `count` InitProducerId requests back to back on `client`, then reads their
+/// answers: `(error code, producer id, throttle time)` of each.
+async fn init_producer_ids(client: &mut WireClient, count: usize) -> Vec<(i16, i64, i32)> {
+    let mut request = InitProducerIdRequest::default();
+    request.transactional_id = None;
+    for _ in 0..count {
+        timeout(LIMIT, client.send(4, &request))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let mut answers = Vec::with_capacity(count);
+    for _ in 0..count {
+        let answer = timeout(LIMIT, client.receive::<InitProducerIdRequest>())
+            .await
+            .unwrap()
+            .unwrap();
+        answers.push((
+            answer.error_code,
+            answer.producer_id.0,
+            answer.throttle_time_ms,
+        ));
+    }
+    answers
+}
+
+/// An idempotent batch as producer `producer_id`, epoch 0, at `sequence`.
+fn idempotent_batch_at(producer_id: i64, sequence: i32, value: &'static [u8]) -> Bytes {
+    let batch = idempotent_batch(producer_id, value);
+    let mut batch = BytesMut::from(&batch[..]);
+    // The base sequence sits at byte 53 of a v2 batch, inside the CRC's range.
+    const BASE_SEQUENCE: usize = 53;
+    batch[BASE_SEQUENCE..BASE_SEQUENCE + 4].copy_from_slice(&sequence.to_be_bytes());
+    let crc = crc32c(&batch[ATTRIBUTES..]);
+    batch[CRC..CRC + 4].copy_from_slice(&crc.to_be_bytes());
+    batch.freeze()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding_2_a_flood_of_init_producer_id_does_not_retire_a_producing_clients_id() {
+    let broker = start(config(1)).await;
+    let addr = broker.local_addr();
+    let mut good = connect(addr).await;
+    let id = init_producer_id(&mut good).await;
+    assert_eq!(
+        produce(&mut good, 7, idempotent_batch_at(id, 0, b"first")).await,
+        (0, 0)
+    );
+    // More ids than the broker keeps, each address within its quota's burst (so only the
+    // order of retirement can save the good producer's id).
+    let mut handed = 0;
+    let addresses = LIVE_IDS / BURST + 4;
+    for i in 0..addresses {
+        let (a, b) = (1 + (i / 250) as u8, 1 + (i % 250) as u8);
+        let mut attacker = connect_from(a, b, addr).await;
+        let answers = init_producer_ids(&mut attacker, BURST).await;
+        handed += answers.iter().filter(|&&(error, ..)| error == 0).count();
+    }
+    assert!(handed > LIVE_IDS, "only {handed} ids handed out");
+    assert_eq!(broker.stats().producer_ids, LIVE_IDS);
+    // The good producer's next batch is appended: its id was not retired.
+    assert_eq!(
+        produce(&mut good, 7, idempotent_batch_at(id, 1, b"second")).await,
+        (0, 1),
+        "the good producer's id was retired by a flood of InitProducerId"
+    );
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding_2_one_address_asking_ids_faster_than_its_quota_is_throttled() {
+    let broker = start(config(1)).await;
+    let addr = broker.local_addr();
+    let mut attacker = connect_from(0, 2, addr).await;
+    let started = std::time::Instant::now();
+    let answers = init_producer_ids(&mut attacker, 4 * BURST).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let handed = answers.iter().filter(|&&(error, ..)| error == 0).count();
+    // The burst, and 32 a second since (one more for the rounding).
+    let allowed = BURST + (32.0 * elapsed) as usize + 1;
+    assert!(
+        (BURST..=allowed).contains(&handed),
+        "{handed} ids handed out in {elapsed:.2} s, {allowed} allowed"
+    );
+    for &(error, producer_id, throttle_ms) in answers.iter().filter(|&&(error, ..)| error != 0) {
+        assert_eq!(error, THROTTLING_QUOTA_EXCEEDED);
+        assert_eq!(producer_id, -1);
+        assert!(
+            (1..=1_000).contains(&throttle_ms),
+            "throttled {throttle_ms} ms"
+        );
+    }
+    // Another address still gets an id at once.
+    let mut other = connect_from(0, 3, addr).await;
+    assert!(init_producer_id(&mut other).await > 0);
     broker.shutdown().await;
 }

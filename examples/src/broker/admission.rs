@@ -2,27 +2,35 @@
 //! the eviction of an idle connection when the broker-wide cap is reached.
 //!
 //! A connection is *idle* while it waits for the first byte of its next request (no request
-//! is being read, handled, waiting in a purgatory or answered). Kafka closes the least
+//! is being read, handled, waiting in a purgatory or answered), and also while a request it
+//! started has sent no byte for a second (`stalled_read.rs`: a client holding connections
+//! with a byte of a frame each is not busy). Kafka closes the least
 //! recently used idle connections when it runs out of room; here, at the broker-wide cap,
 //! a new connection takes the place of the least recently active idle connection **of the
 //! address that holds the most connections** (its own address included), so a client that
 //! opens thousands of idle connections loses its own first, and a fresh client always gets
-//! in as long as any connection is idle. Likewise at the cap of its address
-//! (`max_connections_per_ip`, Kafka's `max.connections.per.ip`, where Kafka refuses) a new
-//! connection takes the place of that address's least recently active idle connection.
+//! in as long as any connection is idle. But a newcomer never evicts a connection of an
+//! address holding fewer connections than its own (issue #29, review finding 4): it is
+//! refused instead, so a client whose own connections are kept busy (a byte of a frame
+//! each) cannot push out the idle connections of smaller clients. Likewise at the cap of
+//! its address (`max_connections_per_ip`, Kafka's `max.connections.per.ip`, where Kafka
+//! refuses) a new connection takes the place of that address's least recently active idle
+//! connection.
 //!
 //! | connection state | entered by | may be evicted |
 //! |---|---|---|
 //! | busy | [`Admission::admit`], [`Slot::busy`] | no |
-//! | idle | [`Slot::idle`] | yes: by a newcomer at the broker-wide cap, or from its address at the address's cap |
+//! | idle | [`Slot::idle`], [`Slot::stalled`] | yes: by a newcomer at the broker-wide cap whose address holds no more connections than its own, or from its address at the address's cap |
 //! | evicted | a newcomer's [`Admission::admit`] | no longer counted; [`Slot::evicted`] fires and its task closes the socket |
 //!
 //! Invariants:
 //! - The table counts at most `max_connections` connections, and at most
 //!   `max_connections_per_ip` from one IP address. A connection over the address's cap
 //!   when none of that address's connections is idle is refused ([`Refused::PerIp`]), one
-//!   over the broker-wide cap when no connection is idle ([`Refused::Full`]); a refusal
-//!   evicts nothing.
+//!   over the broker-wide cap when no address holding at least as many connections as the
+//!   newcomer's has an idle one ([`Refused::Full`]); a refusal evicts nothing.
+//! - An eviction at the broker-wide cap takes from an address holding at least as many
+//!   connections as the newcomer's (before it is counted), never from a smaller one.
 //! - An evicted connection leaves the count at once; its descriptor closes as soon as its
 //!   task runs (it is idle: nothing of it is waiting), so descriptors exceed the cap only by
 //!   the evictions whose task has not run yet.
@@ -82,7 +90,8 @@ struct Address {
 pub enum Refused {
     /// Its address holds `max_connections_per_ip` connections already, none idle.
     PerIp,
-    /// `max_connections` are open and none is idle.
+    /// `max_connections` are open and no address holding at least as many connections as
+    /// the newcomer's has an idle one.
     Full,
 }
 
@@ -90,7 +99,10 @@ impl fmt::Display for Refused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Refused::PerIp => write!(f, "the --max-connections-per-ip cap, none idle"),
-            Refused::Full => write!(f, "the --max-connections cap, no connection idle"),
+            Refused::Full => write!(
+                f,
+                "the --max-connections cap, no idle connection of an address holding as many as its own"
+            ),
         }
     }
 }
@@ -116,14 +128,14 @@ impl Admission {
 
     /// Admits a connection from `ip` (busy: its first request is awaited by its task),
     /// evicting an idle connection of the same address at its cap, or one of the largest
-    /// address at the broker-wide cap.
+    /// address at the broker-wide cap if that holds at least as many as `ip`.
     pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<Slot, Refused> {
         let mut table = self.table.lock();
         let from_ip = table.addresses.get(&ip).map_or(0, |a| a.open);
         if from_ip >= self.max_per_ip {
             table.evict_idle_of(ip).ok_or(Refused::PerIp)?;
         } else if table.open >= self.max_connections {
-            table.evict_one().ok_or(Refused::Full)?;
+            table.evict_one(from_ip).ok_or(Refused::Full)?;
         }
         let id = table.next_id;
         table.next_id += 1;
@@ -153,9 +165,13 @@ impl Admission {
 
 impl Table {
     /// Evicts the least recently active idle connection of the address with the most
-    /// connections; `None` if no connection is idle.
-    fn evict_one(&mut self) -> Option<()> {
-        let &(_, ip) = self.with_idle.last()?;
+    /// connections; `None` if no connection is idle, or if that address holds fewer than
+    /// `at_least` connections.
+    fn evict_one(&mut self, at_least: usize) -> Option<()> {
+        let &(open, ip) = self.with_idle.last()?;
+        if open < at_least {
+            return None;
+        }
         self.evict_idle_of(ip)
     }
 
@@ -196,6 +212,16 @@ impl Table {
 impl Slot {
     /// The connection waits for its next request: it may be evicted from now on.
     pub fn idle(&self) {
+        self.evictable();
+    }
+
+    /// The request being read sent nothing for a while: the connection may be evicted
+    /// from now on, as an idle one, until [`Slot::busy`].
+    pub fn stalled(&self) {
+        self.evictable();
+    }
+
+    fn evictable(&self) {
         let mut table = self.admission.table.lock();
         let stamp = table.next_stamp;
         let Some(entry) = table.connections.get_mut(&self.id) else {
@@ -311,6 +337,31 @@ mod tests {
         assert_eq!(admission.admit(ip(4)).unwrap_err(), Refused::Full);
         drop(flood);
         assert!(admission.admit(ip(4)).is_ok());
+    }
+
+    #[test]
+    fn at_the_cap_a_newcomer_never_evicts_an_address_smaller_than_its_own() {
+        let admission = Arc::new(Admission::new(6, 10));
+        // A small client (2 connections) served, then idle.
+        let small: Vec<Slot> = (0..2).map(|_| admission.admit(ip(2)).unwrap()).collect();
+        small.iter().for_each(Slot::idle);
+        // A larger one keeps its 4 connections busy (a byte of a frame each).
+        let big: Vec<Slot> = (0..4).map(|_| admission.admit(ip(1)).unwrap()).collect();
+        // Its fifth is refused: the only idle connections are of a smaller address.
+        assert_eq!(admission.admit(ip(1)).unwrap_err(), Refused::Full);
+        assert_eq!(admission.evicted(), 0);
+        assert!(small.iter().all(|slot| !evicted_now(slot)));
+        // A fresh address (none open) may take an idle place, and so may an equal one.
+        let fresh = admission.admit(ip(3)).unwrap();
+        assert!(evicted_now(&small[0]) && !evicted_now(&small[1]));
+        fresh.idle();
+        let second = admission.admit(ip(3)).unwrap();
+        assert_eq!(admission.evicted(), 2);
+        // Once the big address has an idle connection, it goes first, even for itself.
+        big[3].idle();
+        let again = admission.admit(ip(1)).unwrap();
+        assert!(evicted_now(&big[3]));
+        drop((big, small, second, again));
     }
 
     #[test]

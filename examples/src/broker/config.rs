@@ -37,13 +37,16 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
                             (default: not served; port 0 = any free port)
   --max-connections N       open connections at most (default: the open-file limit minus 64, so
                             clients never use up the descriptors); at the cap a new connection
-                            takes the place of an idle one (no request started or waiting), the
-                            least recently active of the address holding the most connections,
-                            and is closed at once only when none is idle
+                            takes the place of an idle one (no request started or waiting, or
+                            a started request that sent no byte for a second), the least
+                            recently active of the address holding the most connections, if
+                            that address holds at least as many as the newcomer's; otherwise the
+                            newcomer is closed at once
   --max-connections-per-ip N  open connections from one IP address at most: one more takes the
                             place of that address's least recently active idle connection, and
-                            is closed at once when none is idle (default 1000; Kafka's
-                            max.connections.per.ip, whose default is unbounded)
+                            is closed at once when none is idle (default: half of
+                            --max-connections, at most 1000, so other addresses always have
+                            room; Kafka's max.connections.per.ip, whose default is unbounded)
   --connections-max-idle-ms T  close a connection with no request for T ms (default 600000,
                             Kafka's connections.max.idle.ms; a waiting request is not idle)
   --frame-read-timeout-ms T close a connection whose started request is not whole after T ms
@@ -98,8 +101,10 @@ pub struct BrokerConfig {
     /// is closed at once when none is idle (`admission.rs`).
     pub max_connections: usize,
     /// Open connections from one IP address at most; one more takes the place of an idle
-    /// one of that address, or is closed at once when none is idle.
-    pub max_connections_per_ip: usize,
+    /// one of that address, or is closed at once when none is idle. `None`:
+    /// [`default_max_connections_per_ip`] of `max_connections` (see
+    /// [`BrokerConfig::connections_per_ip`]).
+    pub max_connections_per_ip: Option<usize>,
     /// A connection that sends no request for this long is closed.
     pub connections_max_idle: Duration,
     /// A request whose first byte arrived must be whole within this, or its connection is
@@ -137,8 +142,15 @@ pub const OWN_REQUEST_BYTES: usize = 64 * 1024;
 /// default) when the connection cap is derived from the open-file limit.
 const RESERVED_DESCRIPTORS: u64 = 64;
 
-/// The default cap of connections from one IP address.
+/// The largest default cap of connections from one IP address.
 pub const DEFAULT_MAX_CONNECTIONS_PER_IP: usize = 1000;
+
+/// The default cap of connections from one IP address under a broker-wide cap of
+/// `max_connections`: half of it (at least 1), at most [`DEFAULT_MAX_CONNECTIONS_PER_IP`],
+/// so one address never holds every place and a client of another address gets in.
+pub fn default_max_connections_per_ip(max_connections: usize) -> usize {
+    (max_connections / 2).clamp(1, DEFAULT_MAX_CONNECTIONS_PER_IP)
+}
 
 /// The default cap of the metrics listener's connections (inside `RESERVED_DESCRIPTORS`).
 pub const DEFAULT_METRICS_MAX_CONNECTIONS: usize = 16;
@@ -175,7 +187,7 @@ impl Default for BrokerConfig {
             max_produce_wait: Duration::from_secs(30),
             metrics_listen: None,
             max_connections: default_max_connections(),
-            max_connections_per_ip: DEFAULT_MAX_CONNECTIONS_PER_IP,
+            max_connections_per_ip: None,
             connections_max_idle: Duration::from_secs(600),
             frame_read_timeout: Duration::from_secs(30),
             fetch_max_bytes: 55 * 1024 * 1024,
@@ -187,6 +199,15 @@ impl Default for BrokerConfig {
             metrics_max_connections: DEFAULT_METRICS_MAX_CONNECTIONS,
             producer_id_expiration: crate::producer_sequences::DEFAULT_PRODUCER_EXPIRATION,
         }
+    }
+}
+
+impl BrokerConfig {
+    /// The cap of connections from one IP address in force: `max_connections_per_ip`, or
+    /// by default [`default_max_connections_per_ip`] of `max_connections`.
+    pub fn connections_per_ip(&self) -> usize {
+        self.max_connections_per_ip
+            .unwrap_or_else(|| default_max_connections_per_ip(self.max_connections))
     }
 }
 
@@ -292,10 +313,10 @@ impl BrokerConfig {
                 "--metrics-max-connections",
                 defaults.metrics_max_connections as u64,
             )?),
-            max_connections_per_ip: as_usize(positive(
-                "--max-connections-per-ip",
-                defaults.max_connections_per_ip as u64,
-            )?),
+            max_connections_per_ip: match flags.get_opt::<u64>("--max-connections-per-ip")? {
+                None => None,
+                Some(_) => Some(as_usize(positive("--max-connections-per-ip", 1)?)),
+            },
             producer_id_expiration: millis(positive(
                 "--producer-id-expiration-ms",
                 defaults.producer_id_expiration.as_millis() as u64,
@@ -397,7 +418,8 @@ mod tests {
         assert_eq!(config.queued_max_request_bytes, 5000);
         assert_eq!(config.retention_bytes, 6000);
         assert_eq!(config.metrics_max_connections, 3);
-        assert_eq!(config.max_connections_per_ip, 9);
+        assert_eq!(config.max_connections_per_ip, Some(9));
+        assert_eq!(config.connections_per_ip(), 9);
         assert_eq!(config.producer_id_expiration, Duration::from_millis(1234));
     }
 
@@ -439,5 +461,21 @@ mod tests {
         assert_eq!(expiration.as_millis(), 86_400_000);
         // Kafka's request.timeout.ms default.
         assert_eq!(BrokerConfig::default().max_produce_wait.as_millis(), 30_000);
+    }
+
+    #[test]
+    fn the_default_cap_per_address_is_half_the_connection_cap_at_most_1000() {
+        let per_ip = |max: &str| {
+            parse(&["--max-connections", max])
+                .unwrap()
+                .connections_per_ip()
+        };
+        assert_eq!(per_ip("1"), 1);
+        assert_eq!(per_ip("5"), 2);
+        assert_eq!(per_ip("20"), 10);
+        assert_eq!(per_ip("1960"), 980);
+        assert_eq!(per_ip("100000"), 1000);
+        let explicit = parse(&["--max-connections", "20", "--max-connections-per-ip", "20"]);
+        assert_eq!(explicit.unwrap().connections_per_ip(), 20);
     }
 }

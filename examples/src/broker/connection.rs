@@ -25,7 +25,8 @@
 //!   copying them (`reply.rs`); nothing kept across a wait is a slice of the frame.
 //! - A connection waiting for its next request is idle (`admission.rs`): at a connection
 //!   cap (the broker's, or its address's) a newcomer may evict it, which closes it; once
-//!   its next request has started it is never evicted.
+//!   its next request has started it is evicted only while that request sends no byte for
+//!   a second (`stalled_read.rs`), never once it is whole.
 //! - Bad input ends only its own connection: a frame size outside the limit, a header that
 //!   does not decode, an unknown API, an unsupported version (except ApiVersions, answered
 //!   with UNSUPPORTED_VERSION as KIP-511 asks), a body that does not decode, or a request
@@ -35,6 +36,7 @@
 //!   Nothing a client sends can make the broker panic.
 
 use std::future::Future;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,9 +54,10 @@ use tokio::time::timeout;
 use super::admission::Slot;
 use super::api_versions;
 use super::client_socket::ClientReader;
-use super::frame::{read_frame, FrameError};
+use super::frame::FrameError;
 use super::reply::{respond, respond_sharing, Answer, Reply};
 use super::request_budget::ConnectionBudget;
+use super::stalled_read::read_frame_watching_stalls;
 use super::request_entries::{self, Kind};
 use super::{fetch, init_producer_id, list_offsets, metadata, produce, BrokerState};
 
@@ -66,9 +69,9 @@ pub async fn serve(
     mut stop: watch::Receiver<bool>,
     slot: Slot,
 ) {
-    let peer = stream
-        .peer_addr()
-        .map_or_else(|_| "?".to_string(), |a| a.to_string());
+    let peer_addr = stream.peer_addr().ok();
+    let peer = peer_addr.map_or_else(|| "?".to_string(), |a| a.to_string());
+    let peer_ip = peer_addr.map_or(IpAddr::from([0, 0, 0, 0]), |a| a.ip());
     let _ = stream.set_nodelay(true);
     let (reader, mut writer) = stream.into_split();
     let config = &state.config;
@@ -95,7 +98,7 @@ pub async fn serve(
                 .oldest_arrival()
                 .map_or(Duration::ZERO, |arrived| arrived.elapsed());
             let whole = config.frame_read_timeout.saturating_sub(waited);
-            let frame = read_frame(&mut reader, config.max_frame_bytes);
+            let frame = read_frame_watching_stalls(&mut reader, config.max_frame_bytes, &slot);
             within(
                 whole,
                 "request not whole after",
@@ -124,7 +127,7 @@ pub async fn serve(
         // after the answer that echoes parts of it is written.
         let frame_bytes = frame.len() + 4;
         let frame = reader.budget().charged(frame, frame_bytes);
-        let handling = handle(&state, frame);
+        let handling = handle(&state, frame, peer_ip);
         tokio::pin!(handling);
         let reply = tokio::select! {
             biased;
@@ -207,8 +210,8 @@ async fn within<T, E: std::fmt::Display>(
     }
 }
 
-/// Decodes and answers one request frame.
-pub async fn handle(state: &BrokerState, mut frame: Bytes) -> Reply {
+/// Decodes and answers one request frame of a client at `peer`.
+pub async fn handle(state: &BrokerState, mut frame: Bytes, peer: IpAddr) -> Reply {
     if frame.len() < 4 {
         return Reply::Close(format!("request of {} bytes has no header", frame.len()));
     }
@@ -248,10 +251,17 @@ pub async fn handle(state: &BrokerState, mut frame: Bytes) -> Reply {
     if !api_versions::is_supported(api, version) {
         return Reply::Close(format!("unsupported {api:?} version {version}"));
     }
-    dispatch(state, api, version, id, frame).await
+    dispatch(state, api, version, id, frame, peer).await
 }
 
-async fn dispatch(state: &BrokerState, api: ApiKey, version: i16, id: i32, body: Bytes) -> Reply {
+async fn dispatch(
+    state: &BrokerState,
+    api: ApiKey,
+    version: i16,
+    id: i32,
+    body: Bytes,
+    peer: IpAddr,
+) -> Reply {
     let cap = state.config.max_partitions_per_request;
     match api {
         ApiKey::ApiVersions => match decode::<ApiVersionsRequest>(body, version, cap) {
@@ -270,7 +280,10 @@ async fn dispatch(state: &BrokerState, api: ApiKey, version: i16, id: i32, body:
             Err(reason) => Reply::Close(reason),
         },
         ApiKey::InitProducerId => match decode::<InitProducerIdRequest>(body, version, cap) {
-            Ok(request) => respond(api, version, id, &init_producer_id::handle(state, &request)),
+            Ok(request) => {
+                let response = init_producer_id::handle(state, &request, peer);
+                respond(api, version, id, &response)
+            }
             Err(reason) => Reply::Close(reason),
         },
         // Answers that echo topic names share them with the body (issue #29, finding 3).

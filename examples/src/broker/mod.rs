@@ -15,6 +15,8 @@
 //!   its address's cap, of its own address), and is closed at once only when none is idle
 //!   (refusals logged at most once a second, with a count), so clients cannot use up the
 //!   broker's file descriptors, and one client's idle connections cannot keep others out.
+//!   A newcomer never evicts a connection of an address holding fewer connections than
+//!   its own, and by default one address holds at most half of `max_connections`.
 //! - Connection-level log lines are rate-limited per kind, with a count of those
 //!   suppressed (`log_limit.rs`).
 //! - After a burst of closed connections the freed memory goes back to the operating
@@ -37,10 +39,12 @@ mod memory;
 mod metadata;
 pub mod metrics_endpoint;
 mod produce;
+mod producer_id_quota;
 mod producer_ids;
 mod reply;
 mod request_budget;
 mod request_entries;
+mod stalled_read;
 
 use std::io;
 use std::net::SocketAddr;
@@ -57,6 +61,7 @@ pub use config::BrokerConfig;
 use crate::leader::{Leader, LeaderStats};
 use crate::partition::{Partition, PartitionKey};
 use admission::{Admission, Refused};
+use producer_id_quota::ProducerIdQuota;
 use producer_ids::ProducerIds;
 use request_budget::RequestBudget;
 
@@ -70,6 +75,8 @@ pub(crate) struct BrokerState {
     pub advertised: SocketAddr,
     /// The producer ids InitProducerId handed out: the only ones a produce may use.
     pub producer_ids: ProducerIds,
+    /// How fast each address may take producer ids.
+    pub producer_id_quota: ProducerIdQuota,
     /// Open connections (counted until their task ends, evicted ones included).
     pub connections: AtomicUsize,
     /// Which connections may be open: the caps and the eviction of idle connections.
@@ -180,12 +187,13 @@ impl Broker {
             config.retention_bytes,
             config.producer_id_expiration,
         );
-        let admission = Admission::new(config.max_connections, config.max_connections_per_ip);
+        let admission = Admission::new(config.max_connections, config.connections_per_ip());
         let state = Arc::new(BrokerState {
             config,
             leader,
             advertised: local_addr,
             producer_ids: ProducerIds::default(),
+            producer_id_quota: ProducerIdQuota::default(),
             connections: AtomicUsize::new(0),
             admission: Arc::new(admission),
             request_budget: Arc::new(RequestBudget::new(queued_max_request_bytes)),
@@ -270,7 +278,9 @@ impl Refusals {
         }
         state.log(&format!(
             "refused {} connection(s), the last by {why} ({} open at most, {} per address)",
-            self.since_report, state.config.max_connections, state.config.max_connections_per_ip
+            self.since_report,
+            state.config.max_connections,
+            state.config.connections_per_ip()
         ));
         self.since_report = 0;
         self.last_report = Some(Instant::now());

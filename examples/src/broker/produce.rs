@@ -125,10 +125,11 @@ fn append(
         BatchError::Empty | BatchError::Corrupt(_) => ResponseError::CorruptMessage,
     })?;
     // An idempotent batch names its producer id; only ids handed out may be named, or a
-    // client could take another's next batches for retries of its own.
+    // client could take another's next batches for retries of its own. Naming it counts as
+    // a use: ids used recently are retired last (`producer_ids.rs`).
     if batches
         .iter()
-        .any(|b| b.producer_id >= 0 && !state.producer_ids.is_live(b.producer_id))
+        .any(|b| b.producer_id >= 0 && !state.producer_ids.produces(b.producer_id))
     {
         return Err(ResponseError::UnknownProducerId);
     }
