@@ -37,15 +37,7 @@ fn invalid(message: String) -> io::Error {
 impl WireClient {
     /// Connects to `addr`.
     pub async fn connect(addr: SocketAddr) -> io::Result<WireClient> {
-        let stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
-        let (reader, writer) = stream.into_split();
-        Ok(WireClient {
-            reader,
-            writer,
-            next_id: 1,
-            in_flight: VecDeque::new(),
-        })
+        Self::over(TcpStream::connect(addr).await?)
     }
 
     /// Connects to `addr` from the local address `source` (port chosen by the system): on
@@ -59,7 +51,11 @@ impl WireClient {
             std::net::IpAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
         };
         socket.bind(SocketAddr::new(source, 0))?;
-        let stream = socket.connect(addr).await?;
+        Self::over(socket.connect(addr).await?)
+    }
+
+    /// A client over a connected `stream` (Nagle off: requests are small and waited for).
+    fn over(stream: TcpStream) -> io::Result<WireClient> {
         stream.set_nodelay(true)?;
         let (reader, writer) = stream.into_split();
         Ok(WireClient {
