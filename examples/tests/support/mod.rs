@@ -11,6 +11,8 @@ use purgatory_examples::followers::FollowerConfig;
 use purgatory_examples::wire_client::WireClient;
 use tokio::time::timeout;
 
+pub mod process;
+
 /// The longest any single wait of these tests may take.
 pub const LIMIT: Duration = Duration::from_secs(10);
 

@@ -1,0 +1,93 @@
+//! The `broker` binary as a child process of the test, for what must be measured apart
+//! from the test's own memory or seen from outside (what it prints, how it exits).
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::LIMIT;
+
+/// A broker child process, killed on drop.
+pub struct BrokerProcess {
+    child: Child,
+    pub addr: SocketAddr,
+    /// The lines it prints after the first, as they come.
+    lines: mpsc::Receiver<String>,
+}
+
+impl BrokerProcess {
+    pub fn start(flags: &[&str]) -> BrokerProcess {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_broker"))
+            .args(["--listen", "127.0.0.1:0", "--followers", "0"])
+            .args(flags)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the broker binary starts");
+        let stdout = child.stdout.take().expect("piped");
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut broker = BrokerProcess {
+            child,
+            addr: "127.0.0.1:0".parse().unwrap(),
+            lines,
+        };
+        let first = broker.next_line();
+        let addr = first
+            .strip_prefix("broker listening on ")
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("unexpected first line {first:?}"));
+        broker.addr = addr.parse().unwrap();
+        broker
+    }
+
+    pub fn next_line(&self) -> String {
+        self.lines
+            .recv_timeout(LIMIT)
+            .expect("the broker printed nothing in time")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends SIGINT and returns the rest of what it prints until it exits.
+    pub fn interrupt(mut self) -> String {
+        let pid = libc::pid_t::try_from(self.pid()).unwrap();
+        // SAFETY: kill only sends a signal to our own child process.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+        let mut out = String::new();
+        let deadline = Instant::now() + LIMIT;
+        while let Ok(line) = self
+            .lines
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            out.push_str(&line);
+            out.push('\n');
+        }
+        let started = Instant::now();
+        while self.child.try_wait().unwrap().is_none() {
+            assert!(started.elapsed() < LIMIT, "the broker did not exit");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        out
+    }
+}
+
+impl Drop for BrokerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(mut stdout) = self.child.stdout.take() {
+            let _ = stdout.read_to_end(&mut Vec::new());
+        }
+    }
+}
