@@ -3,7 +3,6 @@
 //! requests whose answers used to be far larger than they are (issue #14). Loopback only;
 //! every wait is bounded, and the child is killed if a test fails.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,20 +12,12 @@ use kafka_protocol::messages::{MetadataRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use purgatory_examples::load::process_usage;
 use purgatory_examples::record_batch::encode_batch;
-use purgatory_examples::wire_client::{requests, WireClient};
+use purgatory_examples::wire_client::requests;
 use tokio::time::timeout;
 
 mod support;
 use support::process::BrokerProcess;
-
-const LIMIT: Duration = Duration::from_secs(10);
-
-async fn connect(addr: SocketAddr) -> WireClient {
-    timeout(LIMIT, WireClient::connect(addr))
-        .await
-        .unwrap()
-        .unwrap()
-}
+use support::{connect, LIMIT};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_final_counters_are_printed_after_shutdown_expired_what_waited() {
