@@ -7,6 +7,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use purgatory_examples::load::process_usage;
+
 use super::LIMIT;
 
 /// A broker child process, killed on drop.
@@ -57,6 +59,10 @@ impl BrokerProcess {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    pub fn rss_mib(&self) -> u64 {
+        process_usage::read(self.child.id()).unwrap().rss_kib / 1024
     }
 
     /// Sends SIGINT and returns the rest of what it prints until it exits.
