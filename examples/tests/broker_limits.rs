@@ -16,7 +16,6 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -31,6 +30,7 @@ use purgatory_examples::wire_client::{requests, WireClient};
 use tokio::time::timeout;
 
 mod support;
+use support::process::{printed_address, resident_bytes, start_binary};
 use support::{config, connect, eventually, start, LIMIT};
 
 /// Kafka's answer to a batch of a producer whose state is unknown, at a sequence other
@@ -370,51 +370,6 @@ async fn finding_6_an_expired_producer_may_only_start_again_at_sequence_zero() {
     broker.shutdown().await;
 }
 
-/// The broker binary, killed when the test ends however it ends.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts the broker binary with `flags` on free loopback ports; returns it, the lines it
-/// prints on stdout, and its stderr.
-fn start_binary(flags: &[&str]) -> (Running, mpsc::Receiver<String>, std::process::ChildStderr) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_broker"))
-        .args(["--listen", "127.0.0.1:0", "--followers", "0"])
-        .args(flags)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the broker binary starts");
-    let stdout = child.stdout.take().unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (lines, printed) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if lines.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    (Running(child), printed, stderr)
-}
-
-/// The address after `prefix` in the first printed line that has it.
-fn printed_address(printed: &mpsc::Receiver<String>, prefix: &str) -> SocketAddr {
-    let deadline = Instant::now() + LIMIT;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = printed.recv_timeout(left).expect("the broker prints it");
-        if let Some(rest) = line.strip_prefix(prefix) {
-            return rest.split(['/', ' ']).next().unwrap().parse().unwrap();
-        }
-    }
-}
-
 /// One HTTP/1.0 GET of the metrics text; whether a 200 answer came.
 fn scrape(addr: SocketAddr) -> bool {
     let Ok(mut stream) = TcpStream::connect_timeout(&addr, LIMIT) else {
@@ -528,18 +483,6 @@ fn finding_9_a_client_sending_garbage_does_not_make_the_broker_log_a_line_each_t
         "{closing} closing lines over {seconds:.1} s for {CONNECTIONS} bad requests"
     );
     assert!(closing >= 1, "nothing logged at all");
-}
-
-/// The resident memory of process `pid`, in bytes (Linux).
-fn resident_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kib: u64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .expect("VmRSS in /proc/PID/status");
-    kib * 1024
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

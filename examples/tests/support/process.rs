@@ -97,3 +97,62 @@ impl Drop for BrokerProcess {
         }
     }
 }
+
+/// The broker binary, killed when the test ends however it ends.
+pub struct Running(pub Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts the broker binary with `flags` on free loopback ports; returns it, the lines it
+/// prints on stdout, and its stderr.
+pub fn start_binary(
+    flags: &[&str],
+) -> (Running, mpsc::Receiver<String>, std::process::ChildStderr) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_broker"))
+        .args(["--listen", "127.0.0.1:0", "--followers", "0"])
+        .args(flags)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the broker binary starts");
+    let stdout = child.stdout.take().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (lines, printed) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (Running(child), printed, stderr)
+}
+
+/// The address after `prefix` in the first printed line that has it.
+pub fn printed_address(printed: &mpsc::Receiver<String>, prefix: &str) -> SocketAddr {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = printed.recv_timeout(left).expect("the broker prints it");
+        if let Some(rest) = line.strip_prefix(prefix) {
+            return rest.split(['/', ' ']).next().unwrap().parse().unwrap();
+        }
+    }
+}
+
+/// The resident memory of process `pid`, in bytes (Linux).
+pub fn resident_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .expect("VmRSS in /proc/PID/status");
+    kib * 1024
+}
