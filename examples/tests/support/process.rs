@@ -11,6 +11,28 @@ use purgatory_examples::load::process_usage;
 
 use super::LIMIT;
 
+/// Starts the broker binary with `flags` on free loopback ports, its stderr to `stderr`;
+/// returns it and the lines it prints on stdout, as they come.
+fn spawn(flags: &[&str], stderr: Stdio) -> (Child, mpsc::Receiver<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_broker"))
+        .args(["--listen", "127.0.0.1:0", "--followers", "0"])
+        .args(flags)
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .expect("the broker binary starts");
+    let stdout = child.stdout.take().expect("piped");
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    (child, lines)
+}
+
 /// A broker child process, killed on drop.
 pub struct BrokerProcess {
     child: Child,
@@ -21,22 +43,7 @@ pub struct BrokerProcess {
 
 impl BrokerProcess {
     pub fn start(flags: &[&str]) -> BrokerProcess {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_broker"))
-            .args(["--listen", "127.0.0.1:0", "--followers", "0"])
-            .args(flags)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("the broker binary starts");
-        let stdout = child.stdout.take().expect("piped");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
+        let (child, lines) = spawn(flags, Stdio::null());
         let mut broker = BrokerProcess {
             child,
             addr: "127.0.0.1:0".parse().unwrap(),
@@ -113,23 +120,8 @@ impl Drop for Running {
 pub fn start_binary(
     flags: &[&str],
 ) -> (Running, mpsc::Receiver<String>, std::process::ChildStderr) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_broker"))
-        .args(["--listen", "127.0.0.1:0", "--followers", "0"])
-        .args(flags)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the broker binary starts");
-    let stdout = child.stdout.take().unwrap();
+    let (mut child, printed) = spawn(flags, Stdio::piped());
     let stderr = child.stderr.take().unwrap();
-    let (lines, printed) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if lines.send(line).is_err() {
-                break;
-            }
-        }
-    });
     (Running(child), printed, stderr)
 }
 
