@@ -22,15 +22,13 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::{InitProducerIdRequest, MetadataRequest};
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
 use purgatory_examples::broker::BrokerConfig;
 use purgatory_examples::wire_client::{requests, WireClient};
 use tokio::time::timeout;
 
 mod support;
 use support::process::{printed_address, resident_bytes, start_binary};
+use support::records::idempotent_batch;
 use support::{config, connect, eventually, start, LIMIT};
 
 /// Kafka's answer to a batch of a producer whose state is unknown, at a sequence other
@@ -283,32 +281,6 @@ async fn review_4_connections_stalled_a_byte_into_a_frame_make_room_for_fresh_cl
     assert!(broker.stats().evicted_connections >= 1);
     drop(stalled);
     broker.shutdown().await;
-}
-
-/// One idempotent batch of `value` as producer `producer_id`, epoch 0, at `sequence`.
-fn idempotent_batch(producer_id: i64, sequence: i32, value: &'static [u8]) -> Bytes {
-    let record = Record {
-        transactional: false,
-        control: false,
-        delete_horizon: false,
-        partition_leader_epoch: 0,
-        producer_id,
-        producer_epoch: 0,
-        timestamp_type: TimestampType::Creation,
-        offset: 0,
-        sequence,
-        timestamp: 1_000,
-        key: None,
-        value: Some(Bytes::from_static(value)),
-        headers: Default::default(),
-    };
-    let mut buf = BytesMut::new();
-    let options = RecordEncodeOptions {
-        version: 2,
-        compression: Compression::None,
-    };
-    RecordBatchEncoder::encode(&mut buf, [&record], &options).unwrap();
-    buf.freeze()
 }
 
 /// Produces `records` (acks=1, v7); returns the partition's error code and base offset.
