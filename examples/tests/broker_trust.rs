@@ -13,14 +13,13 @@
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::InitProducerIdRequest;
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
+use kafka_protocol::records::RecordBatchDecoder;
 use purgatory_examples::record_batch::encode_batch;
 use purgatory_examples::wire_client::{requests, WireClient};
 use tokio::time::timeout;
 
 mod support;
+use support::records::idempotent_batch;
 use support::{config, connect, start, LIMIT};
 
 /// Kafka's answer to a batch that fails the broker's validation (InvalidRecordException).
@@ -188,33 +187,6 @@ async fn review_finding_1_a_compressed_batch_is_refused_not_taken_on_trust() {
     broker.shutdown().await;
 }
 
-/// One idempotent batch of `value` as producer `producer_id`, epoch 0, sequence 0: the first
-/// batch any idempotent client sends.
-fn idempotent_batch(producer_id: i64, value: &'static [u8]) -> Bytes {
-    let record = Record {
-        transactional: false,
-        control: false,
-        delete_horizon: false,
-        partition_leader_epoch: 0,
-        producer_id,
-        producer_epoch: 0,
-        timestamp_type: TimestampType::Creation,
-        offset: 0,
-        sequence: 0,
-        timestamp: 1_000,
-        key: None,
-        value: Some(Bytes::from_static(value)),
-        headers: Default::default(),
-    };
-    let mut buf = BytesMut::new();
-    let options = RecordEncodeOptions {
-        version: 2,
-        compression: Compression::None,
-    };
-    RecordBatchEncoder::encode(&mut buf, [&record], &options).unwrap();
-    buf.freeze()
-}
-
 /// A fresh producer id from InitProducerId (v4, no transactional id).
 async fn init_producer_id(client: &mut WireClient) -> i64 {
     let mut request = InitProducerIdRequest::default();
@@ -252,7 +224,7 @@ async fn finding_7_a_producer_id_never_handed_out_cannot_shadow_the_next_client(
     // ids nobody was handed: 0, 1, its own plus or minus one).
     let own = init_producer_id(&mut attacker).await;
     for guess in [own + 1, own + 2, own - 1, 0, 1, i64::MAX] {
-        let (error, _) = produce(&mut attacker, 7, idempotent_batch(guess, b"attacker")).await;
+        let (error, _) = produce(&mut attacker, 7, idempotent_batch(guess, 0, b"attacker")).await;
         assert_eq!(
             error, UNKNOWN_PRODUCER_ID,
             "producing as the guessed id {guess}"
@@ -266,7 +238,7 @@ async fn finding_7_a_producer_id_never_handed_out_cannot_shadow_the_next_client(
         LIMIT,
         good.call(
             7,
-            &requests::produce("demo", 0, -1, 1000, idempotent_batch(id, b"good")),
+            &requests::produce("demo", 0, -1, 1000, idempotent_batch(id, 0, b"good")),
         ),
     )
     .await
@@ -277,7 +249,7 @@ async fn finding_7_a_producer_id_never_handed_out_cannot_shadow_the_next_client(
     assert_eq!(values(&mut good).await, vec![Bytes::from_static(b"good")]);
     // The attacker's own id still works: it is refused nothing it was given.
     assert_eq!(
-        produce(&mut attacker, 7, idempotent_batch(own, b"own")).await,
+        produce(&mut attacker, 7, idempotent_batch(own, 0, b"own")).await,
         (0, 1)
     );
     assert_eq!(broker.stats().producer_ids, 2);
@@ -331,7 +303,7 @@ async fn init_producer_ids(client: &mut WireClient, count: usize) -> Vec<(i16, i
 
 /// An idempotent batch as producer `producer_id`, epoch 0, at `sequence`.
 fn idempotent_batch_at(producer_id: i64, sequence: i32, value: &'static [u8]) -> Bytes {
-    let batch = idempotent_batch(producer_id, value);
+    let batch = idempotent_batch(producer_id, 0, value);
     let mut batch = BytesMut::from(&batch[..]);
     // The base sequence sits at byte 53 of a v2 batch, inside the CRC's range.
     const BASE_SEQUENCE: usize = 53;
