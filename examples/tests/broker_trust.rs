@@ -301,18 +301,6 @@ async fn init_producer_ids(client: &mut WireClient, count: usize) -> Vec<(i16, i
     answers
 }
 
-/// An idempotent batch as producer `producer_id`, epoch 0, at `sequence`.
-fn idempotent_batch_at(producer_id: i64, sequence: i32, value: &'static [u8]) -> Bytes {
-    let batch = idempotent_batch(producer_id, 0, value);
-    let mut batch = BytesMut::from(&batch[..]);
-    // The base sequence sits at byte 53 of a v2 batch, inside the CRC's range.
-    const BASE_SEQUENCE: usize = 53;
-    batch[BASE_SEQUENCE..BASE_SEQUENCE + 4].copy_from_slice(&sequence.to_be_bytes());
-    let crc = crc32c(&batch[ATTRIBUTES..]);
-    batch[CRC..CRC + 4].copy_from_slice(&crc.to_be_bytes());
-    batch.freeze()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finding_2_a_flood_of_init_producer_id_does_not_retire_a_producing_clients_id() {
     let broker = start(config(1)).await;
@@ -320,7 +308,7 @@ async fn finding_2_a_flood_of_init_producer_id_does_not_retire_a_producing_clien
     let mut good = connect(addr).await;
     let id = init_producer_id(&mut good).await;
     assert_eq!(
-        produce(&mut good, 7, idempotent_batch_at(id, 0, b"first")).await,
+        produce(&mut good, 7, idempotent_batch(id, 0, b"first")).await,
         (0, 0)
     );
     // More ids than the broker keeps, each address within its quota's burst (so only the
@@ -337,7 +325,7 @@ async fn finding_2_a_flood_of_init_producer_id_does_not_retire_a_producing_clien
     assert_eq!(broker.stats().producer_ids, LIVE_IDS);
     // The good producer's next batch is appended: its id was not retired.
     assert_eq!(
-        produce(&mut good, 7, idempotent_batch_at(id, 1, b"second")).await,
+        produce(&mut good, 7, idempotent_batch(id, 1, b"second")).await,
         (0, 1),
         "the good producer's id was retired by a flood of InitProducerId"
     );
