@@ -19,6 +19,7 @@ use purgatory_examples::wire_client::{requests, WireClient};
 use tokio::time::timeout;
 
 mod support;
+use support::producer::produce;
 use support::records::idempotent_batch;
 use support::{config, connect, start, LIMIT};
 
@@ -84,19 +85,6 @@ async fn log_end_offset(client: &mut WireClient) -> i64 {
     .unwrap()
     .unwrap();
     answer.topics[0].partitions[0].offset
-}
-
-/// Produces `records` (acks=1) and returns the partition's error code and base offset.
-async fn produce(client: &mut WireClient, version: i16, records: Bytes) -> (i16, i64) {
-    let answer = timeout(
-        LIMIT,
-        client.call(version, &requests::produce("demo", 0, 1, 1000, records)),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    let partition = &answer.responses[0].partition_responses[0];
-    (partition.error_code, partition.base_offset)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

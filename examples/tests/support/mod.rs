@@ -12,6 +12,7 @@ use purgatory_examples::wire_client::WireClient;
 use tokio::time::timeout;
 
 pub mod process;
+pub mod producer;
 pub mod records;
 
 /// The longest any single wait of these tests may take.
