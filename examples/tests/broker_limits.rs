@@ -28,6 +28,7 @@ use tokio::time::timeout;
 
 mod support;
 use support::process::{printed_address, resident_bytes, start_binary};
+use support::producer::produce;
 use support::records::idempotent_batch;
 use support::{config, connect, eventually, start, LIMIT};
 
@@ -283,19 +284,6 @@ async fn review_4_connections_stalled_a_byte_into_a_frame_make_room_for_fresh_cl
     broker.shutdown().await;
 }
 
-/// Produces `records` (acks=1, v7); returns the partition's error code and base offset.
-async fn produce(client: &mut WireClient, records: Bytes) -> (i16, i64) {
-    let answer = timeout(
-        LIMIT,
-        client.call(7, &requests::produce("demo", 0, 1, 1000, records)),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    let partition = &answer.responses[0].partition_responses[0];
-    (partition.error_code, partition.base_offset)
-}
-
 async fn init_producer_id(client: &mut WireClient) -> i64 {
     let mut request = InitProducerIdRequest::default();
     request.transactional_id = None;
@@ -318,25 +306,25 @@ async fn finding_6_an_expired_producer_may_only_start_again_at_sequence_zero() {
     let mut client = connect(broker.local_addr()).await;
     let id = init_producer_id(&mut client).await;
     assert_eq!(
-        produce(&mut client, idempotent_batch(id, 0, b"a")).await,
+        produce(&mut client, 7, idempotent_batch(id, 0, b"a")).await,
         (0, 0)
     );
     assert_eq!(
-        produce(&mut client, idempotent_batch(id, 1, b"b")).await,
+        produce(&mut client, 7, idempotent_batch(id, 1, b"b")).await,
         (0, 1)
     );
     // Within the expiration the producer is known: its retry is recognised.
     assert_eq!(
-        produce(&mut client, idempotent_batch(id, 1, b"b")).await,
+        produce(&mut client, 7, idempotent_batch(id, 1, b"b")).await,
         (0, 1)
     );
     tokio::time::sleep(EXPIRATION * 3).await;
     // Its state is gone: its next batch is out of sequence, and not appended.
-    let (error, _) = produce(&mut client, idempotent_batch(id, 2, b"c")).await;
+    let (error, _) = produce(&mut client, 7, idempotent_batch(id, 2, b"c")).await;
     assert_eq!(error, OUT_OF_ORDER_SEQUENCE_NUMBER);
     // Starting again at 0 is accepted, at the log end.
     assert_eq!(
-        produce(&mut client, idempotent_batch(id, 0, b"d")).await,
+        produce(&mut client, 7, idempotent_batch(id, 0, b"d")).await,
         (0, 2)
     );
     broker.shutdown().await;
@@ -467,7 +455,7 @@ async fn finding_9_tiny_batches_keep_the_memory_near_the_retention_bytes() {
     let mut client = connect(kafka).await;
     // Warm up the allocator and the runtime with one request before the baseline.
     let one = purgatory_examples::record_batch::encode_batch(&[Bytes::from_static(b"x")], 1);
-    assert_eq!(produce(&mut client, one.clone()).await.0, 0);
+    assert_eq!(produce(&mut client, 7, one.clone()).await.0, 0);
     let before = resident_bytes(pid);
     // 1,000 batches of one record (about 70 bytes each) per request: 48 MiB of them, six
     // times the retention.
@@ -480,7 +468,7 @@ async fn finding_9_tiny_batches_keep_the_memory_near_the_retention_bytes() {
     let mut slowest = Duration::ZERO;
     for _ in 0..requests {
         let started = Instant::now();
-        assert_eq!(produce(&mut client, request.clone()).await.0, 0);
+        assert_eq!(produce(&mut client, 7, request.clone()).await.0, 0);
         slowest = slowest.max(started.elapsed());
     }
     let grown = resident_bytes(pid).saturating_sub(before);
