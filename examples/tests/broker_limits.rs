@@ -28,7 +28,7 @@ use tokio::time::timeout;
 
 mod support;
 use support::process::{printed_address, resident_bytes, start_binary};
-use support::producer::produce;
+use support::producer::{init_producer_id, produce};
 use support::records::idempotent_batch;
 use support::{config, connect, eventually, start, LIMIT};
 
@@ -282,17 +282,6 @@ async fn review_4_connections_stalled_a_byte_into_a_frame_make_room_for_fresh_cl
     assert!(broker.stats().evicted_connections >= 1);
     drop(stalled);
     broker.shutdown().await;
-}
-
-async fn init_producer_id(client: &mut WireClient) -> i64 {
-    let mut request = InitProducerIdRequest::default();
-    request.transactional_id = None;
-    let answer = timeout(LIMIT, client.call(4, &request))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(answer.error_code, 0);
-    answer.producer_id.0
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
