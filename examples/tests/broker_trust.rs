@@ -19,7 +19,7 @@ use purgatory_examples::wire_client::{requests, WireClient};
 use tokio::time::timeout;
 
 mod support;
-use support::producer::produce;
+use support::producer::{init_producer_id_answer, produce};
 use support::records::idempotent_batch;
 use support::{config, connect, start, LIMIT};
 
@@ -175,15 +175,9 @@ async fn review_finding_1_a_compressed_batch_is_refused_not_taken_on_trust() {
     broker.shutdown().await;
 }
 
-/// A fresh producer id from InitProducerId (v4, no transactional id).
+/// A fresh producer id from InitProducerId (v4, no transactional id), at epoch 0.
 async fn init_producer_id(client: &mut WireClient) -> i64 {
-    let mut request = InitProducerIdRequest::default();
-    request.transactional_id = None;
-    let answer = timeout(LIMIT, client.call(4, &request))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(answer.error_code, 0);
+    let answer = init_producer_id_answer(client).await;
     assert_eq!(answer.producer_epoch, 0);
     answer.producer_id.0
 }
