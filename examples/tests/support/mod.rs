@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use purgatory_examples::broker::{Broker, BrokerConfig};
 use purgatory_examples::followers::FollowerConfig;
-use purgatory_examples::wire_client::WireClient;
+use purgatory_examples::wire_client::{requests, WireClient};
 use tokio::time::timeout;
 
 pub mod process;
@@ -53,4 +53,24 @@ pub async fn eventually(what: &str, check: impl Fn() -> bool) -> Duration {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     started.elapsed()
+}
+
+/// Whether the broker closes `client`'s connection within `within`, reading (and dropping)
+/// whatever it sends first.
+pub async fn closed_within(client: &mut WireClient, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    let mut sink = vec![0u8; 64 * 1024];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match timeout(left, client.read_some(&mut sink)).await {
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => {}
+            Err(_) => return false,
+        }
+    }
+}
+
+/// A long poll that nothing will satisfy: min_bytes and max_wait 2^31-1.
+pub fn endless_poll() -> kafka_protocol::messages::FetchRequest {
+    requests::fetch("demo", 0, 0, i32::MAX, i32::MAX)
 }
