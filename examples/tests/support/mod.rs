@@ -1,6 +1,8 @@
 //! What the broker test suites share: a broker on a free loopback port, a client of it,
-//! and a bounded wait for a condition. (Each suite compiles this module on its own and
-//! uses part of it, hence the `dead_code` allowance.)
+//! a bounded wait for a condition or for the broker to close a connection, and a long poll
+//! nothing satisfies; in submodules, the broker binary as a child process (`process`), what
+//! a producer sends (`producer`) and idempotent record batches (`records`). (Each suite
+//! compiles this module on its own and uses part of it, hence the `dead_code` allowance.)
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
