@@ -18,11 +18,11 @@ use kafka_protocol::protocol::StrBytes;
 use purgatory_examples::broker::BrokerConfig;
 use purgatory_examples::huge_allocations::HugeAllocationsMappedLazily;
 use purgatory_examples::record_batch::encode_batch;
-use purgatory_examples::wire_client::{requests, WireClient};
+use purgatory_examples::wire_client::requests;
 use tokio::time::timeout;
 
 mod support;
-use support::{config, connect, eventually, start, LIMIT};
+use support::{closed_within, config, connect, endless_poll, eventually, start, LIMIT};
 
 #[global_allocator]
 static ALLOCATOR: HugeAllocationsMappedLazily = HugeAllocationsMappedLazily;
@@ -61,26 +61,6 @@ async fn fresh_client_is_served(addr: SocketAddr, during: &str) -> Duration {
         "{during}: a fresh client waited {took:?}"
     );
     took
-}
-
-/// Whether the broker closes `client`'s connection within `within`, reading (and dropping)
-/// whatever it sends first.
-async fn closed_within(client: &mut WireClient, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    let mut sink = vec![0u8; 64 * 1024];
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match timeout(left, client.read_some(&mut sink)).await {
-            Ok(Ok(0) | Err(_)) => return true,
-            Ok(Ok(_)) => {}
-            Err(_) => return false,
-        }
-    }
-}
-
-/// A long poll that nothing will satisfy: min_bytes and max_wait 2^31-1.
-fn endless_poll() -> kafka_protocol::messages::FetchRequest {
-    requests::fetch("demo", 0, 0, i32::MAX, i32::MAX)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,21 +16,20 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::{InitProducerIdRequest, MetadataRequest};
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
 use purgatory_examples::broker::BrokerConfig;
 use purgatory_examples::wire_client::{requests, WireClient};
 use tokio::time::timeout;
 
 mod support;
+use support::process::{printed_address, resident_bytes, start_binary};
+use support::producer::{init_producer_id, produce};
+use support::records::idempotent_batch;
 use support::{config, connect, eventually, start, LIMIT};
 
 /// Kafka's answer to a batch of a producer whose state is unknown, at a sequence other
@@ -285,56 +284,6 @@ async fn review_4_connections_stalled_a_byte_into_a_frame_make_room_for_fresh_cl
     broker.shutdown().await;
 }
 
-/// One idempotent batch of `value` as producer `producer_id`, epoch 0, at `sequence`.
-fn idempotent_batch(producer_id: i64, sequence: i32, value: &'static [u8]) -> Bytes {
-    let record = Record {
-        transactional: false,
-        control: false,
-        delete_horizon: false,
-        partition_leader_epoch: 0,
-        producer_id,
-        producer_epoch: 0,
-        timestamp_type: TimestampType::Creation,
-        offset: 0,
-        sequence,
-        timestamp: 1_000,
-        key: None,
-        value: Some(Bytes::from_static(value)),
-        headers: Default::default(),
-    };
-    let mut buf = BytesMut::new();
-    let options = RecordEncodeOptions {
-        version: 2,
-        compression: Compression::None,
-    };
-    RecordBatchEncoder::encode(&mut buf, [&record], &options).unwrap();
-    buf.freeze()
-}
-
-/// Produces `records` (acks=1, v7); returns the partition's error code and base offset.
-async fn produce(client: &mut WireClient, records: Bytes) -> (i16, i64) {
-    let answer = timeout(
-        LIMIT,
-        client.call(7, &requests::produce("demo", 0, 1, 1000, records)),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    let partition = &answer.responses[0].partition_responses[0];
-    (partition.error_code, partition.base_offset)
-}
-
-async fn init_producer_id(client: &mut WireClient) -> i64 {
-    let mut request = InitProducerIdRequest::default();
-    request.transactional_id = None;
-    let answer = timeout(LIMIT, client.call(4, &request))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(answer.error_code, 0);
-    answer.producer_id.0
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finding_6_an_expired_producer_may_only_start_again_at_sequence_zero() {
     const EXPIRATION: Duration = Duration::from_millis(300);
@@ -346,73 +295,28 @@ async fn finding_6_an_expired_producer_may_only_start_again_at_sequence_zero() {
     let mut client = connect(broker.local_addr()).await;
     let id = init_producer_id(&mut client).await;
     assert_eq!(
-        produce(&mut client, idempotent_batch(id, 0, b"a")).await,
+        produce(&mut client, 7, idempotent_batch(id, 0, b"a")).await,
         (0, 0)
     );
     assert_eq!(
-        produce(&mut client, idempotent_batch(id, 1, b"b")).await,
+        produce(&mut client, 7, idempotent_batch(id, 1, b"b")).await,
         (0, 1)
     );
     // Within the expiration the producer is known: its retry is recognised.
     assert_eq!(
-        produce(&mut client, idempotent_batch(id, 1, b"b")).await,
+        produce(&mut client, 7, idempotent_batch(id, 1, b"b")).await,
         (0, 1)
     );
     tokio::time::sleep(EXPIRATION * 3).await;
     // Its state is gone: its next batch is out of sequence, and not appended.
-    let (error, _) = produce(&mut client, idempotent_batch(id, 2, b"c")).await;
+    let (error, _) = produce(&mut client, 7, idempotent_batch(id, 2, b"c")).await;
     assert_eq!(error, OUT_OF_ORDER_SEQUENCE_NUMBER);
     // Starting again at 0 is accepted, at the log end.
     assert_eq!(
-        produce(&mut client, idempotent_batch(id, 0, b"d")).await,
+        produce(&mut client, 7, idempotent_batch(id, 0, b"d")).await,
         (0, 2)
     );
     broker.shutdown().await;
-}
-
-/// The broker binary, killed when the test ends however it ends.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts the broker binary with `flags` on free loopback ports; returns it, the lines it
-/// prints on stdout, and its stderr.
-fn start_binary(flags: &[&str]) -> (Running, mpsc::Receiver<String>, std::process::ChildStderr) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_broker"))
-        .args(["--listen", "127.0.0.1:0", "--followers", "0"])
-        .args(flags)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the broker binary starts");
-    let stdout = child.stdout.take().unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (lines, printed) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if lines.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    (Running(child), printed, stderr)
-}
-
-/// The address after `prefix` in the first printed line that has it.
-fn printed_address(printed: &mpsc::Receiver<String>, prefix: &str) -> SocketAddr {
-    let deadline = Instant::now() + LIMIT;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let line = printed.recv_timeout(left).expect("the broker prints it");
-        if let Some(rest) = line.strip_prefix(prefix) {
-            return rest.split(['/', ' ']).next().unwrap().parse().unwrap();
-        }
-    }
 }
 
 /// One HTTP/1.0 GET of the metrics text; whether a 200 answer came.
@@ -530,18 +434,6 @@ fn finding_9_a_client_sending_garbage_does_not_make_the_broker_log_a_line_each_t
     assert!(closing >= 1, "nothing logged at all");
 }
 
-/// The resident memory of process `pid`, in bytes (Linux).
-fn resident_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kib: u64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|n| n.parse().ok())
-        .expect("VmRSS in /proc/PID/status");
-    kib * 1024
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finding_9_tiny_batches_keep_the_memory_near_the_retention_bytes() {
     const RETENTION: u64 = 8 << 20;
@@ -552,7 +444,7 @@ async fn finding_9_tiny_batches_keep_the_memory_near_the_retention_bytes() {
     let mut client = connect(kafka).await;
     // Warm up the allocator and the runtime with one request before the baseline.
     let one = purgatory_examples::record_batch::encode_batch(&[Bytes::from_static(b"x")], 1);
-    assert_eq!(produce(&mut client, one.clone()).await.0, 0);
+    assert_eq!(produce(&mut client, 7, one.clone()).await.0, 0);
     let before = resident_bytes(pid);
     // 1,000 batches of one record (about 70 bytes each) per request: 48 MiB of them, six
     // times the retention.
@@ -565,7 +457,7 @@ async fn finding_9_tiny_batches_keep_the_memory_near_the_retention_bytes() {
     let mut slowest = Duration::ZERO;
     for _ in 0..requests {
         let started = Instant::now();
-        assert_eq!(produce(&mut client, request.clone()).await.0, 0);
+        assert_eq!(produce(&mut client, 7, request.clone()).await.0, 0);
         slowest = slowest.max(started.elapsed());
     }
     let grown = resident_bytes(pid).saturating_sub(before);

@@ -9,46 +9,24 @@
 //! is decoded, so a frame of empty topics (3 bytes on the wire, about 100 decoded) is
 //! refused undecoded, and a parked acks=all produce keeps only the names its answer echoes.
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use purgatory_examples::broker::BrokerConfig;
 use purgatory_examples::huge_allocations::HugeAllocationsMappedLazily;
-use purgatory_examples::load::process_usage;
 use purgatory_examples::record_batch::encode_batch;
-use purgatory_examples::wire_client::{requests, WireClient};
+use purgatory_examples::wire_client::requests;
 use tokio::time::timeout;
 
 mod support;
-use support::{config, connect, start, LIMIT};
+use support::process::BrokerProcess;
+use support::{closed_within, config, connect, endless_poll, start, LIMIT};
 
 #[global_allocator]
 static ALLOCATOR: HugeAllocationsMappedLazily = HugeAllocationsMappedLazily;
 
 const MIB: usize = 1 << 20;
-
-/// A long poll that nothing will satisfy: min_bytes and max_wait 2^31-1.
-fn endless_poll() -> kafka_protocol::messages::FetchRequest {
-    requests::fetch("demo", 0, 0, i32::MAX, i32::MAX)
-}
-
-/// Whether the broker closed `client`'s connection within `within` (reading and dropping
-/// whatever it sends first).
-async fn closed_within(client: &mut WireClient, within: Duration) -> bool {
-    let deadline = Instant::now() + within;
-    let mut sink = vec![0u8; 64 * 1024];
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match timeout(left, client.read_some(&mut sink)).await {
-            Ok(Ok(0) | Err(_)) => return true,
-            Ok(Ok(_)) => {}
-            Err(_) => return false,
-        }
-    }
-}
 
 /// Polls `check` every 10 ms for at most `within`; whether it held.
 async fn holds_within(within: Duration, check: impl Fn() -> bool) -> bool {
@@ -76,46 +54,6 @@ async fn big_produce_passes(addr: SocketAddr, bytes: usize) -> bool {
     {
         Ok(Ok(answer)) => answer.responses[0].partition_responses[0].error_code == 0,
         _ => false,
-    }
-}
-
-/// The broker binary, killed on drop.
-struct BrokerProcess {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl BrokerProcess {
-    fn start(flags: &[&str]) -> BrokerProcess {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_broker"))
-            .args(["--listen", "127.0.0.1:0", "--followers", "0"])
-            .args(flags)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("the broker binary starts");
-        let mut first = String::new();
-        BufReader::new(child.stdout.take().expect("piped"))
-            .read_line(&mut first)
-            .unwrap();
-        let addr = first
-            .strip_prefix("broker listening on ")
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| panic!("unexpected first line {first:?}"))
-            .parse()
-            .unwrap();
-        BrokerProcess { child, addr }
-    }
-
-    fn rss_mib(&self) -> u64 {
-        process_usage::read(self.child.id()).unwrap().rss_kib / 1024
-    }
-}
-
-impl Drop for BrokerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -3,11 +3,7 @@
 //! requests whose answers used to be far larger than they are (issue #14). Loopback only;
 //! every wait is bounded, and the child is killed if a test fails.
 
-use std::io::{BufRead, BufReader, Read};
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use kafka_protocol::messages::fetch_request::FetchPartition;
@@ -16,100 +12,12 @@ use kafka_protocol::messages::{MetadataRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use purgatory_examples::load::process_usage;
 use purgatory_examples::record_batch::encode_batch;
-use purgatory_examples::wire_client::{requests, WireClient};
+use purgatory_examples::wire_client::requests;
 use tokio::time::timeout;
 
-const LIMIT: Duration = Duration::from_secs(10);
-
-/// A broker child process, killed on drop.
-struct BrokerProcess {
-    child: Child,
-    addr: SocketAddr,
-    /// The lines it prints after the first, as they come.
-    lines: mpsc::Receiver<String>,
-}
-
-impl BrokerProcess {
-    fn start(flags: &[&str]) -> BrokerProcess {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_broker"))
-            .args(["--listen", "127.0.0.1:0", "--followers", "0"])
-            .args(flags)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("the broker binary starts");
-        let stdout = child.stdout.take().expect("piped");
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        let mut broker = BrokerProcess {
-            child,
-            addr: "127.0.0.1:0".parse().unwrap(),
-            lines,
-        };
-        let first = broker.next_line();
-        let addr = first
-            .strip_prefix("broker listening on ")
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| panic!("unexpected first line {first:?}"));
-        broker.addr = addr.parse().unwrap();
-        broker
-    }
-
-    fn next_line(&self) -> String {
-        self.lines
-            .recv_timeout(LIMIT)
-            .expect("the broker printed nothing in time")
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Sends SIGINT and returns the rest of what it prints until it exits.
-    fn interrupt(mut self) -> String {
-        let pid = libc::pid_t::try_from(self.pid()).unwrap();
-        // SAFETY: kill only sends a signal to our own child process.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
-        let mut out = String::new();
-        let deadline = Instant::now() + LIMIT;
-        while let Ok(line) = self
-            .lines
-            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
-        {
-            out.push_str(&line);
-            out.push('\n');
-        }
-        let started = Instant::now();
-        while self.child.try_wait().unwrap().is_none() {
-            assert!(started.elapsed() < LIMIT, "the broker did not exit");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        out
-    }
-}
-
-impl Drop for BrokerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if let Some(mut stdout) = self.child.stdout.take() {
-            let _ = stdout.read_to_end(&mut Vec::new());
-        }
-    }
-}
-
-async fn connect(addr: SocketAddr) -> WireClient {
-    timeout(LIMIT, WireClient::connect(addr))
-        .await
-        .unwrap()
-        .unwrap()
-}
+mod support;
+use support::process::BrokerProcess;
+use support::{connect, LIMIT};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_final_counters_are_printed_after_shutdown_expired_what_waited() {

@@ -13,14 +13,14 @@
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::InitProducerIdRequest;
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
+use kafka_protocol::records::RecordBatchDecoder;
 use purgatory_examples::record_batch::encode_batch;
 use purgatory_examples::wire_client::{requests, WireClient};
 use tokio::time::timeout;
 
 mod support;
+use support::producer::{init_producer_id_answer, produce};
+use support::records::idempotent_batch;
 use support::{config, connect, start, LIMIT};
 
 /// Kafka's answer to a batch that fails the broker's validation (InvalidRecordException).
@@ -85,19 +85,6 @@ async fn log_end_offset(client: &mut WireClient) -> i64 {
     .unwrap()
     .unwrap();
     answer.topics[0].partitions[0].offset
-}
-
-/// Produces `records` (acks=1) and returns the partition's error code and base offset.
-async fn produce(client: &mut WireClient, version: i16, records: Bytes) -> (i16, i64) {
-    let answer = timeout(
-        LIMIT,
-        client.call(version, &requests::produce("demo", 0, 1, 1000, records)),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    let partition = &answer.responses[0].partition_responses[0];
-    (partition.error_code, partition.base_offset)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -188,42 +175,9 @@ async fn review_finding_1_a_compressed_batch_is_refused_not_taken_on_trust() {
     broker.shutdown().await;
 }
 
-/// One idempotent batch of `value` as producer `producer_id`, epoch 0, sequence 0: the first
-/// batch any idempotent client sends.
-fn idempotent_batch(producer_id: i64, value: &'static [u8]) -> Bytes {
-    let record = Record {
-        transactional: false,
-        control: false,
-        delete_horizon: false,
-        partition_leader_epoch: 0,
-        producer_id,
-        producer_epoch: 0,
-        timestamp_type: TimestampType::Creation,
-        offset: 0,
-        sequence: 0,
-        timestamp: 1_000,
-        key: None,
-        value: Some(Bytes::from_static(value)),
-        headers: Default::default(),
-    };
-    let mut buf = BytesMut::new();
-    let options = RecordEncodeOptions {
-        version: 2,
-        compression: Compression::None,
-    };
-    RecordBatchEncoder::encode(&mut buf, [&record], &options).unwrap();
-    buf.freeze()
-}
-
-/// A fresh producer id from InitProducerId (v4, no transactional id).
+/// A fresh producer id from InitProducerId (v4, no transactional id), at epoch 0.
 async fn init_producer_id(client: &mut WireClient) -> i64 {
-    let mut request = InitProducerIdRequest::default();
-    request.transactional_id = None;
-    let answer = timeout(LIMIT, client.call(4, &request))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(answer.error_code, 0);
+    let answer = init_producer_id_answer(client).await;
     assert_eq!(answer.producer_epoch, 0);
     answer.producer_id.0
 }
@@ -252,7 +206,7 @@ async fn finding_7_a_producer_id_never_handed_out_cannot_shadow_the_next_client(
     // ids nobody was handed: 0, 1, its own plus or minus one).
     let own = init_producer_id(&mut attacker).await;
     for guess in [own + 1, own + 2, own - 1, 0, 1, i64::MAX] {
-        let (error, _) = produce(&mut attacker, 7, idempotent_batch(guess, b"attacker")).await;
+        let (error, _) = produce(&mut attacker, 7, idempotent_batch(guess, 0, b"attacker")).await;
         assert_eq!(
             error, UNKNOWN_PRODUCER_ID,
             "producing as the guessed id {guess}"
@@ -266,7 +220,7 @@ async fn finding_7_a_producer_id_never_handed_out_cannot_shadow_the_next_client(
         LIMIT,
         good.call(
             7,
-            &requests::produce("demo", 0, -1, 1000, idempotent_batch(id, b"good")),
+            &requests::produce("demo", 0, -1, 1000, idempotent_batch(id, 0, b"good")),
         ),
     )
     .await
@@ -277,7 +231,7 @@ async fn finding_7_a_producer_id_never_handed_out_cannot_shadow_the_next_client(
     assert_eq!(values(&mut good).await, vec![Bytes::from_static(b"good")]);
     // The attacker's own id still works: it is refused nothing it was given.
     assert_eq!(
-        produce(&mut attacker, 7, idempotent_batch(own, b"own")).await,
+        produce(&mut attacker, 7, idempotent_batch(own, 0, b"own")).await,
         (0, 1)
     );
     assert_eq!(broker.stats().producer_ids, 2);
@@ -329,18 +283,6 @@ async fn init_producer_ids(client: &mut WireClient, count: usize) -> Vec<(i16, i
     answers
 }
 
-/// An idempotent batch as producer `producer_id`, epoch 0, at `sequence`.
-fn idempotent_batch_at(producer_id: i64, sequence: i32, value: &'static [u8]) -> Bytes {
-    let batch = idempotent_batch(producer_id, value);
-    let mut batch = BytesMut::from(&batch[..]);
-    // The base sequence sits at byte 53 of a v2 batch, inside the CRC's range.
-    const BASE_SEQUENCE: usize = 53;
-    batch[BASE_SEQUENCE..BASE_SEQUENCE + 4].copy_from_slice(&sequence.to_be_bytes());
-    let crc = crc32c(&batch[ATTRIBUTES..]);
-    batch[CRC..CRC + 4].copy_from_slice(&crc.to_be_bytes());
-    batch.freeze()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finding_2_a_flood_of_init_producer_id_does_not_retire_a_producing_clients_id() {
     let broker = start(config(1)).await;
@@ -348,7 +290,7 @@ async fn finding_2_a_flood_of_init_producer_id_does_not_retire_a_producing_clien
     let mut good = connect(addr).await;
     let id = init_producer_id(&mut good).await;
     assert_eq!(
-        produce(&mut good, 7, idempotent_batch_at(id, 0, b"first")).await,
+        produce(&mut good, 7, idempotent_batch(id, 0, b"first")).await,
         (0, 0)
     );
     // More ids than the broker keeps, each address within its quota's burst (so only the
@@ -365,7 +307,7 @@ async fn finding_2_a_flood_of_init_producer_id_does_not_retire_a_producing_clien
     assert_eq!(broker.stats().producer_ids, LIVE_IDS);
     // The good producer's next batch is appended: its id was not retired.
     assert_eq!(
-        produce(&mut good, 7, idempotent_batch_at(id, 1, b"second")).await,
+        produce(&mut good, 7, idempotent_batch(id, 1, b"second")).await,
         (0, 1),
         "the good producer's id was retired by a flood of InitProducerId"
     );

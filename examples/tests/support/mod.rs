@@ -1,6 +1,8 @@
 //! What the broker test suites share: a broker on a free loopback port, a client of it,
-//! and a bounded wait for a condition. (Each suite compiles this module on its own and
-//! uses part of it, hence the `dead_code` allowance.)
+//! a bounded wait for a condition or for the broker to close a connection, and a long poll
+//! nothing satisfies; in submodules, the broker binary as a child process (`process`), what
+//! a producer sends (`producer`) and idempotent record batches (`records`). (Each suite
+//! compiles this module on its own and uses part of it, hence the `dead_code` allowance.)
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
@@ -8,8 +10,12 @@ use std::time::{Duration, Instant};
 
 use purgatory_examples::broker::{Broker, BrokerConfig};
 use purgatory_examples::followers::FollowerConfig;
-use purgatory_examples::wire_client::WireClient;
+use purgatory_examples::wire_client::{requests, WireClient};
 use tokio::time::timeout;
+
+pub mod process;
+pub mod producer;
+pub mod records;
 
 /// The longest any single wait of these tests may take.
 pub const LIMIT: Duration = Duration::from_secs(10);
@@ -49,4 +55,24 @@ pub async fn eventually(what: &str, check: impl Fn() -> bool) -> Duration {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     started.elapsed()
+}
+
+/// Whether the broker closes `client`'s connection within `within`, reading (and dropping)
+/// whatever it sends first.
+pub async fn closed_within(client: &mut WireClient, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
+    let mut sink = vec![0u8; 64 * 1024];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match timeout(left, client.read_some(&mut sink)).await {
+            Ok(Ok(0) | Err(_)) => return true,
+            Ok(Ok(_)) => {}
+            Err(_) => return false,
+        }
+    }
+}
+
+/// A long poll that nothing will satisfy: min_bytes and max_wait 2^31-1.
+pub fn endless_poll() -> kafka_protocol::messages::FetchRequest {
+    requests::fetch("demo", 0, 0, i32::MAX, i32::MAX)
 }
