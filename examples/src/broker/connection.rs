@@ -31,8 +31,9 @@
 //!   does not decode, an unknown API, an unsupported version (except ApiVersions, answered
 //!   with UNSUPPORTED_VERSION as KIP-511 asks), a body that does not decode, or a request
 //!   naming more entries than `max_partitions_per_request` closes it: topics and
-//!   partitions (Metadata: topics), counted in the raw body before decoding, with tagged
-//!   fields, so that what a request decodes into is bounded (`request_entries.rs`).
+//!   partitions (Metadata: topics), a Produce partition's record batches after its first,
+//!   and tagged fields, counted in the raw body before decoding, so that what a request
+//!   decodes into is bounded (`request_entries.rs`).
 //!   Nothing a client sends can make the broker panic.
 
 use std::future::Future;
@@ -60,6 +61,7 @@ use super::request_budget::ConnectionBudget;
 use super::stalled_read::read_frame_watching_stalls;
 use super::request_entries::{self, Kind};
 use super::{fetch, init_producer_id, list_offsets, metadata, produce, BrokerState};
+use crate::record_batch::framed_batches;
 
 /// Serves one connection until the client leaves, it misbehaves, it stays idle or half-way
 /// through a request too long, or the broker stops.
@@ -347,14 +349,15 @@ async fn dispatch(
 fn decode<R: Decodable + Entries>(mut body: Bytes, version: i16, cap: usize) -> Result<R, String> {
     let too_many = |named: usize| {
         format!(
-            "request names {named} entries (topics and partitions; Metadata: topics), \
-             more than --max-partitions-per-request {cap}"
+            "request names {named} entries (topics, partitions and batches after a \
+             partition's first; Metadata: topics), more than --max-partitions-per-request {cap}"
         )
     };
     if R::announced(&body, version, cap)?.is_some_and(|n| n > cap) {
         return Err(format!(
             "request names more than --max-partitions-per-request {cap} entries (topics, \
-             partitions and tagged fields; Metadata: topics), counted before decoding"
+             partitions, batches after a partition's first and tagged fields; Metadata: \
+             topics), counted before decoding"
         ));
     }
     let request = R::decode(&mut body, version)
@@ -373,8 +376,8 @@ fn decode<R: Decodable + Entries>(mut body: Bytes, version: i16, cap: usize) -> 
 }
 
 /// What the per-request cap counts: topics and partitions named (Metadata: topics),
-/// duplicates included; before decoding, also tagged fields and a Fetch's forgotten topics
-/// (`request_entries.rs`).
+/// duplicates included, and a Produce partition's batches after its first; before
+/// decoding, also tagged fields and a Fetch's forgotten topics (`request_entries.rs`).
 trait Entries {
     /// Entries of the decoded request.
     fn entries(&self) -> usize;
@@ -426,9 +429,19 @@ impl Entries for MetadataRequest {
 
 impl Entries for ProduceRequest {
     fn entries(&self) -> usize {
+        let further_batches = |records: Option<&Bytes>| {
+            records.map_or(0, |r| framed_batches(r).count().saturating_sub(1))
+        };
         self.topic_data
             .iter()
-            .map(|t| 1 + t.partition_data.len())
+            .map(|t| {
+                let batches: usize = t
+                    .partition_data
+                    .iter()
+                    .map(|p| further_batches(p.records.as_ref()))
+                    .sum();
+                1 + t.partition_data.len() + batches
+            })
             .sum()
     }
 
