@@ -22,6 +22,8 @@
 //!   whole (whose partition is refused, not its request). So a request that passes the
 //!   cap decodes into at most `cap` entries, each of a bounded size (its strings stay
 //!   slices of the frame; a batch's copy is its own size).
+//! - The header and the body share one cap (`connection.rs` passes the body what the
+//!   header left).
 //! - The walk stops as soon as the count passes `cap` (it never reads more than `cap + 1`
 //!   entries), and at the first field the body is too short for.
 //! - `Err` means the body does not hold the fields its version has (the decoder would refuse
