@@ -591,7 +591,8 @@ async fn review29b_finding1_batches_after_a_partitions_first_count_against_the_c
     let one = encode_batch(&[Bytes::from_static(b"x")], 1_000);
     // (partitions, batches each): entries = 1 topic + partitions x batches.
     for (partitions, batches) in [(1, 9), (2, 4), (9, 1), (1, 10), (2, 5), (1, 5_000)] {
-        let within = 1 + partitions * batches <= CAP;
+        let entries = 1 + partitions * batches;
+        let within = entries <= CAP;
         for version in [3, 9] {
             let records = Bytes::from(one.repeat(batches));
             let mut request = requests::produce("demo", 0, 1, 1000, records);

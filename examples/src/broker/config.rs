@@ -54,8 +54,10 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
                             (default 30000)
   --fetch-max-bytes B       cap on the records of one fetch answer, whatever the client asks
                             (default 57671680, Kafka's fetch.max.bytes: 55 MiB)
-  --max-partitions-per-request N  a Produce, Fetch or ListOffsets naming more partitions, or a
-                            Metadata naming more topics, closes the connection (default 10000)
+  --max-partitions-per-request N  a request naming more entries closes the connection: topics
+                            and partitions (Metadata: topics), a Produce partition's record
+                            batches after its first, and tagged fields, header and body
+                            together, counted before decoding (default 10000)
   --fetch-max-wait-ms T     cap on a fetch's own max_wait_ms: a long poll is answered with what
                             is there after T ms at most (default 30000; Kafka has no cap)
   --write-timeout-ms T      close a connection whose answer is not written whole within T ms,
@@ -114,7 +116,9 @@ pub struct BrokerConfig {
     pub frame_read_timeout: Duration,
     /// Cap on the record bytes of one fetch answer.
     pub fetch_max_bytes: usize,
-    /// Most partitions one Produce, Fetch or ListOffsets request may name (Metadata: topics).
+    /// Most entries one request may hold, header and body together: topics and partitions
+    /// (Metadata: topics), a Produce partition's batches after its first, tagged fields
+    /// (`request_entries.rs`).
     pub max_partitions_per_request: usize,
     /// Cap on a fetch's `max_wait_ms`: a long poll is answered after this at most.
     pub fetch_max_wait: Duration,
