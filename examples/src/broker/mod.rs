@@ -25,6 +25,7 @@
 //!   down (which expires whatever still waits, counted as expired), then ends every
 //!   connection task; it returns the counters as they are after all that.
 
+mod address_prefix;
 mod admission;
 pub mod api_versions;
 mod client_socket;
