@@ -189,11 +189,12 @@ impl Broker {
             config.producer_id_expiration,
         );
         let admission = Admission::new(config.max_connections, config.connections_per_ip());
+        let producer_ids = ProducerIds::new(config.producer_id_expiration);
         let state = Arc::new(BrokerState {
             config,
             leader,
             advertised: local_addr,
-            producer_ids: ProducerIds::default(),
+            producer_ids,
             producer_id_quota: ProducerIdQuota::default(),
             connections: AtomicUsize::new(0),
             admission: Arc::new(admission),
