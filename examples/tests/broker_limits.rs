@@ -35,6 +35,8 @@ use support::{config, connect, eventually, start, LIMIT};
 /// Kafka's answer to a batch of a producer whose state is unknown, at a sequence other
 /// than 0 (since Kafka 2.5, KIP-360).
 const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
+/// Kafka's answer to a produce under a producer id it holds no state for.
+const UNKNOWN_PRODUCER_ID: i16 = 59;
 
 fn loopback(last: u8) -> IpAddr {
     IpAddr::from([127, 0, 0, last])
@@ -284,12 +286,24 @@ async fn review_4_connections_stalled_a_byte_into_a_frame_make_room_for_fresh_cl
     broker.shutdown().await;
 }
 
+/// Produces `batch` to partition 1 (acks=1): its error code.
+async fn produce_to_partition_1(client: &mut WireClient, batch: Bytes) -> i16 {
+    let answer = timeout(
+        LIMIT,
+        client.call(7, &requests::produce("demo", 1, 1, 1000, batch)),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    answer.responses[0].partition_responses[0].error_code
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finding_6_an_expired_producer_may_only_start_again_at_sequence_zero() {
-    const EXPIRATION: Duration = Duration::from_millis(300);
+    const EXPIRATION: Duration = Duration::from_millis(1_000);
     let broker = start(BrokerConfig {
         producer_id_expiration: EXPIRATION,
-        ..config(1)
+        ..config(2)
     })
     .await;
     let mut client = connect(broker.local_addr()).await;
@@ -307,8 +321,17 @@ async fn finding_6_an_expired_producer_may_only_start_again_at_sequence_zero() {
         produce(&mut client, 7, idempotent_batch(id, 1, b"b")).await,
         (0, 1)
     );
-    tokio::time::sleep(EXPIRATION * 3).await;
-    // Its state is gone: its next batch is out of sequence, and not appended.
+    // The producer keeps producing to partition 1 (so its id stays live, second review of
+    // issue #29, finding 2) while partition 0 forgets it.
+    let mut sequence = 0;
+    let quiet = Instant::now();
+    while quiet.elapsed() < EXPIRATION * 3 {
+        let batch = idempotent_batch(id, sequence, b"elsewhere");
+        assert_eq!(produce_to_partition_1(&mut client, batch).await, 0);
+        sequence += 1;
+        tokio::time::sleep(EXPIRATION / 10).await;
+    }
+    // Partition 0's state is gone: its next batch is out of sequence, and not appended.
     let (error, _) = produce(&mut client, 7, idempotent_batch(id, 2, b"c")).await;
     assert_eq!(error, OUT_OF_ORDER_SEQUENCE_NUMBER);
     // Starting again at 0 is accepted, at the log end.
@@ -316,6 +339,11 @@ async fn finding_6_an_expired_producer_may_only_start_again_at_sequence_zero() {
         produce(&mut client, 7, idempotent_batch(id, 0, b"d")).await,
         (0, 2)
     );
+    // Unused everywhere for the expiration, the id itself expires: the producer must ask
+    // for a new one (UNKNOWN_PRODUCER_ID, which Kafka's clients answer so).
+    tokio::time::sleep(EXPIRATION * 2).await;
+    let (error, _) = produce(&mut client, 7, idempotent_batch(id, 1, b"e")).await;
+    assert_eq!(error, UNKNOWN_PRODUCER_ID);
     broker.shutdown().await;
 }
 
