@@ -30,7 +30,7 @@ mod support;
 use support::process::{printed_address, resident_bytes, start_binary};
 use support::producer::{init_producer_id, produce};
 use support::records::idempotent_batch;
-use support::{config, connect, eventually, start, LIMIT};
+use support::{config, connect, endless_poll, eventually, start, LIMIT};
 
 /// Kafka's answer to a batch of a producer whose state is unknown, at a sequence other
 /// than 0 (since Kafka 2.5, KIP-360).
@@ -283,6 +283,59 @@ async fn review_4_connections_stalled_a_byte_into_a_frame_make_room_for_fresh_cl
     }
     assert!(broker.stats().evicted_connections >= 1);
     drop(stalled);
+    broker.shutdown().await;
+}
+
+/// Second review, finding 3: long polls re-sent from many addresses (each within its own
+/// share) held every place, so fresh clients were refused for as long as they re-polled.
+/// A fetch waiting a second or more is evictable like an idle connection now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn second_review_3_long_polls_from_many_addresses_make_room_for_fresh_clients() {
+    const CAP: usize = 20;
+    let broker = start(BrokerConfig {
+        max_connections: CAP,
+        ..config(1)
+    })
+    .await;
+    let addr = broker.local_addr();
+    // Every place a long poll that cannot complete, each from an address of its own.
+    let mut polls = Vec::new();
+    for i in 0..CAP {
+        let source = IpAddr::from([127, 0, 4, 1 + i as u8]);
+        let mut client = connect_from(source, addr).await;
+        client.send(4, &endless_poll()).await.unwrap();
+        polls.push(client);
+    }
+    eventually("every place taken", || broker.stats().connections == CAP).await;
+    eventually("every poll parked", || {
+        broker.stats().leader.fetch.pending >= CAP
+    })
+    .await;
+    // A fresh client gets in once the polls have waited a second or two.
+    let started = Instant::now();
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let mut fresh = connect_from(loopback(3), addr).await;
+        if served(&mut fresh).await {
+            break;
+        }
+        assert!(
+            started.elapsed() < LIMIT,
+            "no fresh client served in {tries} tries over {LIMIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(broker.stats().evicted_connections >= 1);
+    // The evicted poll's client sees its connection closed, and its fetch was cancelled.
+    let mut closed = 0;
+    for client in &mut polls {
+        if closed_by_broker(client, Duration::from_millis(50)).await {
+            closed += 1;
+        }
+    }
+    assert!(closed >= 1, "no poll's connection was closed");
+    assert!(broker.stats().connections <= CAP);
     broker.shutdown().await;
 }
 

@@ -24,7 +24,7 @@
 //! | connection state | entered by | may be evicted |
 //! |---|---|---|
 //! | busy | [`Admission::admit`], [`Slot::busy`] | no |
-//! | idle | [`Slot::idle`], [`Slot::stalled`] | yes: by a newcomer at the broker-wide cap whose address holds no more connections than its own, or from its address at the address's cap |
+//! | idle | [`Slot::idle`], [`Slot::stalled`], [`Slot::long_poll`] | yes: by a newcomer at the broker-wide cap whose address holds no more connections than its own, or from its address at the address's cap |
 //! | evicted | a newcomer's [`Admission::admit`] | no longer counted; [`Slot::evicted`] fires and its task closes the socket |
 //!
 //! Invariants:
@@ -41,12 +41,12 @@
 //! - A connection becoming busy and its eviction are decided under the same lock: once
 //!   [`Slot::busy`] returned true its request is never cut by an eviction; if it returns
 //!   false the connection was evicted and must close.
-//! - A connection whose request is a parked long poll (a Fetch waiting for data) is busy,
-//!   never evicted: a client that keeps re-sending such fetches holds its connections for
-//!   as long as it re-polls, not only for one `fetch_max_wait`. So clients of many
-//!   prefixes, each within its own share, can together hold all `max_connections` busy and
-//!   keep newcomers out (refused, [`Refused::Full`]); answering a parked fetch early to
-//!   free its slot at the cap is not done (review finding 3, left open).
+//! - A connection whose request is a long poll (a Fetch) that has waited a second or more
+//!   is evictable like an idle one ([`Slot::long_poll`]): a long poll is not a claim on a
+//!   place, so clients of many prefixes re-sending fetches that cannot complete do not
+//!   keep newcomers out (issue #29, second review, finding 3). Evicted, its fetch is
+//!   cancelled (as when a client leaves) and the connection closed; a consumer reconnects
+//!   and polls again.
 //! - Every operation costs O(log n) in the open connections: idle connections are kept per
 //!   address in last-activity order, and the addresses with an idle connection in order of
 //!   their connection count.
@@ -231,6 +231,13 @@ impl Slot {
     /// The request being read sent nothing for a while: the connection may be evicted
     /// from now on, as an idle one, until [`Slot::busy`].
     pub fn stalled(&self) {
+        self.evictable();
+    }
+
+    /// The request being handled is a long poll that has waited a while: the connection
+    /// may be evicted from now on, as an idle one (its waiting fetch is then cancelled),
+    /// until [`Slot::busy`] at its next request.
+    pub fn long_poll(&self) {
         self.evictable();
     }
 

@@ -38,7 +38,8 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
   --max-connections N       open connections at most (default: the open-file limit minus 64, so
                             clients never use up the descriptors); at the cap a new connection
                             takes the place of an idle one (no request started or waiting, or
-                            a started request that sent no byte for a second), the least
+                            a started request that sent no byte for a second, or a Fetch
+                            that has waited a second or more), the least
                             recently active of the address holding the most connections, if
                             that address holds at least as many as the newcomer's; otherwise the
                             newcomer is closed at once
