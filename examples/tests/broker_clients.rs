@@ -209,8 +209,14 @@ async fn connections_stalled_inside_a_request_are_closed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_cap_are_closed_at_once() {
     const CAP: usize = 5;
+    // A follower that never copies: an acks=all produce waits (for --max-produce-wait-ms).
     let broker = start(BrokerConfig {
         max_connections: CAP,
+        followers: FollowerConfig {
+            count: 1,
+            lag: Duration::ZERO,
+            stalled: true,
+        },
         ..config(2)
     })
     .await;
@@ -225,14 +231,15 @@ async fn connections_beyond_the_cap_are_closed_at_once() {
         let mut client = timeout(LIMIT, from(2 + i)).await.unwrap().unwrap();
         let answer = timeout(LIMIT, client.call(1, &MetadataRequest::default())).await;
         assert!(answer.unwrap().is_ok());
-        // A waiting long poll: the connection is busy, so no newcomer may evict it (an
-        // idle one would make room, tests/broker_limits.rs).
-        let poll = requests::fetch("demo", 0, 0, i32::MAX, i32::MAX);
-        client.send(4, &poll).await.unwrap();
+        // A waiting acks=all produce: the connection is busy, so no newcomer may evict it
+        // (an idle one, or a long poll waiting a second, would make room:
+        // tests/broker_limits.rs).
+        let produce = requests::produce("demo", 0, -1, 60_000, batch(b"waits"));
+        client.send(7, &produce).await.unwrap();
         admitted.push(client);
     }
-    eventually("the polls parked", || {
-        broker.stats().leader.fetch.pending == CAP
+    eventually("the produces parked", || {
+        broker.stats().leader.produce.pending == CAP
     })
     .await;
     let mut refused = timeout(LIMIT, from(2 + CAP)).await.unwrap().unwrap();

@@ -30,11 +30,13 @@ mod support;
 use support::process::{printed_address, resident_bytes, start_binary};
 use support::producer::{init_producer_id, produce};
 use support::records::idempotent_batch;
-use support::{config, connect, eventually, start, LIMIT};
+use support::{config, connect, endless_poll, eventually, start, LIMIT};
 
 /// Kafka's answer to a batch of a producer whose state is unknown, at a sequence other
 /// than 0 (since Kafka 2.5, KIP-360).
 const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
+/// Kafka's answer to a produce under a producer id it holds no state for.
+const UNKNOWN_PRODUCER_ID: i16 = 59;
 
 fn loopback(last: u8) -> IpAddr {
     IpAddr::from([127, 0, 0, last])
@@ -284,12 +286,77 @@ async fn review_4_connections_stalled_a_byte_into_a_frame_make_room_for_fresh_cl
     broker.shutdown().await;
 }
 
+/// Second review, finding 3: long polls re-sent from many addresses (each within its own
+/// share) held every place, so fresh clients were refused for as long as they re-polled.
+/// A fetch waiting a second or more is evictable like an idle connection now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn second_review_3_long_polls_from_many_addresses_make_room_for_fresh_clients() {
+    const CAP: usize = 20;
+    let broker = start(BrokerConfig {
+        max_connections: CAP,
+        ..config(1)
+    })
+    .await;
+    let addr = broker.local_addr();
+    // Every place a long poll that cannot complete, each from an address of its own.
+    let mut polls = Vec::new();
+    for i in 0..CAP {
+        let source = IpAddr::from([127, 0, 4, 1 + i as u8]);
+        let mut client = connect_from(source, addr).await;
+        client.send(4, &endless_poll()).await.unwrap();
+        polls.push(client);
+    }
+    eventually("every place taken", || broker.stats().connections == CAP).await;
+    eventually("every poll parked", || {
+        broker.stats().leader.fetch.pending >= CAP
+    })
+    .await;
+    // A fresh client gets in once the polls have waited a second or two.
+    let started = Instant::now();
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let mut fresh = connect_from(loopback(3), addr).await;
+        if served(&mut fresh).await {
+            break;
+        }
+        assert!(
+            started.elapsed() < LIMIT,
+            "no fresh client served in {tries} tries over {LIMIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(broker.stats().evicted_connections >= 1);
+    // The evicted poll's client sees its connection closed, and its fetch was cancelled.
+    let mut closed = 0;
+    for client in &mut polls {
+        if closed_by_broker(client, Duration::from_millis(50)).await {
+            closed += 1;
+        }
+    }
+    assert!(closed >= 1, "no poll's connection was closed");
+    assert!(broker.stats().connections <= CAP);
+    broker.shutdown().await;
+}
+
+/// Produces `batch` to partition 1 (acks=1): its error code.
+async fn produce_to_partition_1(client: &mut WireClient, batch: Bytes) -> i16 {
+    let answer = timeout(
+        LIMIT,
+        client.call(7, &requests::produce("demo", 1, 1, 1000, batch)),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    answer.responses[0].partition_responses[0].error_code
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finding_6_an_expired_producer_may_only_start_again_at_sequence_zero() {
-    const EXPIRATION: Duration = Duration::from_millis(300);
+    const EXPIRATION: Duration = Duration::from_millis(1_000);
     let broker = start(BrokerConfig {
         producer_id_expiration: EXPIRATION,
-        ..config(1)
+        ..config(2)
     })
     .await;
     let mut client = connect(broker.local_addr()).await;
@@ -307,8 +374,17 @@ async fn finding_6_an_expired_producer_may_only_start_again_at_sequence_zero() {
         produce(&mut client, 7, idempotent_batch(id, 1, b"b")).await,
         (0, 1)
     );
-    tokio::time::sleep(EXPIRATION * 3).await;
-    // Its state is gone: its next batch is out of sequence, and not appended.
+    // The producer keeps producing to partition 1 (so its id stays live, second review of
+    // issue #29, finding 2) while partition 0 forgets it.
+    let mut sequence = 0;
+    let quiet = Instant::now();
+    while quiet.elapsed() < EXPIRATION * 3 {
+        let batch = idempotent_batch(id, sequence, b"elsewhere");
+        assert_eq!(produce_to_partition_1(&mut client, batch).await, 0);
+        sequence += 1;
+        tokio::time::sleep(EXPIRATION / 10).await;
+    }
+    // Partition 0's state is gone: its next batch is out of sequence, and not appended.
     let (error, _) = produce(&mut client, 7, idempotent_batch(id, 2, b"c")).await;
     assert_eq!(error, OUT_OF_ORDER_SEQUENCE_NUMBER);
     // Starting again at 0 is accepted, at the log end.
@@ -316,6 +392,11 @@ async fn finding_6_an_expired_producer_may_only_start_again_at_sequence_zero() {
         produce(&mut client, 7, idempotent_batch(id, 0, b"d")).await,
         (0, 2)
     );
+    // Unused everywhere for the expiration, the id itself expires: the producer must ask
+    // for a new one (UNKNOWN_PRODUCER_ID, which Kafka's clients answer so).
+    tokio::time::sleep(EXPIRATION * 2).await;
+    let (error, _) = produce(&mut client, 7, idempotent_batch(id, 1, b"e")).await;
+    assert_eq!(error, UNKNOWN_PRODUCER_ID);
     broker.shutdown().await;
 }
 

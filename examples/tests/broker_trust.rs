@@ -10,6 +10,8 @@
 //!   (UNSUPPORTED_COMPRESSION_TYPE) rather than take their count on trust.
 //! - Review of issue #29, finding 2: asking for ids is cheap, so a flood of InitProducerId retires only
 //!   ids nobody produced under, and one address may take ids at a bounded rate.
+//! - Second review of issue #29, finding 2: an address retires only its own producer ids; a
+//!   table full of ids that produced throttles InitProducerId instead.
 
 use bytes::{Bytes, BytesMut};
 use kafka_protocol::messages::InitProducerIdRequest;
@@ -340,5 +342,55 @@ async fn finding_2_one_address_asking_ids_faster_than_its_quota_is_throttled() {
     // Another address still gets an id at once.
     let mut other = connect_from(0, 3, addr).await;
     assert!(init_producer_id(&mut other).await > 0);
+    broker.shutdown().await;
+}
+
+/// Second review of issue #29, finding 2: once the table is full, one address produced once
+/// under every id it holds (one batch per id), which made a good producer's id the least
+/// recently used; one more InitProducerId from that address then retired it. Now an
+/// address retires only its own ids, and a table full of ids that produced throttles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn second_review_finding_2_a_full_table_throttles_rather_than_retire_a_producing_id() {
+    let broker = start(config(1)).await;
+    let addr = broker.local_addr();
+    let mut good = connect(addr).await;
+    let id = init_producer_id(&mut good).await;
+    assert_eq!(
+        produce(&mut good, 7, idempotent_batch(id, 0, b"first")).await,
+        (0, 0)
+    );
+    // Fill the table from other addresses, each within its quota's burst.
+    let mut theirs = Vec::with_capacity(LIVE_IDS);
+    for i in 0..LIVE_IDS / BURST {
+        let (a, b) = (1 + (i / 250) as u8, 1 + (i % 250) as u8);
+        let mut filler = connect_from(a, b, addr).await;
+        let want = (LIVE_IDS - 1 - theirs.len()).min(BURST);
+        let answers = init_producer_ids(&mut filler, want).await;
+        assert!(answers.iter().all(|&(error, ..)| error == 0));
+        theirs.extend(answers.iter().map(|&(_, producer_id, _)| producer_id));
+    }
+    assert_eq!(broker.stats().producer_ids, LIVE_IDS);
+    // One address produces under every other id, so the good producer's is the least
+    // recently used (in requests of 250 batches).
+    let mut attacker = connect_from(0, 9, addr).await;
+    for chunk in theirs.chunks(250) {
+        let mut records = BytesMut::new();
+        for &producer_id in chunk {
+            records.extend_from_slice(&idempotent_batch(producer_id, 0, b"x"));
+        }
+        let (error, _) = produce(&mut attacker, 7, records.freeze()).await;
+        assert_eq!(error, 0);
+    }
+    // Its next InitProducerId is throttled: no id that produced is retired for it.
+    let answers = init_producer_ids(&mut attacker, 1).await;
+    assert_eq!(answers[0].0, THROTTLING_QUOTA_EXCEEDED, "{answers:?}");
+    assert!(answers[0].2 > 0, "{answers:?}");
+    assert_eq!(
+        produce(&mut good, 7, idempotent_batch(id, 1, b"second"))
+            .await
+            .0,
+        0,
+        "the good producer's id was retired for another address's new id"
+    );
     broker.shutdown().await;
 }

@@ -1,5 +1,9 @@
-//! Which client connections may be open: the broker-wide cap, the cap per IP address, and
+//! Which client connections may be open: the broker-wide cap, the cap per address, and
 //! the eviction of an idle connection when the broker-wide cap is reached.
+//!
+//! An *address* here is a network prefix (`address_prefix.rs`): an IPv4 /24 or an IPv6 /64
+//! (loopback addresses each their own), so a client does not multiply its share by using
+//! many addresses of its own network (issue #29, second review, finding 3).
 //!
 //! A connection is *idle* while it waits for the first byte of its next request (no request
 //! is being read, handled, waiting in a purgatory or answered), and also while a request it
@@ -20,7 +24,7 @@
 //! | connection state | entered by | may be evicted |
 //! |---|---|---|
 //! | busy | [`Admission::admit`], [`Slot::busy`] | no |
-//! | idle | [`Slot::idle`], [`Slot::stalled`] | yes: by a newcomer at the broker-wide cap whose address holds no more connections than its own, or from its address at the address's cap |
+//! | idle | [`Slot::idle`], [`Slot::stalled`], [`Slot::long_poll`] | yes: by a newcomer at the broker-wide cap whose address holds no more connections than its own, or from its address at the address's cap |
 //! | evicted | a newcomer's [`Admission::admit`] | no longer counted; [`Slot::evicted`] fires and its task closes the socket |
 //!
 //! Invariants:
@@ -37,6 +41,12 @@
 //! - A connection becoming busy and its eviction are decided under the same lock: once
 //!   [`Slot::busy`] returned true its request is never cut by an eviction; if it returns
 //!   false the connection was evicted and must close.
+//! - A connection whose request is a long poll (a Fetch) that has waited a second or more
+//!   is evictable like an idle one ([`Slot::long_poll`]): a long poll is not a claim on a
+//!   place, so clients of many prefixes re-sending fetches that cannot complete do not
+//!   keep newcomers out (issue #29, second review, finding 3). Evicted, its fetch is
+//!   cancelled (as when a client leaves) and the connection closed; a consumer reconnects
+//!   and polls again.
 //! - Every operation costs O(log n) in the open connections: idle connections are kept per
 //!   address in last-activity order, and the addresses with an idle connection in order of
 //!   their connection count.
@@ -48,6 +58,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use tokio::sync::Notify;
+
+use super::address_prefix::Prefix;
 
 /// The connection table of one broker.
 #[derive(Debug)]
@@ -65,14 +77,14 @@ struct Table {
     open: usize,
     evicted: u64,
     connections: HashMap<u64, Entry>,
-    addresses: HashMap<IpAddr, Address>,
+    addresses: HashMap<Prefix, Address>,
     /// `(open connections, address)` of every address with an idle connection.
-    with_idle: BTreeSet<(usize, IpAddr)>,
+    with_idle: BTreeSet<(usize, Prefix)>,
 }
 
 #[derive(Debug)]
 struct Entry {
-    ip: IpAddr,
+    ip: Prefix,
     /// The stamp of its idle period, while idle.
     idle_since: Option<u64>,
     evicted: Arc<Notify>,
@@ -130,6 +142,7 @@ impl Admission {
     /// evicting an idle connection of the same address at its cap, or one of the largest
     /// address at the broker-wide cap if that holds at least as many as `ip`.
     pub fn admit(self: &Arc<Self>, ip: IpAddr) -> Result<Slot, Refused> {
+        let ip = Prefix::of(ip);
         let mut table = self.table.lock();
         let from_ip = table.addresses.get(&ip).map_or(0, |a| a.open);
         if from_ip >= self.max_per_ip {
@@ -176,7 +189,7 @@ impl Table {
     }
 
     /// Evicts the least recently active idle connection of `ip`; `None` if it has none.
-    fn evict_idle_of(&mut self, ip: IpAddr) -> Option<()> {
+    fn evict_idle_of(&mut self, ip: Prefix) -> Option<()> {
         let (_, &id) = self.addresses.get(&ip)?.idle.first_key_value()?;
         let entry = self.connections.remove(&id)?;
         let stamp = entry.idle_since;
@@ -194,7 +207,7 @@ impl Table {
 
     /// Applies `change` to the address `ip`, keeping `with_idle` in step and dropping an
     /// address that holds no connection any more.
-    fn change_address(&mut self, ip: IpAddr, change: impl FnOnce(&mut Address)) {
+    fn change_address(&mut self, ip: Prefix, change: impl FnOnce(&mut Address)) {
         let address = self.addresses.entry(ip).or_default();
         if !address.idle.is_empty() {
             self.with_idle.remove(&(address.open, ip));
@@ -218,6 +231,13 @@ impl Slot {
     /// The request being read sent nothing for a while: the connection may be evicted
     /// from now on, as an idle one, until [`Slot::busy`].
     pub fn stalled(&self) {
+        self.evictable();
+    }
+
+    /// The request being handled is a long poll that has waited a while: the connection
+    /// may be evicted from now on, as an idle one (its waiting fetch is then cancelled),
+    /// until [`Slot::busy`] at its next request.
+    pub fn long_poll(&self) {
         self.evictable();
     }
 
@@ -362,6 +382,37 @@ mod tests {
         let again = admission.admit(ip(1)).unwrap();
         assert!(evicted_now(&big[3]));
         drop((big, small, second, again));
+    }
+
+    fn lan(c: u8, d: u8) -> IpAddr {
+        IpAddr::from([10, 0, c, d])
+    }
+
+    #[test]
+    fn addresses_of_one_prefix_share_its_caps_and_never_evict_a_smaller_prefix() {
+        // The per-address cap counts a /24 (and a /64) as one address.
+        let per_ip = Arc::new(Admission::new(10, 2));
+        let two: Vec<Slot> = (1..=2).map(|d| per_ip.admit(lan(0, d)).unwrap()).collect();
+        assert_eq!(per_ip.admit(lan(0, 3)).unwrap_err(), Refused::PerIp);
+        let v6 = |last: u16| IpAddr::from([0x2001, 0xdb8, 0, 1, 0, 0, 0, last]);
+        let six: Vec<Slot> = (1..=2).map(|n| per_ip.admit(v6(n)).unwrap()).collect();
+        assert_eq!(per_ip.admit(v6(0xffff)).unwrap_err(), Refused::PerIp);
+        assert!(per_ip.admit(lan(1, 1)).is_ok());
+        drop((two, six));
+
+        let admission = Arc::new(Admission::new(5, 4));
+        // A client of 10.0.0.0/24 from three addresses, busy; one of a /64 from two, idle.
+        let spread: Vec<Slot> = (1..=3).map(|d| admission.admit(lan(0, d)).unwrap()).collect();
+        let wide: Vec<Slot> = (1..=2).map(|n| admission.admit(v6(n)).unwrap()).collect();
+        wide.iter().for_each(Slot::idle);
+        // At the broker-wide cap a newcomer of the /24 (3 open) evicts nothing of the /64
+        // (2 open), even from an address of the /24 it never used.
+        assert_eq!(admission.admit(lan(0, 9)).unwrap_err(), Refused::Full);
+        assert_eq!(admission.evicted(), 0);
+        spread[0].idle();
+        let replaced = admission.admit(lan(0, 200)).unwrap();
+        assert!(evicted_now(&spread[0]) && wide.iter().all(|slot| !evicted_now(slot)));
+        drop((spread, wide, replaced));
     }
 
     #[test]

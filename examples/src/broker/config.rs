@@ -39,10 +39,10 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
                             clients never use up the descriptors, at most 10000, so the memory
                             bound below stays one); at the cap a new connection takes the place
                             of an idle one (no request started or waiting, or a started request
-                            that sent no byte for a second), the least recently active of the
-                            address holding the most connections, if that address holds at
-                            least as many as the newcomer's; otherwise the newcomer is closed at
-                            once
+                            that sent no byte for a second, or a Fetch that has waited a second
+                            or more), the least recently active of the address holding the most
+                            connections, if that address holds at least as many as the
+                            newcomer's; otherwise the newcomer is closed at once
   --max-connections-per-ip N  open connections from one IP address at most: one more takes the
                             place of that address's least recently active idle connection, and
                             is closed at once when none is idle (default: half of

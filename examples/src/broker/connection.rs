@@ -26,7 +26,11 @@
 //! - A connection waiting for its next request is idle (`admission.rs`): at a connection
 //!   cap (the broker's, or its address's) a newcomer may evict it, which closes it; once
 //!   its next request has started it is evicted only while that request sends no byte for
-//!   a second (`stalled_read.rs`), never once it is whole.
+//!   a second (`stalled_read.rs`), or while it is a Fetch that has waited a second or more
+//!   (a long poll is not a claim on a place: evicted, it is cancelled as when the client
+//!   leaves, and the consumer polls again on a new connection); never any other request
+//!   once it is whole. An answer already chosen is written whole before an eviction
+//!   closes the connection.
 //! - Bad input ends only its own connection: a frame size outside the limit, a header that
 //!   does not decode, an unknown API, an unsupported version (except ApiVersions, answered
 //!   with UNSUPPORTED_VERSION as KIP-511 asks), a body that does not decode, or a request
@@ -129,9 +133,21 @@ pub async fn serve(
         // The frame stays counted until its last slice is dropped: after the handler, or
         // after the answer that echoes parts of it is written.
         let frame_bytes = frame.len() + 4;
+        let long_poll = is_fetch(&frame);
         let frame = reader.budget().charged(frame, frame_bytes);
         let handling = handle(&state, frame, peer_ip);
         tokio::pin!(handling);
+        // A Fetch still waiting after `LONG_POLL_EVICTABLE` holds no claim on its place:
+        // at the cap it may be evicted like an idle connection (it is then closed and its
+        // fetch cancelled, as when a client leaves; the consumer reconnects and polls
+        // again), so long polls re-sent from many addresses cannot keep newcomers out.
+        let evictable_poll = async {
+            if long_poll {
+                tokio::time::sleep(LONG_POLL_EVICTABLE).await;
+                slot.long_poll();
+            }
+            std::future::pending::<()>().await
+        };
         let reply = tokio::select! {
             biased;
             reply = &mut handling => reply,
@@ -139,6 +155,11 @@ pub async fn serve(
                 state.log(&format!("closing {peer}: {left} while its request waited"));
                 return;
             }
+            _ = slot.evicted() => {
+                state.log(&format!("closing {peer}: {EVICTED_POLL}"));
+                return;
+            }
+            _ = evictable_poll => unreachable!("never resolves"),
             _ = stop.changed() => return,
         };
         match reply {
@@ -181,6 +202,21 @@ pub async fn serve(
 /// Why an idle connection was closed to make room (`admission.rs`).
 const EVICTED: &str =
     "idle, closed to make room for a new connection (--max-connections, --max-connections-per-ip)";
+
+/// Why a connection whose long poll was waiting was closed to make room.
+const EVICTED_POLL: &str = "its fetch waiting, closed to make room for a new connection \
+     (--max-connections, --max-connections-per-ip)";
+
+/// How long a Fetch waits before its connection may be evicted at a connection cap: a
+/// fetch answered at once (data there) never touches the connection table for it.
+const LONG_POLL_EVICTABLE: Duration = Duration::from_secs(1);
+
+/// Whether `frame` (its header first) is a Fetch request.
+fn is_fetch(frame: &Bytes) -> bool {
+    frame
+        .get(..2)
+        .is_some_and(|key| i16::from_be_bytes([key[0], key[1]]) == ApiKey::Fetch as i16)
+}
 
 /// Writes the parts of `answer` back to back.
 async fn write_answer(

@@ -4,8 +4,10 @@
 //! Every request gets a new, unguessable id at epoch 0 (`producer_ids.rs`), also one naming
 //! its current id and epoch to bump it (v3+): Kafka's coordinator does the same for a
 //! producer without a transactional id, and keeping a named id would let a client that
-//! names another's id share it. An address past its rate of ids (`producer_id_quota.rs`)
-//! is answered THROTTLING_QUOTA_EXCEEDED, a retriable error, with the time until it may
+//! names another's id share it. An address past its rate of ids (`producer_id_quota.rs`),
+//! or any address while the table of ids is full of ids that produced recently
+//! (`producer_ids.rs`; the rate's token is spent then too), is answered
+//! THROTTLING_QUOTA_EXCEEDED, a retriable error, with the time until it may
 //! have one as the throttle time (as Kafka's quotas answer); nothing is handed out then.
 
 use std::net::IpAddr;
@@ -32,12 +34,22 @@ pub fn handle(
     if request.transactional_id.is_some() {
         return refuse(response, ResponseError::TransactionalIdAuthorizationFailed);
     }
-    if let Err(wait) = state.producer_id_quota.take(peer, Instant::now()) {
-        // At least a millisecond: 0 would tell the client it was not throttled.
-        response.throttle_time_ms = i32::try_from(wait.as_millis().max(1)).unwrap_or(i32::MAX);
-        return refuse(response, ResponseError::ThrottlingQuotaExceeded);
+    let now = Instant::now();
+    let handed = state
+        .producer_id_quota
+        .take(peer, now)
+        .and_then(|()| state.producer_ids.hand_out(peer, now));
+    match handed {
+        Ok(id) => {
+            response.producer_id = ProducerId(id);
+            response.producer_epoch = 0;
+            response
+        }
+        Err(wait) => {
+            // At least a millisecond: 0 would tell the client it was not throttled.
+            response.throttle_time_ms =
+                i32::try_from(wait.as_millis().max(1)).unwrap_or(i32::MAX);
+            refuse(response, ResponseError::ThrottlingQuotaExceeded)
+        }
     }
-    response.producer_id = ProducerId(state.producer_ids.hand_out());
-    response.producer_epoch = 0;
-    response
 }

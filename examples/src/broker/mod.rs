@@ -25,6 +25,7 @@
 //!   down (which expires whatever still waits, counted as expired), then ends every
 //!   connection task; it returns the counters as they are after all that.
 
+mod address_prefix;
 mod admission;
 pub mod api_versions;
 mod client_socket;
@@ -188,11 +189,12 @@ impl Broker {
             config.producer_id_expiration,
         );
         let admission = Admission::new(config.max_connections, config.connections_per_ip());
+        let producer_ids = ProducerIds::new(config.producer_id_expiration);
         let state = Arc::new(BrokerState {
             config,
             leader,
             advertised: local_addr,
-            producer_ids: ProducerIds::default(),
+            producer_ids,
             producer_id_quota: ProducerIdQuota::default(),
             connections: AtomicUsize::new(0),
             admission: Arc::new(admission),

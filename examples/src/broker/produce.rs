@@ -16,7 +16,8 @@
 //! or evicted at the cap, at a sequence other than 0: OUT_OF_ORDER_SEQUENCE_NUMBER) get it
 //! in their answer and are not waited on; the others are appended.
 
-use std::time::Duration;
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
 
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse, TopicName};
@@ -56,6 +57,9 @@ pub async fn handle(
 
     let mut results = Vec::new();
     let mut waits = Vec::new();
+    // The producer ids this request named that are live: each is checked (and refreshed)
+    // once per request, however many batches name it.
+    let mut named_ids = HashSet::new();
     let timeout_ms = request.timeout_ms;
     for (topic_index, topic) in request.topic_data.iter().enumerate() {
         for data in &topic.partition_data {
@@ -66,7 +70,13 @@ pub async fn handle(
                 base_offset: -1,
             };
             if result.error.is_none() {
-                match append(state, &topic.name.0, data.index, data.records.as_ref()) {
+                match append(
+                    state,
+                    &mut named_ids,
+                    &topic.name.0,
+                    data.index,
+                    data.records.as_ref(),
+                ) {
                     Ok((wait, base_offset)) => {
                         result.base_offset = base_offset;
                         waits.push((results.len(), wait));
@@ -109,6 +119,7 @@ pub async fn handle(
 /// Appends one partition's records; returns what acks=all must wait for and the base offset.
 fn append(
     state: &BrokerState,
+    named_ids: &mut HashSet<i64>,
     topic: &str,
     partition_index: i32,
     records: Option<&bytes::Bytes>,
@@ -126,12 +137,16 @@ fn append(
     })?;
     // An idempotent batch names its producer id; only ids handed out may be named, or a
     // client could take another's next batches for retries of its own. Naming it counts as
-    // a use: ids used recently are retired last (`producer_ids.rs`).
-    if batches
-        .iter()
-        .any(|b| b.producer_id >= 0 && !state.producer_ids.produces(b.producer_id))
-    {
-        return Err(ResponseError::UnknownProducerId);
+    // a use, once per request: ids used recently are retired last (`producer_ids.rs`).
+    let now = Instant::now();
+    for batch in &batches {
+        let id = batch.producer_id;
+        if id >= 0 && !named_ids.contains(&id) {
+            if !state.producer_ids.produces(id, now) {
+                return Err(ResponseError::UnknownProducerId);
+            }
+            named_ids.insert(id);
+        }
     }
     let appended = state.leader.append(key, batches).map_err(|e| match e {
         AppendRefused::UnknownPartition => ResponseError::UnknownTopicOrPartition,

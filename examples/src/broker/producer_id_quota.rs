@@ -1,12 +1,14 @@
-//! How fast one IP address may take producer ids: a token bucket per address, as Kafka's
+//! How fast one address may take producer ids: a token bucket per address, as Kafka's
 //! `producer_ids_rate` quota (KIP-936) bounds the new producer ids of one client (per user
-//! there; per address here, where clients are not authenticated).
+//! there; per address here, where clients are not authenticated). An address is a network
+//! prefix (`address_prefix.rs`: IPv4 /24, IPv6 /64, loopback addresses each their own).
 //!
 //! Without it one client could ask for ids as fast as it can send InitProducerId (65,536
-//! in 0.87 s in the review of issue #29, finding 2), then produce once under each to make
-//! them the most recently used and so retire every other producer's id
-//! (`producer_ids.rs`). With it one address needs `MAX_LIVE_PRODUCER_IDS / RATE` seconds
-//! (34 minutes) to do that, and a good producer keeps its id if it produces more often.
+//! in 0.87 s in the review of issue #29, finding 2). What protects the ids of other
+//! producers is not this rate but `producer_ids.rs`: an address retires only its own ids,
+//! and a full table throttles new ids rather than retire one that produced within
+//! `--producer-id-expiration-ms`. This rate bounds how fast an address churns its own ids
+//! and how fast many addresses together fill the table.
 //!
 //! Invariants:
 //! - An address holds at most [`BURST`] tokens and gains [`RATE`] a second; each id handed
@@ -23,6 +25,8 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
+
+use super::address_prefix::Prefix;
 
 /// Ids one address may take at once.
 pub const BURST: f64 = 256.0;
@@ -49,7 +53,7 @@ impl Bucket {
 
 #[derive(Debug)]
 struct Buckets {
-    by_address: HashMap<IpAddr, Bucket>,
+    by_address: HashMap<Prefix, Bucket>,
     clean_above: usize,
 }
 
@@ -74,6 +78,7 @@ impl ProducerIdQuota {
     /// Takes a token of `ip` at `now`; `Err(wait)` when it has none, `wait` being the time
     /// until it has one again.
     pub fn take(&self, ip: IpAddr, now: Instant) -> Result<(), Duration> {
+        let ip = Prefix::of(ip);
         let mut buckets = self.buckets.lock();
         if buckets.by_address.len() > buckets.clean_above {
             buckets
@@ -126,6 +131,19 @@ mod tests {
         let later = start + wait;
         assert!(quota.take(ip(0, 1), later).is_ok());
         assert!(quota.take(ip(0, 1), later).is_err());
+    }
+
+    #[test]
+    fn addresses_of_one_prefix_share_a_bucket() {
+        let quota = ProducerIdQuota::default();
+        let start = Instant::now();
+        let lan = |d: u8| IpAddr::from([10, 0, 0, d]);
+        for i in 0..BURST as usize {
+            assert!(quota.take(lan(i as u8), start).is_ok());
+        }
+        // Another address of 10.0.0.0/24 has no token left; another /24 has its own.
+        assert!(quota.take(lan(255), start).is_err());
+        assert!(quota.take(IpAddr::from([10, 0, 1, 1]), start).is_ok());
     }
 
     #[test]

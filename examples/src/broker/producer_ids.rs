@@ -9,39 +9,75 @@
 //! - An id is a keyed hash (std's SipHash, with the process's random `RandomState` keys) of
 //!   a counter, masked to 63 bits: positive, never 0, and not predictable from the ids seen
 //!   before without the keys. It is never one already live (drawn again on a collision).
-//! - At most [`MAX_LIVE_PRODUCER_IDS`] ids are live; handing out one more retires one, whose
-//!   producer is then refused with UNKNOWN_PRODUCER_ID and asks for a new id (what Kafka
-//!   answers once a producer's state has expired, KIP-854's `producer.id.expiration.ms`).
-//!   The one retired is the least recently handed out of the ids **never produced under**,
-//!   and only when every live id has produced, the least recently **used** one (each
-//!   produce naming an id refreshes it: [`ProducerIds::produces`]). So InitProducerId in a
-//!   loop holds a bounded set and retires only ids nobody produced under (its own, first):
-//!   a producer that has produced keeps its id however many ids are asked for, unless
-//!   [`MAX_LIVE_PRODUCER_IDS`] other ids produced since its last produce (issue #29, review
-//!   finding 2). How fast one address may take ids is bounded apart
-//!   (`producer_id_quota.rs`).
-//! - Only live ids may produce (see [`ProducerIds::produces`]); -1 (not idempotent) is not
-//!   an id and is never refused here.
+//! - Each id belongs to the address it was handed to, an address being a network prefix
+//!   (`address_prefix.rs`). An address holds at most `per_address` live ids
+//!   ([`MAX_IDS_PER_ADDRESS`]); at that cap a new id for it retires one of **its own**: the
+//!   least recently handed out of its ids never produced under, or else its least recently
+//!   used one. A retired id's producer is refused with UNKNOWN_PRODUCER_ID and asks for a
+//!   new id (what Kafka answers once a producer's state has expired, KIP-854).
+//! - An id neither handed out nor named by a produce for `expiration`
+//!   (`--producer-id-expiration-ms`, Kafka's `producer.id.expiration.ms`) is expired: it is
+//!   no longer live (dropped lazily, at the next call that looks at the oldest ids).
+//! - At most `cap` ids are live ([`MAX_LIVE_PRODUCER_IDS`]). When `cap` are live and the
+//!   address is under its own cap, a new id retires the least recently handed out id that
+//!   nobody produced under (of any address); if every live id has produced within
+//!   `expiration`, nothing is retired and the request is throttled instead
+//!   ([`ProducerIds::hand_out`] returns the wait, [`FULL_THROTTLE`]). So one address can
+//!   never retire an id of another address that produced (issue #29, second review,
+//!   finding 2). What many addresses together can still do: `cap / per_address` (64)
+//!   addresses that each hold their share of produced ids fill the table, after which new
+//!   producers of every other address are throttled until ids expire, and ids handed out
+//!   but not yet produced under can be retired by any address's new id. Kafka bounds this
+//!   with per-user quotas on authenticated clients, which this broker does not have.
+//! - A produce refreshes an id at most once per request (`produce.rs` checks each distinct
+//!   id once), and only live ids may produce ([`ProducerIds::produces`]); -1 (not
+//!   idempotent) is not an id and is never refused here.
 //!
 //! | id state | entered by | retired |
 //! |---|---|---|
-//! | unproduced | [`ProducerIds::hand_out`] | first, oldest handed out first |
-//! | produced | [`ProducerIds::produces`] (each call refreshes it) | only when no live id is unproduced, least recently used first |
+//! | unproduced | [`ProducerIds::hand_out`] | at its address's cap, its own first; at the global cap, oldest first; after `expiration` |
+//! | produced | [`ProducerIds::produces`] (each call refreshes it) | at its address's cap once it has no unproduced id, least recently used first; after `expiration` idle |
 
 use std::collections::hash_map::RandomState;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::BuildHasher;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-/// How many producer ids are live at most (each costs about ten words here).
+use super::address_prefix::Prefix;
+
+/// How many producer ids are live at most (each costs about fifteen words here).
 pub const MAX_LIVE_PRODUCER_IDS: usize = 1 << 16;
+
+/// How many producer ids one address (network prefix) holds at most.
+pub const MAX_IDS_PER_ADDRESS: usize = 1 << 10;
+
+/// The throttle time of an InitProducerId refused because the table is full of ids that
+/// produced recently.
+pub const FULL_THROTTLE: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, Copy)]
 struct Live {
     /// Orders the ids of one state: a smaller stamp was handed out (or used) earlier.
     stamp: u64,
     produced: bool,
+    used_at: Instant,
+    owner: Prefix,
+}
+
+/// The stamps of one address's live ids.
+#[derive(Debug, Default)]
+struct Own {
+    unproduced: BTreeSet<u64>,
+    produced: BTreeSet<u64>,
+}
+
+impl Own {
+    fn len(&self) -> usize {
+        self.unproduced.len() + self.produced.len()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -54,6 +90,7 @@ struct Issued {
     unproduced: BTreeMap<u64, i64>,
     /// Live ids produced under, by the stamp of their last produce.
     produced: BTreeMap<u64, i64>,
+    by_owner: HashMap<Prefix, Own>,
 }
 
 impl Issued {
@@ -62,15 +99,62 @@ impl Issued {
         self.next_stamp
     }
 
-    /// Retires the first unproduced id, or else the least recently used produced one.
-    fn retire_one(&mut self) {
-        let retired = match self.unproduced.pop_first() {
-            Some((_, id)) => Some(id),
-            None => self.produced.pop_first().map(|(_, id)| id),
-        };
-        if let Some(id) = retired {
-            self.live.remove(&id);
+    fn insert(&mut self, id: i64, live: Live) {
+        self.live.insert(id, live);
+        let own = self.by_owner.entry(live.owner).or_default();
+        if live.produced {
+            own.produced.insert(live.stamp);
+            self.produced.insert(live.stamp, id);
+        } else {
+            own.unproduced.insert(live.stamp);
+            self.unproduced.insert(live.stamp, id);
         }
+    }
+
+    fn remove(&mut self, id: i64) -> Option<Live> {
+        let live = self.live.remove(&id)?;
+        let own = self.by_owner.get_mut(&live.owner)?;
+        if live.produced {
+            own.produced.remove(&live.stamp);
+            self.produced.remove(&live.stamp);
+        } else {
+            own.unproduced.remove(&live.stamp);
+            self.unproduced.remove(&live.stamp);
+        }
+        if own.len() == 0 {
+            self.by_owner.remove(&live.owner);
+        }
+        Some(live)
+    }
+
+    /// Drops the ids unused for `expiration` at `now`: stamps follow time, so they are the
+    /// first of each order.
+    fn expire(&mut self, now: Instant, expiration: Duration) {
+        let expired = |issued: &Self, first: Option<(&u64, &i64)>| {
+            first
+                .map(|(_, id)| *id)
+                .filter(|id| now.saturating_duration_since(issued.live[id].used_at) >= expiration)
+        };
+        while let Some(id) = expired(self, self.unproduced.first_key_value())
+            .or_else(|| expired(self, self.produced.first_key_value()))
+        {
+            self.remove(id);
+        }
+    }
+
+    /// Retires `owner`'s first unproduced id, or else its least recently used one.
+    fn retire_own(&mut self, owner: Prefix) {
+        let Some(own) = self.by_owner.get(&owner) else {
+            return;
+        };
+        let id = match own.unproduced.first() {
+            Some(stamp) => self.unproduced[stamp],
+            None => match own.produced.first() {
+                Some(stamp) => self.produced[stamp],
+                None => return,
+            },
+        };
+        self.remove(id);
     }
 }
 
@@ -79,28 +163,43 @@ impl Issued {
 pub struct ProducerIds {
     keys: RandomState,
     cap: usize,
+    per_address: usize,
+    expiration: Duration,
     issued: Mutex<Issued>,
 }
 
-impl Default for ProducerIds {
-    fn default() -> Self {
-        Self::with_cap(MAX_LIVE_PRODUCER_IDS)
-    }
-}
-
 impl ProducerIds {
-    /// An empty set that keeps at most `cap` (at least 1) ids live.
-    pub fn with_cap(cap: usize) -> Self {
+    /// The broker's table: [`MAX_LIVE_PRODUCER_IDS`], [`MAX_IDS_PER_ADDRESS`], ids expiring
+    /// after `expiration` unused.
+    pub fn new(expiration: Duration) -> Self {
+        Self::with_limits(MAX_LIVE_PRODUCER_IDS, MAX_IDS_PER_ADDRESS, expiration)
+    }
+
+    /// An empty set that keeps at most `cap` ids live, `per_address` per address (both at
+    /// least 1).
+    pub fn with_limits(cap: usize, per_address: usize, expiration: Duration) -> Self {
         Self {
             keys: RandomState::new(),
             cap: cap.max(1),
+            per_address: per_address.max(1),
+            expiration,
             issued: Mutex::new(Issued::default()),
         }
     }
 
-    /// A new live id, retiring one (see the module's invariants) if `cap` are live.
-    pub fn hand_out(&self) -> i64 {
+    /// A new live id for a client at `ip`, retiring one (see the module's invariants) if
+    /// needed; `Err(wait)` when the table is full of ids that produced recently.
+    pub fn hand_out(&self, ip: IpAddr, now: Instant) -> Result<i64, Duration> {
+        let owner = Prefix::of(ip);
         let mut issued = self.issued.lock();
+        issued.expire(now, self.expiration);
+        let own = issued.by_owner.get(&owner).map_or(0, Own::len);
+        if own >= self.per_address {
+            issued.retire_own(owner);
+        } else if issued.live.len() >= self.cap {
+            let (_, &oldest) = issued.unproduced.first_key_value().ok_or(FULL_THROTTLE)?;
+            issued.remove(oldest);
+        }
         let id = loop {
             issued.counter += 1;
             let id = (self.keys.hash_one(issued.counter) >> 1) as i64;
@@ -108,40 +207,39 @@ impl ProducerIds {
                 break id;
             }
         };
-        if issued.live.len() >= self.cap {
-            issued.retire_one();
-        }
         let stamp = issued.stamp();
-        issued.live.insert(
+        issued.insert(
             id,
             Live {
                 stamp,
                 produced: false,
+                used_at: now,
+                owner,
             },
         );
-        issued.unproduced.insert(stamp, id);
-        id
+        Ok(id)
     }
 
-    /// Whether a produce may name `id`: it was handed out and is still live. If so it
-    /// counts as used now (the last to be retired).
-    pub fn produces(&self, id: i64) -> bool {
+    /// Whether a produce may name `id` at `now`: it was handed out and is still live (not
+    /// expired). If so it counts as used now (the last of its address to be retired).
+    pub fn produces(&self, id: i64, now: Instant) -> bool {
         let mut issued = self.issued.lock();
-        let stamp = issued.stamp();
-        let Some(live) = issued.live.get_mut(&id) else {
+        let Some(live) = issued.remove(id) else {
             return false;
         };
-        let before = *live;
-        *live = Live {
-            stamp,
-            produced: true,
-        };
-        if before.produced {
-            issued.produced.remove(&before.stamp);
-        } else {
-            issued.unproduced.remove(&before.stamp);
+        if now.saturating_duration_since(live.used_at) >= self.expiration {
+            return false;
         }
-        issued.produced.insert(stamp, id);
+        let stamp = issued.stamp();
+        issued.insert(
+            id,
+            Live {
+                stamp,
+                produced: true,
+                used_at: now.max(live.used_at),
+                owner: live.owner,
+            },
+        );
         true
     }
 
@@ -162,10 +260,19 @@ mod tests {
     use super::*;
     use std::collections::HashSet;
 
+    const DAY: Duration = Duration::from_secs(86_400);
+
+    fn ip(c: u8, d: u8) -> IpAddr {
+        IpAddr::from([10, 0, c, d])
+    }
+
     #[test]
     fn ids_are_positive_distinct_and_not_consecutive() {
-        let ids = ProducerIds::default();
-        let handed: Vec<i64> = (0..1000).map(|_| ids.hand_out()).collect();
+        let ids = ProducerIds::new(DAY);
+        let now = Instant::now();
+        let handed: Vec<i64> = (0..1000)
+            .map(|i| ids.hand_out(ip(i as u8, 1), now).unwrap())
+            .collect();
         assert!(handed.iter().all(|&id| id > 0 && ids.is_live(id)));
         let distinct: HashSet<i64> = handed.iter().copied().collect();
         assert_eq!(distinct.len(), handed.len());
@@ -174,41 +281,81 @@ mod tests {
     }
 
     #[test]
-    fn the_oldest_id_is_retired_at_the_cap() {
-        let ids = ProducerIds::with_cap(3);
-        let first = ids.hand_out();
-        let rest: Vec<i64> = (0..3).map(|_| ids.hand_out()).collect();
-        assert_eq!(ids.live(), 3);
-        assert!(!ids.is_live(first));
-        assert!(rest.iter().all(|&id| ids.is_live(id)));
-    }
-
-    #[test]
-    fn ids_never_produced_under_are_retired_before_any_that_produced() {
-        let ids = ProducerIds::with_cap(4);
-        let good = ids.hand_out();
-        assert!(ids.produces(good));
-        // A flood of ids nobody produces under retires only its own.
-        let flood: Vec<i64> = (0..1000).map(|_| ids.hand_out()).collect();
-        assert!(ids.is_live(good));
-        assert_eq!(ids.live(), 4);
+    fn at_its_cap_an_address_retires_its_own_unproduced_ids_first() {
+        let ids = ProducerIds::with_limits(100, 4, DAY);
+        let now = Instant::now();
+        let other = ids.hand_out(ip(9, 1), now).unwrap();
+        let good = ids.hand_out(ip(1, 1), now).unwrap();
+        assert!(ids.produces(good, now));
+        // A flood from the same /24 retires only its own, and never the one that produced.
+        let flood: Vec<i64> = (0..1000)
+            .map(|i| ids.hand_out(ip(1, i as u8), now).unwrap())
+            .collect();
+        assert!(ids.is_live(good) && ids.is_live(other));
+        assert_eq!(ids.live(), 5);
         assert!(flood[..997].iter().all(|&id| !ids.is_live(id)));
         assert!(flood[997..].iter().all(|&id| ids.is_live(id)));
     }
 
     #[test]
-    fn among_ids_that_produced_the_least_recently_used_is_retired() {
-        let ids = ProducerIds::with_cap(3);
-        let [a, b, c] = [ids.hand_out(), ids.hand_out(), ids.hand_out()];
-        assert!(ids.produces(a) && ids.produces(b) && ids.produces(c));
+    fn among_ids_of_an_address_that_produced_its_least_recently_used_is_retired() {
+        let ids = ProducerIds::with_limits(100, 3, DAY);
+        let now = Instant::now();
+        let me = ip(1, 1);
+        let [a, b, c] = [(); 3].map(|_| ids.hand_out(me, now).unwrap());
+        assert!(ids.produces(a, now) && ids.produces(b, now) && ids.produces(c, now));
         // a produces again: b is now the least recently used.
-        assert!(ids.produces(a));
-        let d = ids.hand_out();
+        assert!(ids.produces(a, now));
+        let d = ids.hand_out(me, now).unwrap();
         assert!(ids.is_live(a) && !ids.is_live(b) && ids.is_live(c) && ids.is_live(d));
         // d never produced: it goes before any that did.
-        let e = ids.hand_out();
+        let e = ids.hand_out(me, now).unwrap();
         assert!(!ids.is_live(d) && ids.is_live(e) && ids.is_live(a) && ids.is_live(c));
-        assert!(!ids.produces(b) && !ids.produces(d));
+        assert!(!ids.produces(b, now) && !ids.produces(d, now));
         assert_eq!(ids.live(), 3);
+    }
+
+    #[test]
+    fn a_full_table_of_ids_that_produced_throttles_instead_of_retiring_another_address() {
+        let ids = ProducerIds::with_limits(4, 2, Duration::from_secs(60));
+        let start = Instant::now();
+        let good = ids.hand_out(ip(1, 1), start).unwrap();
+        assert!(ids.produces(good, start));
+        // Other addresses fill the table and produce under every id, later than good.
+        let later = start + Duration::from_secs(1);
+        let theirs: Vec<i64> = [ip(2, 1), ip(2, 2), ip(3, 1)]
+            .map(|from| ids.hand_out(from, later).unwrap())
+            .to_vec();
+        assert!(theirs.iter().all(|&id| ids.produces(id, later)));
+        // A new address is throttled: the least recently used id (good's) stays.
+        assert_eq!(ids.hand_out(ip(4, 1), later), Err(FULL_THROTTLE));
+        assert!(ids.is_live(good) && ids.produces(good, later));
+        // An address at its own cap may still replace one of its own.
+        let again = ids.hand_out(ip(2, 9), later).unwrap();
+        assert!(ids.is_live(again) && !ids.is_live(theirs[0]) && ids.is_live(good));
+        // An unproduced id of any address goes before the table throttles.
+        let fresh = ids.hand_out(ip(4, 1), later);
+        assert_eq!(fresh.map(|id| ids.is_live(id)), Ok(true));
+        assert!(!ids.is_live(again) && ids.is_live(good));
+    }
+
+    #[test]
+    fn ids_unused_for_the_expiration_expire() {
+        let expiration = Duration::from_secs(60);
+        let ids = ProducerIds::with_limits(2, 2, expiration);
+        let start = Instant::now();
+        let [a, b] = [ip(1, 1), ip(2, 1)].map(|from| ids.hand_out(from, start).unwrap());
+        assert!(ids.produces(a, start) && ids.produces(b, start));
+        let soon = start + expiration / 2;
+        assert!(ids.produces(b, soon));
+        assert_eq!(ids.hand_out(ip(3, 1), soon), Err(FULL_THROTTLE));
+        // a is idle for the whole expiration: it may no longer produce, and makes room.
+        let expired = start + expiration;
+        let c = ids.hand_out(ip(3, 1), expired).unwrap();
+        assert!(!ids.is_live(a) && !ids.produces(a, expired));
+        assert!(ids.produces(b, expired) && ids.produces(c, expired));
+        // An id past its expiration is refused even before anything cleans it away.
+        let idle = expired + expiration;
+        assert!(!ids.produces(c, idle));
     }
 }
