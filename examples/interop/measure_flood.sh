@@ -31,10 +31,12 @@ fi
 
 for run in $(seq 1 "$runs"); do
     echo "== run $run: ${BROKER_FLAGS:-default flags}, $connections parked polls, 8 connections of acks=0 produces for $flood_s s (load average $(cut -d' ' -f1-3 /proc/loadavg))"
-    # All from one loopback address: above the default --max-connections-per-ip (a later
-    # --max-connections-per-ip in BROKER_FLAGS wins).
+    # All from one loopback address: above the default --max-connections-per-ip, and with
+    # the flood's own connections above the default --max-connections (10,000 at most; a
+    # later flag in BROKER_FLAGS wins).
     # shellcheck disable=SC2086
-    start_broker --max-connections-per-ip "$((connections + 100))" ${BROKER_FLAGS:-}
+    start_broker --max-connections-per-ip "$((connections + 100))" \
+        --max-connections "$((connections + 100))" ${BROKER_FLAGS:-}
     timeout 900 "$load" flood --broker "$address" --connections "$connections" --flood-s "$flood_s" \
         --catch-up-s "$catch_up_s" || true
     sent=$(date +%s.%N)

@@ -48,14 +48,17 @@ for run in $(seq 1 "$runs"); do
     stop_broker
 
     echo "== run $run: $connections idle long polls, no followers"
-    # All from one loopback address: above the default --max-connections-per-ip.
-    start_broker --followers 0 --max-connections-per-ip "$((connections + left))"
+    # All from one loopback address: above the default --max-connections-per-ip, and with
+    # the load tool's own connections above the default --max-connections (10,000 at most).
+    start_broker --followers 0 --max-connections-per-ip "$((connections + left))" \
+        --max-connections "$((connections + 100))"
     timeout 900 "$load" idle-polls --broker "$address" --connections "$connections" \
         --max-wait-ms 60000 --idle-s 10 --broker-pid "$broker_pid"
     stop_broker
 
     echo "== run $run: $left long polls whose clients leave, no followers"
-    start_broker --followers 0 --max-connections-per-ip "$((connections + left))"
+    start_broker --followers 0 --max-connections-per-ip "$((connections + left))" \
+        --max-connections "$((connections + 100))"
     timeout 600 "$load" left-polls --broker "$address" --connections "$left" --broker-pid "$broker_pid"
     stop_broker
 

@@ -111,13 +111,7 @@ impl ProducedBatch {
         let mut batches = Vec::new();
         let mut rest = records.clone();
         while !rest.is_empty() {
-            let length = read_i32(&rest, header::BATCH_LENGTH)
-                .ok_or_else(|| BatchError::Corrupt("truncated batch header".into()))?;
-            let total = usize::try_from(length)
-                .ok()
-                .and_then(|l| l.checked_add(header::LENGTH_PREFIX))
-                .filter(|&t| t >= header::SIZE && t <= rest.len())
-                .ok_or_else(|| BatchError::Corrupt(format!("bad batch length {length}")))?;
+            let total = framed_length(&rest)?;
             let one = rest.split_to(total);
             batches.push(Self::parse_one(one)?);
         }
@@ -163,6 +157,9 @@ impl ProducedBatch {
             )));
         }
         Ok(ProducedBatch {
+            // A copy, not a slice: the log keeps the batch, and a slice would keep the whole
+            // request frame with it, outside the request budget. Made here, before the
+            // partition lock is taken; the per-request cap bounds how many there are.
             bytes: BytesMut::from(&one[..]),
             offset_count: i64::from(last_offset_delta) + 1,
             producer_id: info.producer_id,
@@ -190,6 +187,31 @@ impl ProducedBatch {
         self.bytes[at..at + 4].copy_from_slice(&leader_epoch.to_be_bytes());
         self.bytes.freeze()
     }
+}
+
+/// The whole batches at the start of a produce's `records`, as [`ProducedBatch::parse_all`]
+/// splits them, up to the first that is not whole (where `parse_all` refuses the records).
+/// The broker counts them before decoding a request (`request_entries.rs`): each is
+/// decoded into a [`ProducedBatch`] and a copy of its bytes.
+pub fn framed_batches(mut records: &[u8]) -> impl Iterator<Item = &[u8]> {
+    std::iter::from_fn(move || {
+        let total = framed_length(records).ok()?;
+        let (one, rest) = records.split_at(total);
+        records = rest;
+        Some(one)
+    })
+}
+
+/// The size of the batch at the start of `rest` (its offset and length fields included),
+/// as its batch-length field gives it: at least a whole header, and all there.
+fn framed_length(rest: &[u8]) -> Result<usize, BatchError> {
+    let length = read_i32(rest, header::BATCH_LENGTH)
+        .ok_or_else(|| BatchError::Corrupt("truncated batch header".into()))?;
+    usize::try_from(length)
+        .ok()
+        .and_then(|l| l.checked_add(header::LENGTH_PREFIX))
+        .filter(|&t| t >= header::SIZE && t <= rest.len())
+        .ok_or_else(|| BatchError::Corrupt(format!("bad batch length {length}")))
 }
 
 /// How many records an uncompressed batch's record section holds: each record is its length
@@ -298,6 +320,24 @@ mod tests {
         let batches = ProducedBatch::parse_all(&raw.freeze()).unwrap();
         let counts: Vec<i64> = batches.iter().map(|b| b.offset_count).collect();
         assert_eq!(counts, vec![2, 5]);
+    }
+
+    #[test]
+    fn framed_batches_are_the_batches_parse_all_splits() {
+        let mut raw = BytesMut::new();
+        for n in 1..=4 {
+            raw.extend_from_slice(&encode_batch(&values(n), 1));
+        }
+        let raw = raw.freeze();
+        let parsed = ProducedBatch::parse_all(&raw).unwrap();
+        let framed: Vec<usize> = framed_batches(&raw).map(<[u8]>::len).collect();
+        let lengths: Vec<usize> = parsed.iter().map(ProducedBatch::len).collect();
+        assert_eq!(framed, lengths);
+        // A cut batch ends the walk there, where parse_all refuses the records.
+        let cut = raw.slice(..raw.len() - 1);
+        assert_eq!(framed_batches(&cut).count(), 3);
+        assert!(ProducedBatch::parse_all(&cut).is_err());
+        assert_eq!(framed_batches(&[0u8; 7]).count(), 0);
     }
 
     #[test]

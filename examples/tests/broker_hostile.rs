@@ -315,21 +315,24 @@ async fn list_offsets_naming_a_partition_10000_times(addr: SocketAddr) {
     // The most --max-partitions-per-request (10,000 entries) lets through: its topic and
     // 9,999 mentions of the partition.
     const MENTIONS: usize = 9_999;
-    // One produce of 10,000 one-record batches, timestamps 1,000 apart.
-    let mut records = Vec::new();
-    for i in 0..BATCHES {
-        let value = Bytes::from(vec![b'v'; 8]);
-        records.extend_from_slice(&encode_batch(&[value], 1_000 * i as i64));
-    }
+    // Two produces of 5,000 one-record batches, timestamps 1,000 apart (a partition's
+    // batches after its first count against --max-partitions-per-request).
     let mut producer = connect(addr).await;
-    let produced = producer
-        .call(
-            7,
-            &requests::produce("demo", 0, 1, 1000, Bytes::from(records)),
-        )
-        .await
-        .unwrap();
-    assert_eq!(produced.responses[0].partition_responses[0].error_code, 0);
+    for half in [0..BATCHES / 2, BATCHES / 2..BATCHES] {
+        let mut records = Vec::new();
+        for i in half {
+            let value = Bytes::from(vec![b'v'; 8]);
+            records.extend_from_slice(&encode_batch(&[value], 1_000 * i as i64));
+        }
+        let produced = producer
+            .call(
+                7,
+                &requests::produce("demo", 0, 1, 1000, Bytes::from(records)),
+            )
+            .await
+            .unwrap();
+        assert_eq!(produced.responses[0].partition_responses[0].error_code, 0);
+    }
     // Each mention of the partition asks for a timestamp after every batch (a whole scan
     // of the log, once per mention, before the fix); four such requests at once.
     let mut many = requests::list_offsets("demo", 0, i64::MAX / 2);

@@ -8,6 +8,11 @@
 //! `--max-partitions-per-request` as well as partitions, counted in the raw body before it
 //! is decoded, so a frame of empty topics (3 bytes on the wire, about 100 decoded) is
 //! refused undecoded, and a parked acks=all produce keeps only the names its answer echoes.
+//!
+//! The second review of issue #29, findings 1 and 5: a Produce partition's record batches
+//! after its first count against the same cap (each decodes into a batch and a copy of
+//! its bytes), and the request header's tagged fields share the cap with the body's
+//! entries.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -563,6 +568,99 @@ async fn review_finding3_tagged_fields_count_against_the_per_request_cap() {
         assert_eq!(
             answered,
             in_header.max(in_body) <= CAP,
+            "ApiVersions v3 with {in_header} tagged fields in its header, {in_body} in its body"
+        );
+    }
+    broker.shutdown().await;
+}
+
+/// The second review of issue #29, finding 1: each record batch of a partition after its
+/// first decodes into a checked batch and a copy of its bytes, so it counts against the
+/// per-request cap like a partition (before: a records field of 1.46 million 68-byte
+/// batches was one entry, and grew the broker by 4 times its frame). One batch per
+/// partition, as real clients send, costs nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review29b_finding1_batches_after_a_partitions_first_count_against_the_cap() {
+    const CAP: usize = 10;
+    let broker = start(BrokerConfig {
+        max_partitions_per_request: CAP,
+        ..config(2)
+    })
+    .await;
+    let addr = broker.local_addr();
+    let one = encode_batch(&[Bytes::from_static(b"x")], 1_000);
+    // (partitions, batches each): entries = 1 topic + partitions x batches.
+    for (partitions, batches) in [(1, 9), (2, 4), (9, 1), (1, 10), (2, 5), (1, 5_000)] {
+        let entries = 1 + partitions * batches;
+        let within = entries <= CAP;
+        for version in [3, 9] {
+            let records = Bytes::from(one.repeat(batches));
+            let mut request = requests::produce("demo", 0, 1, 1000, records);
+            let partition = request.topic_data[0].partition_data.remove(0);
+            request.topic_data[0].partition_data = (0..partitions)
+                .map(|index| {
+                    let mut data = partition.clone();
+                    data.index = (index % 2) as i32;
+                    data
+                })
+                .collect();
+            let mut client = connect(addr).await;
+            let what = format!("Produce v{version} of {partitions} partitions x {batches} batches");
+            if within {
+                let answer = timeout(LIMIT, client.call(version, &request))
+                    .await
+                    .unwrap()
+                    .unwrap_or_else(|e| panic!("{what}, cap {CAP}: {e}"));
+                let errors: Vec<i16> = answer.responses[0]
+                    .partition_responses
+                    .iter()
+                    .map(|p| p.error_code)
+                    .collect();
+                assert_eq!(errors, vec![0; partitions], "{what}, cap {CAP}");
+            } else {
+                client.send(version, &request).await.unwrap();
+                assert!(
+                    closed_within(&mut client, LIMIT).await,
+                    "{what} was not refused at cap {CAP}"
+                );
+            }
+        }
+    }
+    broker.shutdown().await;
+}
+
+/// The second review of issue #29, finding 5: the request header's tagged fields and the
+/// body's entries share one cap (before: each had the whole cap, twice it in all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn review29b_finding5_header_and_body_share_one_entry_cap() {
+    const CAP: usize = 10;
+    let broker = start(BrokerConfig {
+        max_partitions_per_request: CAP,
+        ..config(1)
+    })
+    .await;
+    // (tagged fields in the header, in the body) of an ApiVersions v3 (header v2).
+    for (in_header, in_body) in [(5, 5), (1, 9), (9, 1), (6, 5), (5, 6), (10, 10), (1, 10)] {
+        let tags = |n: usize, out: &mut Vec<u8>| {
+            out.push(n as u8);
+            for tag in 0..n {
+                out.extend_from_slice(&[tag as u8, 0]);
+            }
+        };
+        let mut body = vec![0, 18, 0, 3, 0, 0, 0, 1, 0xff, 0xff];
+        tags(in_header, &mut body);
+        body.extend_from_slice(&[1, 1]); // empty client software name and version
+        tags(in_body, &mut body);
+        let mut frame = (body.len() as i32).to_be_bytes().to_vec();
+        frame.extend_from_slice(&body);
+        let mut client = connect(broker.local_addr()).await;
+        client.send_raw(&frame).await.unwrap();
+        let mut answer = vec![0u8; 64 * 1024];
+        let read = timeout(LIMIT, client.read_some(&mut answer)).await.unwrap();
+        let answered = matches!(read, Ok(n) if n > 0);
+        assert_eq!(
+            answered,
+            in_header + in_body <= CAP,
             "ApiVersions v3 with {in_header} tagged fields in its header, {in_body} in its body"
         );
     }

@@ -36,13 +36,13 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
   --metrics-listen ADDR     serve the purgatories' figures as Prometheus text over HTTP there
                             (default: not served; port 0 = any free port)
   --max-connections N       open connections at most (default: the open-file limit minus 64, so
-                            clients never use up the descriptors); at the cap a new connection
-                            takes the place of an idle one (no request started or waiting, or
-                            a started request that sent no byte for a second, or a Fetch
-                            that has waited a second or more), the least
-                            recently active of the address holding the most connections, if
-                            that address holds at least as many as the newcomer's; otherwise the
-                            newcomer is closed at once
+                            clients never use up the descriptors, at most 10000, so the memory
+                            bound below stays one); at the cap a new connection takes the place
+                            of an idle one (no request started or waiting, or a started request
+                            that sent no byte for a second, or a Fetch that has waited a second
+                            or more), the least recently active of the address holding the most
+                            connections, if that address holds at least as many as the
+                            newcomer's; otherwise the newcomer is closed at once
   --max-connections-per-ip N  open connections from one IP address at most: one more takes the
                             place of that address's least recently active idle connection, and
                             is closed at once when none is idle (default: half of
@@ -54,8 +54,10 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
                             (default 30000)
   --fetch-max-bytes B       cap on the records of one fetch answer, whatever the client asks
                             (default 57671680, Kafka's fetch.max.bytes: 55 MiB)
-  --max-partitions-per-request N  a Produce, Fetch or ListOffsets naming more partitions, or a
-                            Metadata naming more topics, closes the connection (default 10000)
+  --max-partitions-per-request N  a request naming more entries closes the connection: topics
+                            and partitions (Metadata: topics), a Produce partition's record
+                            batches after its first, and tagged fields, header and body
+                            together, counted before decoding (default 10000)
   --fetch-max-wait-ms T     cap on a fetch's own max_wait_ms: a long poll is answered with what
                             is there after T ms at most (default 30000; Kafka has no cap)
   --write-timeout-ms T      close a connection whose answer is not written whole within T ms,
@@ -69,6 +71,7 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
                             unwritten answers copy; a read beyond it closes that connection
                             (default 268435456, 256 MiB; Kafka's queued.max.request.bytes, whose
                             default is unbounded). The bound: this + 64 KiB x --max-connections
+                            (881 MiB at most with the defaults)
   --retention-bytes B       bytes kept per partition: the oldest 1 MiB segments are dropped beyond
                             it (default 1073741824, 1 GiB; Kafka's retention.bytes, whose default
                             is unbounded)
@@ -113,7 +116,9 @@ pub struct BrokerConfig {
     pub frame_read_timeout: Duration,
     /// Cap on the record bytes of one fetch answer.
     pub fetch_max_bytes: usize,
-    /// Most partitions one Produce, Fetch or ListOffsets request may name (Metadata: topics).
+    /// Most entries one request may hold, header and body together: topics and partitions
+    /// (Metadata: topics), a Produce partition's batches after its first, tagged fields
+    /// (`request_entries.rs`).
     pub max_partitions_per_request: usize,
     /// Cap on a fetch's `max_wait_ms`: a long poll is answered after this at most.
     pub fetch_max_wait: Duration,
@@ -156,8 +161,15 @@ pub fn default_max_connections_per_ip(max_connections: usize) -> usize {
 /// The default cap of the metrics listener's connections (inside `RESERVED_DESCRIPTORS`).
 pub const DEFAULT_METRICS_MAX_CONNECTIONS: usize = 16;
 
-/// The default connection cap: the soft open-file limit minus 64 (`RESERVED_DESCRIPTORS`)
-/// (at least 1; 10,000 when the limit cannot be read or is unlimited).
+/// The largest default connection cap, whatever the open-file limit: each connection may
+/// hold [`OWN_REQUEST_BYTES`] outside `queued_max_request_bytes`, so the default memory
+/// bound is at most 256 MiB + 64 KiB x 10,000 (881 MiB), not 64 GiB under an open-file
+/// limit of 1,048,576 (the second review of issue #29, finding 4).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+
+/// The default connection cap: the soft open-file limit minus 64 (`RESERVED_DESCRIPTORS`),
+/// at least 1 and at most [`DEFAULT_MAX_CONNECTIONS`] (also when the limit cannot be read
+/// or is unlimited).
 pub fn default_max_connections() -> usize {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
@@ -165,11 +177,20 @@ pub fn default_max_connections() -> usize {
     };
     // SAFETY: getrlimit writes into the struct we own; no other memory is touched.
     let read = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
-    if !read || limit.rlim_cur == libc::RLIM_INFINITY {
-        return 10_000;
-    }
-    let usable = limit.rlim_cur.saturating_sub(RESERVED_DESCRIPTORS).max(1);
-    usize::try_from(usable).unwrap_or(usize::MAX)
+    let open_files = (read && limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur);
+    max_connections_under(open_files)
+}
+
+/// The default connection cap under a soft open-file limit of `open_files` (`None`:
+/// unknown or unlimited).
+fn max_connections_under(open_files: Option<u64>) -> usize {
+    let Some(open_files) = open_files else {
+        return DEFAULT_MAX_CONNECTIONS;
+    };
+    let usable = open_files.saturating_sub(RESERVED_DESCRIPTORS).max(1);
+    usize::try_from(usable)
+        .unwrap_or(usize::MAX)
+        .min(DEFAULT_MAX_CONNECTIONS)
 }
 
 impl Default for BrokerConfig {
@@ -452,7 +473,8 @@ mod tests {
         // SAFETY: getrlimit writes into the struct we own; no other memory is touched.
         let read = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } == 0;
         if read && limit.rlim_cur != libc::RLIM_INFINITY && limit.rlim_cur > RESERVED_DESCRIPTORS {
-            assert_eq!(cap as u64, limit.rlim_cur - RESERVED_DESCRIPTORS);
+            let usable = limit.rlim_cur - RESERVED_DESCRIPTORS;
+            assert_eq!(cap as u64, usable.min(DEFAULT_MAX_CONNECTIONS as u64));
         } else {
             assert!(cap >= 1);
         }
@@ -462,6 +484,25 @@ mod tests {
         assert_eq!(expiration.as_millis(), 86_400_000);
         // Kafka's request.timeout.ms default.
         assert_eq!(BrokerConfig::default().max_produce_wait.as_millis(), 30_000);
+    }
+
+    /// The second review of issue #29, finding 4: the default cap followed the open-file
+    /// limit up, and with it the memory bound (64 KiB a connection outside the budget):
+    /// 256 MiB + 64 GiB under a limit of 1,048,576.
+    #[test]
+    fn the_default_connection_cap_stays_at_most_10000_whatever_the_open_file_limit() {
+        assert_eq!(max_connections_under(Some(1024)), 960);
+        assert_eq!(max_connections_under(Some(10_064)), 10_000);
+        assert_eq!(max_connections_under(Some(20_000)), 10_000);
+        assert_eq!(max_connections_under(Some(1_048_576)), 10_000);
+        assert_eq!(max_connections_under(Some(u64::MAX)), 10_000);
+        assert_eq!(max_connections_under(None), 10_000);
+        assert_eq!(max_connections_under(Some(3)), 1);
+        assert!(default_max_connections() <= DEFAULT_MAX_CONNECTIONS);
+        // The bound the README gives for the defaults.
+        let defaults = BrokerConfig::default();
+        let bound = defaults.queued_max_request_bytes + OWN_REQUEST_BYTES * defaults.max_connections;
+        assert!(bound <= (256 << 20) + 10_000 * (64 << 10), "{bound}");
     }
 
     #[test]

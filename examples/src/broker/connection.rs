@@ -35,8 +35,10 @@
 //!   does not decode, an unknown API, an unsupported version (except ApiVersions, answered
 //!   with UNSUPPORTED_VERSION as KIP-511 asks), a body that does not decode, or a request
 //!   naming more entries than `max_partitions_per_request` closes it: topics and
-//!   partitions (Metadata: topics), counted in the raw body before decoding, with tagged
-//!   fields, so that what a request decodes into is bounded (`request_entries.rs`).
+//!   partitions (Metadata: topics), a Produce partition's record batches after its first,
+//!   and tagged fields, counted in the raw header and body before decoding, header and
+//!   body against one cap, so that what a request decodes into is bounded
+//!   (`request_entries.rs`).
 //!   Nothing a client sends can make the broker panic.
 
 use std::future::Future;
@@ -64,6 +66,7 @@ use super::request_budget::ConnectionBudget;
 use super::stalled_read::read_frame_watching_stalls;
 use super::request_entries::{self, Kind};
 use super::{fetch, init_producer_id, list_offsets, metadata, produce, BrokerState};
+use crate::record_batch::framed_batches;
 
 /// Serves one connection until the client leaves, it misbehaves, it stays idle or half-way
 /// through a request too long, or the broker stops.
@@ -267,16 +270,17 @@ pub async fn handle(state: &BrokerState, mut frame: Bytes, peer: IpAddr) -> Repl
     }
     let cap = state.config.max_partitions_per_request;
     let header_version = api.request_header_version(version);
-    // Each tagged field of the header decodes into an entry of a map: counted first.
-    match request_entries::count_header(&frame, header_version, cap) {
+    // Each tagged field of the header decodes into an entry of a map: counted first, and
+    // against the same cap as the body's entries.
+    let header_entries = match request_entries::count_header(&frame, header_version, cap) {
         Ok(fields) if fields > cap => {
             return Reply::Close(format!(
                 "request header has more than --max-partitions-per-request {cap} tagged fields"
             ))
         }
-        Ok(_) => {}
+        Ok(fields) => fields,
         Err(e) => return Reply::Close(format!("bad {api:?} request header: {e:?}")),
-    }
+    };
     let header = match RequestHeader::decode(&mut frame, header_version) {
         Ok(header) => header,
         Err(e) => return Reply::Close(format!("bad {api:?} request header: {e}")),
@@ -287,7 +291,11 @@ pub async fn handle(state: &BrokerState, mut frame: Bytes, peer: IpAddr) -> Repl
     if !api_versions::is_supported(api, version) {
         return Reply::Close(format!("unsupported {api:?} version {version}"));
     }
-    dispatch(state, api, version, id, frame, peer).await
+    let cap = EntryCap {
+        cap,
+        header: header_entries,
+    };
+    dispatch(state, api, version, id, frame, peer, cap).await
 }
 
 async fn dispatch(
@@ -297,8 +305,8 @@ async fn dispatch(
     id: i32,
     body: Bytes,
     peer: IpAddr,
+    cap: EntryCap,
 ) -> Reply {
-    let cap = state.config.max_partitions_per_request;
     match api {
         ApiKey::ApiVersions => match decode::<ApiVersionsRequest>(body, version, cap) {
             Ok(_) => respond(api, version, id, &api_versions::response(false)),
@@ -378,19 +386,42 @@ async fn dispatch(
     }
 }
 
-/// Decodes a request body that must be whole and name at most `cap` partitions (topics for
-/// Metadata).
-fn decode<R: Decodable + Entries>(mut body: Bytes, version: i16, cap: usize) -> Result<R, String> {
+/// The per-request entry cap (`--max-partitions-per-request`) and what the request's
+/// header already took of it: header and body share one cap.
+#[derive(Debug, Clone, Copy)]
+struct EntryCap {
+    cap: usize,
+    /// Tagged fields of the header (at most `cap`).
+    header: usize,
+}
+
+impl EntryCap {
+    /// What the body may hold.
+    fn left(self) -> usize {
+        self.cap.saturating_sub(self.header)
+    }
+}
+
+/// Decodes a request body that must be whole and, with its header, name at most
+/// `cap.cap` entries.
+fn decode<R: Decodable + Entries>(
+    mut body: Bytes,
+    version: i16,
+    cap: EntryCap,
+) -> Result<R, String> {
+    let (header, left, cap) = (cap.header, cap.left(), cap.cap);
     let too_many = |named: usize| {
         format!(
-            "request names {named} entries (topics and partitions; Metadata: topics), \
+            "request names {named} entries (topics, partitions and batches after a \
+             partition's first; Metadata: topics) and its header {header} tagged fields, \
              more than --max-partitions-per-request {cap}"
         )
     };
-    if R::announced(&body, version, cap)?.is_some_and(|n| n > cap) {
+    if R::announced(&body, version, left)?.is_some_and(|n| n > left) {
         return Err(format!(
             "request names more than --max-partitions-per-request {cap} entries (topics, \
-             partitions and tagged fields; Metadata: topics), counted before decoding"
+             partitions, batches after a partition's first and tagged fields, its header's \
+             {header} included; Metadata: topics), counted before decoding"
         ));
     }
     let request = R::decode(&mut body, version)
@@ -402,15 +433,15 @@ fn decode<R: Decodable + Entries>(mut body: Bytes, version: i16, cap: usize) -> 
         ));
     }
     let named = request.entries();
-    if named > cap {
+    if named > left {
         return Err(too_many(named));
     }
     Ok(request)
 }
 
 /// What the per-request cap counts: topics and partitions named (Metadata: topics),
-/// duplicates included; before decoding, also tagged fields and a Fetch's forgotten topics
-/// (`request_entries.rs`).
+/// duplicates included, and a Produce partition's batches after its first; before
+/// decoding, also tagged fields and a Fetch's forgotten topics (`request_entries.rs`).
 trait Entries {
     /// Entries of the decoded request.
     fn entries(&self) -> usize;
@@ -462,9 +493,19 @@ impl Entries for MetadataRequest {
 
 impl Entries for ProduceRequest {
     fn entries(&self) -> usize {
+        let further_batches = |records: Option<&Bytes>| {
+            records.map_or(0, |r| framed_batches(r).count().saturating_sub(1))
+        };
         self.topic_data
             .iter()
-            .map(|t| 1 + t.partition_data.len())
+            .map(|t| {
+                let batches: usize = t
+                    .partition_data
+                    .iter()
+                    .map(|p| further_batches(p.records.as_ref()))
+                    .sum();
+                1 + t.partition_data.len() + batches
+            })
             .sum()
     }
 

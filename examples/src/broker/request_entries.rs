@@ -6,20 +6,32 @@
 //! #29's review, finding 3). The per-request cap (`--max-partitions-per-request`) is
 //! therefore checked on the raw bytes: [`count`] walks a Produce (v3-9), Fetch (v4-12),
 //! ListOffsets (v1-6), Metadata (v0-9), InitProducerId (v0-4) or ApiVersions (v0-3) body
-//! field by field, without allocating, and counts its entries; [`count_header`] counts a
+//! field by field, without allocating, and counts its entries (a Produce's record batches
+//! included); [`count_header`] counts a
 //! request header's tagged fields (which decode into a map entry each, whatever the API).
 //!
 //! Invariants:
 //! - An entry is a topic, a partition (of a Fetch: also a forgotten topic and each of its
-//!   partitions) or a tagged field at any level (header included): everything that decodes
-//!   into its own heap value. So a request that passes the cap decodes into at most `cap` entries, each of a
-//!   bounded size (its strings and records stay slices of the frame).
+//!   partitions), a record batch of a Produce partition after its first, or a tagged field
+//!   at any level (header included): everything that decodes into its own heap value. A
+//!   partition's first batch is counted with it (real clients send one batch per partition
+//!   per request); each further one decodes into its own checked batch and copy of its
+//!   bytes, so a records field of a million 68-byte batches is a million entries (the
+//!   second review of issue #29, finding 1). Batches are walked by their length fields
+//!   only, as `record_batch::framed_batches` splits them, up to the first that is not
+//!   whole (whose partition is refused, not its request). So a request that passes the
+//!   cap decodes into at most `cap` entries, each of a bounded size (its strings stay
+//!   slices of the frame; a batch's copy is its own size).
+//! - The header and the body share one cap (`connection.rs` passes the body what the
+//!   header left).
 //! - The walk stops as soon as the count passes `cap` (it never reads more than `cap + 1`
 //!   entries), and at the first field the body is too short for.
 //! - `Err` means the body does not hold the fields its version has (the decoder would refuse
 //!   it too); the tests check the walk against the codec's own encoding for every version
 //!   the broker serves (`api_versions.rs`). Serving a newer version means adding its fields
 //!   here, or its requests are refused as malformed.
+
+use crate::record_batch::framed_batches;
 
 /// Why a body's entries could not be counted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -163,7 +175,7 @@ impl Walk<'_> {
             w.string()?; // name
             w.array(|w| {
                 w.skip(4)?; // index
-                w.bytes()?; // records
+                w.records()?;
                 w.tagged()
             })?;
             w.tagged()
@@ -281,9 +293,16 @@ impl Walk<'_> {
         self.skip(length)
     }
 
-    fn bytes(&mut self) -> Result<(), WalkError> {
+    /// A Produce partition's records: each whole batch after the first is an entry.
+    fn records(&mut self) -> Result<(), Stop> {
         let length = self.length(true)?.unwrap_or(0);
-        self.skip(length)
+        let rest = self.rest;
+        let records = rest.get(..length).ok_or(WalkError::Truncated)?;
+        self.rest = &rest[length..];
+        for _ in framed_batches(records).skip(1) {
+            self.entry()?;
+        }
+        Ok(())
     }
 
     /// An array whose every element is an entry.
@@ -361,6 +380,40 @@ mod tests {
                     "v{version} {topics}x{partitions}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn counts_every_produce_batch_after_a_partitions_first() {
+        use crate::record_batch::encode_batch;
+        let one = encode_batch(&[Bytes::from_static(b"x")], 1);
+        for version in 3..=9 {
+            for batches in [0, 1, 2, 5] {
+                let mut request = produce(2, 3);
+                let records = Bytes::from(one.repeat(batches));
+                for topic in &mut request.topic_data {
+                    for partition in &mut topic.partition_data {
+                        partition.records = Some(records.clone());
+                    }
+                }
+                let body = encode(&request, version);
+                let expected = 2 + 6 + 6 * batches.saturating_sub(1);
+                assert_eq!(
+                    count(Kind::Produce, &body, version, 1_000),
+                    Ok(expected),
+                    "v{version}, {batches} batches a partition"
+                );
+                // Past the cap, the walk stops inside the records.
+                assert_eq!(count(Kind::Produce, &body, version, 3), Ok(expected.min(4)));
+            }
+            // The walk stops at a batch that is not whole: the partition is refused later,
+            // its request is not.
+            let mut request = produce(1, 1);
+            let mut cut = one.repeat(4);
+            cut.pop();
+            request.topic_data[0].partition_data[0].records = Some(Bytes::from(cut));
+            let body = encode(&request, version);
+            assert_eq!(count(Kind::Produce, &body, version, 1_000), Ok(2 + 2));
         }
     }
 
