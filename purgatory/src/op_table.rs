@@ -67,7 +67,7 @@
 //! # Giving memory back
 //! | segment `k` | what reaches it | who moves it on |
 //! |---|---|---|
-//! | absent (never made, or given back) | a name of it finds the `gone` slot (no name matches) | [`new_slots`](OpTable::new_slots) makes it, under `growth`, its slots starting at `floors[k]` |
+//! | absent (never made, or given back) | a name of it finds the `gone` slot (no name matches) | [`new_slots`](OpTable::new_slots) makes it (outside `growth`, under `making`), its slots starting at `floors[k]`, and links it under `growth` |
 //! | made | look-ups under a pin; its slots handed out | [`give_back`](OpTable::give_back) unlinks it, under `growth` |
 //! | unlinked, not freed | only pins taken before the unlink | [`free_unlinked`](OpTable::free_unlinked) frees it once each stripe's pins were read as 0 after the unlink (`pins.rs`); or, if new slots reach it first, [`new_slots`](OpTable::new_slots) links it again as it is, under `growth` (made) |
 //!
@@ -311,6 +311,9 @@ pub(crate) struct OpTable<O> {
     gone_tag: AtomicU8,
     /// Making and giving back segments (see "Giving memory back" in the module doc).
     growth: Mutex<Growth<O>>,
+    /// Held by the one thread that makes a segment, outside `growth` (see
+    /// [`new_slots`](Self::new_slots)).
+    making: Mutex<()>,
     /// Segments given back and not freed yet (`growth.unlinked` is not empty).
     has_unlinked: AtomicBool,
     /// Slots at or above this index, once freed, are set aside (`aside`) rather than
@@ -426,6 +429,7 @@ impl<O: DelayedOperation> OpTable<O> {
                 #[cfg(loom)]
                 dead: Vec::new(),
             }),
+            making: Mutex::new(()),
             has_unlinked: AtomicBool::new(false),
             after_give_back: AtomicU8::new(0),
             skip: StdAtomicU32::new(0),
@@ -538,28 +542,60 @@ impl<O: DelayedOperation> OpTable<O> {
 
     /// `count` (at least 1) slots not in use, above every slot that exists, their
     /// segments created.
+    ///
+    /// A segment is made (allocated and filled, which takes tens of milliseconds for the
+    /// largest) outside `growth`, so that the reaper's `give_back` and the threads that
+    /// find slots already made never wait for it; under `making`, so that the threads of
+    /// a burst that all reach a missing segment make it once (the others wait for it
+    /// there, then find it linked). Lock order: `making`, then `growth`.
     fn new_slots(&self, count: u32) -> std::ops::RangeInclusive<u32> {
-        let mut growth = self.growth.lock();
-        let first = self.high_water.load(Ordering::Relaxed);
-        // Never wraps: a wrapped index would hand out slots in use.
-        let end = first
-            .checked_add(count)
-            .expect("more than 2^32 operations in flight");
-        let last = end - 1;
-        // Make sure the segments exist before anyone looks the slots up.
-        let (first_segment, _) = locate(first);
-        let (last_segment, _) = locate(last);
-        for k in first_segment..=last_segment {
-            if self.segments[k].load(Ordering::Relaxed).is_null() {
+        // A segment made for this call, with its index and the floor it was made with.
+        let mut made: Option<(usize, u32, Box<Segment<O>>)> = None;
+        let mut making = None;
+        loop {
+            let mut growth = self.growth.lock();
+            let first = self.high_water.load(Ordering::Relaxed);
+            // Never wraps: a wrapped index would hand out slots in use.
+            let end = first
+                .checked_add(count)
+                .expect("more than 2^32 operations in flight");
+            let last = end - 1;
+            // Make sure the segments exist before anyone looks the slots up.
+            let (first_segment, _) = locate(first);
+            let (last_segment, _) = locate(last);
+            let mut missing = None;
+            for k in first_segment..=last_segment {
+                if !self.segments[k].load(Ordering::Relaxed).is_null() {
+                    continue;
+                }
                 let segment = match self.relink(&mut growth, k) {
                     Some(segment) => segment,
-                    None => Segment::new(k, growth.floors[k]),
+                    None => match made.take() {
+                        // Made with the floor it still has: no segment `k` was linked
+                        // (and so none given back) meanwhile.
+                        Some((at, floor, segment)) if at == k && floor == growth.floors[k] => {
+                            segment
+                        }
+                        _ => {
+                            missing = Some((k, growth.floors[k]));
+                            break;
+                        }
+                    },
                 };
                 self.segments[k].store(Box::into_raw(segment), Ordering::Release);
             }
+            let Some((k, floor)) = missing else {
+                self.high_water.store(end, Ordering::Relaxed);
+                return first..=last;
+            };
+            drop(growth);
+            if making.is_none() {
+                // Another thread may be making it: look again once it is done.
+                making = Some(self.making.lock());
+                continue;
+            }
+            made = Some((k, floor, Segment::new(k, floor)));
         }
-        self.high_water.store(end, Ordering::Relaxed);
-        first..=last
     }
 
     /// Segment `k` if it was given back and is not freed yet: taken out of
