@@ -880,6 +880,16 @@ impl<O: DelayedOperation> OpTable<O> {
                 .map(|l| above(&l.indices.lock()))
                 .sum::<usize>()
                 + above(&self.aside.lock());
+            if found == spare && self.top_generation(k) > MAX_FLOOR {
+                // Made again, every slot of it would start there: one hot slot would age
+                // the whole segment. It stays, and so does every segment below it.
+                // (Generations only grow, so a segment read as aged here is; read
+                // before the free lists are locked, since it reads every slot.)
+                self.stop_setting_aside();
+                growth.backoff = MAX_BACKOFF;
+                self.skip.store(MAX_BACKOFF, Ordering::Relaxed);
+                break;
+            }
             let mut lists: SmallVec<[_; STRIPES]> =
                 self.free.iter().map(|l| (l, l.indices.lock())).collect();
             let mut aside = self.aside.lock();
@@ -899,27 +909,6 @@ impl<O: DelayedOperation> OpTable<O> {
                 drop(lists);
                 growth.backoff = (growth.backoff * 2).min(MAX_BACKOFF);
                 self.skip.store(growth.backoff, Ordering::Relaxed);
-                break;
-            }
-            // Every slot is free, so its word is stable (a stale name's compare fails and
-            // writes nothing), and holds the generation its next occupant would get,
-            // above every name it ever had.
-            // SAFETY: segment `k` exists (it holds slot `high - 1`) and is unlinked only
-            // under `growth`, held here.
-            let top = unsafe { &*self.segments[k].load(Ordering::Relaxed) }
-                .slots
-                .iter()
-                .map(|s| s.slot.generation())
-                .max()
-                .unwrap_or(0);
-            if top > MAX_FLOOR {
-                // Made again, every slot of it would start at `top`: one hot slot would
-                // age the whole segment. It stays, and so does every segment below it.
-                drop(aside);
-                drop(lists);
-                self.stop_setting_aside();
-                growth.backoff = MAX_BACKOFF;
-                self.skip.store(MAX_BACKOFF, Ordering::Relaxed);
                 break;
             }
             aside.retain(|&i| i < start);
@@ -943,7 +932,15 @@ impl<O: DelayedOperation> OpTable<O> {
             // SAFETY: segment `k` existed (it holds slot `high - 1`), made by
             // `Box::into_raw`; unlinked now, it is freed only after its grace.
             let segment = unsafe { Box::from_raw(segment) };
-            growth.floors[k] = top;
+            // Every slot is free, so its word is stable (a stale name's compare fails and
+            // writes nothing), and holds the generation its next occupant would get,
+            // above every name it ever had.
+            growth.floors[k] = segment
+                .slots
+                .iter()
+                .map(|s| s.slot.generation())
+                .max()
+                .unwrap_or(0);
             growth.unlinked.push((segment, Grace::default()));
             self.has_unlinked.store(true, Ordering::Release);
             growth.backoff = 1;
@@ -956,6 +953,17 @@ impl<O: DelayedOperation> OpTable<O> {
             self.free_unlinked();
         }
         unlinked
+    }
+
+    /// The highest generation of a slot of segment `k`, which exists. Under `growth`.
+    fn top_generation(&self, k: usize) -> u32 {
+        // SAFETY: segment `k` exists and is unlinked only under `growth`, held here.
+        unsafe { &*self.segments[k].load(Ordering::Relaxed) }
+            .slots
+            .iter()
+            .map(|s| s.slot.generation())
+            .max()
+            .unwrap_or(0)
     }
 
     /// Puts the slots set aside back in a free list. Under `growth`.
