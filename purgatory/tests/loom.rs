@@ -852,3 +852,10 @@ fn a_stale_check_racing_a_relinked_segment_touches_no_new_operation() {
         relink_model(LateAction::Check)
     });
 }
+
+#[test]
+fn a_stale_force_racing_a_relinked_segment_touches_no_new_operation() {
+    explore("give back, relink and a late force", || {
+        relink_model(LateAction::Force)
+    });
+}
