@@ -15,9 +15,11 @@
 //!   found the purgatory idle still get their purges and cancels within `REAPER_WAIT`.
 //! - After every round, with no pin held, the op table gives back what a drained burst
 //!   left unused (`op_table.rs`, "Giving memory back"), and, in the rounds where it gave
-//!   back or may, the timer too (`TimerCore::give_back`). While the op table has a segment unlinked and not freed, or may have
-//!   one to give back, the next round waits `REAPER_WAIT` at most, so memory comes back
-//!   even when nothing else would wake the reaper.
+//!   back or may, the timer too (`TimerCore::give_back`). While the op table has a segment
+//!   unlinked and not freed, or may have one to give back (and is not backing off after
+//!   finding its top segment in use), the next round waits `REAPER_WAIT` at most, so
+//!   memory comes back even when nothing else would wake the reaper. A pin held long
+//!   delays the free of what was unlinked, not its reuse (`op_table.rs`).
 //! - With the cargo feature `metrics`, a round ends by publishing the figures if the last
 //!   publish is a second old (`metrics.rs`), which may shorten the next sleep.
 //! - Pending operations still there at shutdown (or when the last handle is dropped) are

@@ -67,9 +67,9 @@
 //! # Giving memory back
 //! | segment `k` | what reaches it | who moves it on |
 //! |---|---|---|
-//! | absent (never made, or given back) | a name of it finds the `gone` slot (no name matches) | [`new_slots`](OpTable::new_slots) makes it, under `growth`, its slots starting at `floors[k]` |
+//! | absent (never made, or given back) | a name of it finds the `gone` slot (no name matches) | [`new_slots`](OpTable::new_slots) makes it (outside `growth`, under `making`), its slots starting at `floors[k]`, and links it under `growth` |
 //! | made | look-ups under a pin; its slots handed out | [`give_back`](OpTable::give_back) unlinks it, under `growth` |
-//! | unlinked, not freed | only pins taken before the unlink | [`free_unlinked`](OpTable::free_unlinked) frees it once each stripe's pins were read as 0 after the unlink (`pins.rs`) |
+//! | unlinked, not freed | only pins taken before the unlink | [`free_unlinked`](OpTable::free_unlinked) frees it once each stripe's pins were read as 0 after the unlink (`pins.rs`); or, if new slots reach it first, [`new_slots`](OpTable::new_slots) links it again as it is, under `growth` (made) |
 //!
 //! - Only the top segment is given back, never the first, and only while every one of
 //!   its slots is in a free list (checked under every free-list lock, which it holds
@@ -89,7 +89,15 @@
 //!   aside as free (under the same locks).
 //! - `floors[k]` is the highest generation a slot of segment `k` had (its next
 //!   occupant's) when it was given back: a name of a slot is below its slot's
-//!   generation, so no name of the segment given back matches a slot made again.
+//!   generation, so no name of the segment given back matches a slot made again. A
+//!   segment whose highest generation is above [`MAX_FLOOR`] (`RETIRED / 2`) is not
+//!   given back (nor, so, any below it): made again, all its slots would start there.
+//! - A pin held long (a callback that blocks under a check's or a batch expiry's pin)
+//!   delays the free of what is given back meanwhile, not its reuse: a segment waiting
+//!   for its grace is linked again, slots and generations as they were, when new slots
+//!   reach it, so a long pin keeps at most one burst's segments, however many bursts
+//!   come and go under it. A thread pinned since before the unlink finds the same live
+//!   segment, as before the unlink.
 //! - The free lists' indices are all below `high_water`, and every slot below it
 //!   exists.
 //! - No slot is waited for ([`OpTable::lock`]) while another is held (a batch watch
@@ -303,6 +311,9 @@ pub(crate) struct OpTable<O> {
     gone_tag: AtomicU8,
     /// Making and giving back segments (see "Giving memory back" in the module doc).
     growth: Mutex<Growth<O>>,
+    /// Held by the one thread that makes a segment, outside `growth` (see
+    /// [`new_slots`](Self::new_slots)).
+    making: Mutex<()>,
     /// Segments given back and not freed yet (`growth.unlinked` is not empty).
     has_unlinked: AtomicBool,
     /// Slots at or above this index, once freed, are set aside (`aside`) rather than
@@ -318,6 +329,10 @@ pub(crate) struct OpTable<O> {
     /// during which [`wants_a_look`](Self::wants_a_look) stays true: what else a burst
     /// grew (the timer's slots, freed up to a round later) is looked at meanwhile.
     after_give_back: AtomicU8,
+    /// [`give_back`](Self::give_back) calls to skip before its next attempt, after one
+    /// that found the top segment in use (or aged, see [`MAX_FLOOR`]). Written under
+    /// `growth`; read without it by [`wants_a_look`](Self::wants_a_look).
+    skip: StdAtomicU32,
     free: [FreeList; STRIPES],
     /// Where threads wait for a slot held by another.
     parker: Parker,
@@ -364,9 +379,7 @@ struct Growth<O> {
     floors: [u32; SEGMENTS],
     /// Segments unlinked, each freed once its grace has passed (`pins.rs`).
     unlinked: Vec<(Box<Segment<O>>, Grace)>,
-    /// Reaper rounds to skip before the next attempt to give a segment back, after one
-    /// that found its top segment still in use, and the next such wait.
-    skip: u32,
+    /// The next wait in `skip` after an attempt that found the top segment in use.
     backoff: u32,
     /// Under loom: segments "freed", kept so that a late look-up is reported, not run.
     #[cfg(loom)]
@@ -381,6 +394,12 @@ fn segment_start(k: usize) -> u32 {
 /// [`OpTable::give_back`] calls after one that gave back, during which the table still
 /// wants a look (see `after_give_back`).
 const AFTER_GIVE_BACK: u8 = 4;
+
+/// The highest generation a segment given back may have: one whose slots went further
+/// is kept, since made again all its slots would start there (`floors`), and a few
+/// cycles of one hot slot would retire the whole segment. At most this, a segment made
+/// again still has 2^31 operations per slot ahead.
+const MAX_FLOOR: u32 = RETIRED / 2;
 
 /// Longest wait, in [`OpTable::give_back`] calls, between two attempts that found the top
 /// segment in use (each attempt reads every free list under its lock).
@@ -406,13 +425,14 @@ impl<O: DelayedOperation> OpTable<O> {
             growth: Mutex::new(Growth {
                 floors: [0; SEGMENTS],
                 unlinked: Vec::new(),
-                skip: 0,
                 backoff: 1,
                 #[cfg(loom)]
                 dead: Vec::new(),
             }),
+            making: Mutex::new(()),
             has_unlinked: AtomicBool::new(false),
             after_give_back: AtomicU8::new(0),
+            skip: StdAtomicU32::new(0),
             aside_from: StdAtomicU32::new(u32::MAX),
             aside: parking_lot::Mutex::new(Vec::new()),
             aside_len: std::sync::atomic::AtomicUsize::new(0),
@@ -438,8 +458,10 @@ impl<O: DelayedOperation> OpTable<O> {
     /// (given back, or never made: a stale or corrupt name), the slot no name matches.
     ///
     /// Without a pin, only for a slot the caller holds or has just been handed
-    /// (allocated and not yet free again): its segment cannot be given back meanwhile,
-    /// since only a segment whose every slot is in the free lists is.
+    /// (allocated and not yet free again), or has taken and not yet vacated
+    /// ([`vacate`](Self::vacate) stores its tag after `release_taken`, holding neither
+    /// a pin nor the slot): its segment cannot be given back meanwhile, since only a
+    /// segment whose every slot is in the free lists is, and such a slot is in none.
     #[inline]
     fn slot_and_tag(&self, index: u32) -> (&TableSlot<O>, &AtomicU8) {
         let (k, offset) = locate(index);
@@ -449,7 +471,9 @@ impl<O: DelayedOperation> OpTable<O> {
         }
         // SAFETY: a non-null segment pointer is a live segment (`Box::into_raw`), freed
         // only after it was unlinked and every pin that could have read it was dropped
-        // (`pins.rs`); the caller holds a pin or a slot of it (see above).
+        // (`pins.rs`); the caller holds a pin, or a slot of it that is in no free list
+        // (held, just handed out, or taken and not yet vacated), which keeps it linked
+        // (see above).
         let segment = unsafe { &*segment };
         #[cfg(loom)]
         segment.alive.with(|alive| {
@@ -518,25 +542,82 @@ impl<O: DelayedOperation> OpTable<O> {
 
     /// `count` (at least 1) slots not in use, above every slot that exists, their
     /// segments created.
+    ///
+    /// A segment is made (allocated and filled, which takes tens of milliseconds for the
+    /// largest) outside `growth`, so that the reaper's `give_back` and the threads that
+    /// find slots already made never wait for it; under `making`, so that the threads of
+    /// a burst that all reach a missing segment make it once (the others wait for it
+    /// there, then find it linked). Lock order: `making`, then `growth`.
     fn new_slots(&self, count: u32) -> std::ops::RangeInclusive<u32> {
-        let growth = self.growth.lock();
-        let first = self.high_water.load(Ordering::Relaxed);
-        // Never wraps: a wrapped index would hand out slots in use.
-        let end = first
-            .checked_add(count)
-            .expect("more than 2^32 operations in flight");
-        let last = end - 1;
-        // Make sure the segments exist before anyone looks the slots up.
-        let (first_segment, _) = locate(first);
-        let (last_segment, _) = locate(last);
-        for k in first_segment..=last_segment {
-            if self.segments[k].load(Ordering::Relaxed).is_null() {
-                let segment = Segment::new(k, growth.floors[k]);
+        // A segment made for this call, with its index and the floor it was made with.
+        let mut made: Option<(usize, u32, Box<Segment<O>>)> = None;
+        let mut making = None;
+        loop {
+            let mut growth = self.growth.lock();
+            let first = self.high_water.load(Ordering::Relaxed);
+            // Never wraps: a wrapped index would hand out slots in use.
+            let end = first
+                .checked_add(count)
+                .expect("more than 2^32 operations in flight");
+            let last = end - 1;
+            // Make sure the segments exist before anyone looks the slots up.
+            let (first_segment, _) = locate(first);
+            let (last_segment, _) = locate(last);
+            let mut missing = None;
+            for k in first_segment..=last_segment {
+                if !self.segments[k].load(Ordering::Relaxed).is_null() {
+                    continue;
+                }
+                let segment = match self.relink(&mut growth, k) {
+                    Some(segment) => segment,
+                    None => match made.take() {
+                        // Made with the floor it still has: no segment `k` was linked
+                        // (and so none given back) meanwhile.
+                        Some((at, floor, segment)) if at == k && floor == growth.floors[k] => {
+                            segment
+                        }
+                        _ => {
+                            missing = Some((k, growth.floors[k]));
+                            break;
+                        }
+                    },
+                };
                 self.segments[k].store(Box::into_raw(segment), Ordering::Release);
             }
+            let Some((k, floor)) = missing else {
+                self.high_water.store(end, Ordering::Relaxed);
+                return first..=last;
+            };
+            drop(growth);
+            if making.is_none() {
+                // Another thread may be making it: look again once it is done.
+                making = Some(self.making.lock());
+                continue;
+            }
+            made = Some((k, floor, Segment::new(k, floor)));
         }
-        self.high_water.store(end, Ordering::Relaxed);
-        first..=last
+    }
+
+    /// Segment `k` if it was given back and is not freed yet: taken out of
+    /// `growth.unlinked` to be linked again as it is. Under `growth`.
+    ///
+    /// Every slot of it is free (it was given back only so), in no free list and in no
+    /// thread's hands, so its words hold each slot's next generation, above every name
+    /// it was ever given, and its tags match them (set before each slot was freed): it
+    /// is exactly what `Segment::new` would make, except that each slot starts at its
+    /// own generation rather than at the segment's highest. A thread still pinned since
+    /// before the unlink reads the same live segment as before, now linked again: its
+    /// stale names find other generations, as on any reused slot. So memory pinned by a
+    /// long pin is reused, not doubled, by the next burst.
+    fn relink(&self, growth: &mut Growth<O>, k: usize) -> Option<Box<Segment<O>>> {
+        let at = growth
+            .unlinked
+            .iter()
+            .position(|(segment, _)| segment.slots.len() == FIRST_SEGMENT << k)?;
+        let (segment, _) = growth.unlinked.swap_remove(at);
+        self.has_unlinked
+            .store(!growth.unlinked.is_empty(), Ordering::Release);
+        Some(segment)
     }
 
     /// [`allocate`](Self::allocate) of one slot, without a buffer.
@@ -779,8 +860,9 @@ impl<O: DelayedOperation> OpTable<O> {
             return 0;
         }
         let mut growth = self.growth.lock();
-        if growth.skip > 0 {
-            growth.skip -= 1;
+        let skip = self.skip.load(Ordering::Relaxed);
+        if skip > 0 {
+            self.skip.store(skip - 1, Ordering::Relaxed);
             return 0;
         }
         let mut unlinked = 0;
@@ -798,6 +880,16 @@ impl<O: DelayedOperation> OpTable<O> {
                 .map(|l| above(&l.indices.lock()))
                 .sum::<usize>()
                 + above(&self.aside.lock());
+            if found == spare && self.aged(k) {
+                // Made again, every slot of it would start there: one hot slot would age
+                // the whole segment. It stays, and so does every segment below it.
+                // (Generations only grow, so a segment read as aged here is; read
+                // before the free lists are locked, since it reads every slot.)
+                self.stop_setting_aside();
+                growth.backoff = MAX_BACKOFF;
+                self.skip.store(MAX_BACKOFF, Ordering::Relaxed);
+                break;
+            }
             let mut lists: SmallVec<[_; STRIPES]> =
                 self.free.iter().map(|l| (l, l.indices.lock())).collect();
             let mut aside = self.aside.lock();
@@ -816,7 +908,7 @@ impl<O: DelayedOperation> OpTable<O> {
                 drop(aside);
                 drop(lists);
                 growth.backoff = (growth.backoff * 2).min(MAX_BACKOFF);
-                growth.skip = growth.backoff;
+                self.skip.store(growth.backoff, Ordering::Relaxed);
                 break;
             }
             aside.retain(|&i| i < start);
@@ -863,6 +955,24 @@ impl<O: DelayedOperation> OpTable<O> {
         unlinked
     }
 
+    /// Whether a slot of segment `k` (which exists) has a generation above
+    /// [`MAX_FLOOR`]. Under `growth`.
+    #[cfg(not(loom))]
+    fn aged(&self, k: usize) -> bool {
+        // SAFETY: segment `k` exists and is unlinked only under `growth`, held here.
+        unsafe { &*self.segments[k].load(Ordering::Relaxed) }
+            .slots
+            .iter()
+            .any(|s| s.slot.generation() > MAX_FLOOR)
+    }
+
+    /// Under loom never: no model ages a slot, and a read of every slot's word (one
+    /// branch each) would take the models past loom's bound on branches.
+    #[cfg(loom)]
+    fn aged(&self, _k: usize) -> bool {
+        false
+    }
+
     /// Puts the slots set aside back in a free list. Under `growth`.
     fn stop_setting_aside(&self) {
         self.aside_from.store(u32::MAX, Ordering::Relaxed);
@@ -877,10 +987,14 @@ impl<O: DelayedOperation> OpTable<O> {
     /// Whether [`give_back`](Self::give_back) has something to look at: a segment given
     /// back and not freed yet, or a top segment that may be given back. (The reaper then
     /// does not sleep without limit.)
+    ///
+    /// While `give_back` backs off (it found the top segment in use, or aged past
+    /// [`MAX_FLOOR`]), a top segment that may be given back does not count: the
+    /// reaper's rounds would not look at it anyway.
     pub(crate) fn wants_a_look(&self) -> bool {
         self.has_unlinked.load(Ordering::Relaxed)
             || self.after_give_back.load(Ordering::Relaxed) > 0
-            || self.worth_a_look()
+            || (self.skip.load(Ordering::Relaxed) == 0 && self.worth_a_look())
     }
 
     /// Whether the top segment could be given back by the estimate of the free lists'
@@ -1490,6 +1604,110 @@ mod tests {
             !table.has_unlinked.load(Ordering::Relaxed),
             "freed once the pin is dropped"
         );
+    }
+
+    /// While one pin lives (a callback blocked under a check's or a batch expiry's pin),
+    /// the segments a burst gives back cannot be freed; the next burst links them again
+    /// instead of making new ones, so what waits for the pin stays within one burst's
+    /// peak, cycle after cycle, and no name of an earlier burst matches a later one.
+    #[test]
+    fn a_long_pin_keeps_burst_cycles_within_one_peak() {
+        let table = OpTable::new();
+        let peak = FIRST_SEGMENT * 15;
+        std::thread::scope(|s| {
+            // Made in here: a failed assertion drops `release` before the scope waits
+            // for the pinned thread, which then ends.
+            let (release, held) = std::sync::mpsc::channel::<()>();
+            let (pinned, ready) = std::sync::mpsc::channel::<()>();
+            let t = &table;
+            s.spawn(move || {
+                let _pin = t.pin();
+                pinned.send(()).unwrap();
+                held.recv().unwrap();
+            });
+            ready.recv().unwrap();
+            let mut earlier: Vec<OpRef> = Vec::new();
+            for cycle in 0..20 {
+                let ops = fill(&table, peak);
+                let pin = table.pin();
+                for op in &earlier {
+                    assert!(
+                        !table.is_waiting(&pin, *op),
+                        "cycle {cycle}: {op:?} matched"
+                    );
+                    assert!(table.lock(&pin, *op).is_none());
+                }
+                for op in &ops {
+                    assert!(table.take(&pin, *op).is_some());
+                }
+                drop(pin);
+                assert_eq!(table.give_back(), peak - FIRST_SEGMENT, "cycle {cycle}");
+                let growth = table.growth.lock();
+                let waiting: usize = growth.unlinked.iter().map(|(s, _)| s.slots.len()).sum();
+                assert!(
+                    waiting <= peak,
+                    "cycle {cycle}: {waiting} slots wait for the pin, the peak is {peak}"
+                );
+                drop(growth);
+                earlier = ops;
+            }
+            release.send(()).unwrap();
+        });
+        assert_eq!(table.give_back(), 0);
+        assert!(
+            !table.has_unlinked.load(Ordering::Relaxed),
+            "freed once the pin is dropped"
+        );
+    }
+
+    /// A slot near `RETIRED` keeps its segment: given back, the segment would be made
+    /// again with every slot at that generation, and a few cycles would retire it all.
+    #[test]
+    fn one_hot_slot_does_not_age_its_whole_segment() {
+        let table = OpTable::new();
+        let burst = fill(&table, FIRST_SEGMENT * 3);
+        {
+            let pin = table.pin();
+            for op in &burst {
+                assert!(table.take(&pin, *op).is_some());
+            }
+        }
+        let hot = FIRST_SEGMENT as u32 + 7;
+        table.age_slot(hot, RETIRED - 3);
+        for cycle in 0..4 {
+            table.give_back();
+            let ops = fill(&table, FIRST_SEGMENT * 3);
+            let pin = table.pin();
+            for op in &ops {
+                if op.index != hot && (op.index as usize) < FIRST_SEGMENT * 3 {
+                    assert!(op.generation <= 8, "cycle {cycle}: {op:?} aged");
+                }
+                assert!(table.take(&pin, *op).is_some());
+            }
+        }
+    }
+
+    /// One long-lived operation in the top segment after a burst: nothing can be given
+    /// back, and the table wants a look only on the rounds `give_back` would try again
+    /// (its back-off), not on every round.
+    #[test]
+    fn one_long_lived_op_lets_the_reaper_sleep() {
+        let table = OpTable::new();
+        let burst = fill(&table, FIRST_SEGMENT * 3);
+        let long_lived = burst[FIRST_SEGMENT * 3 - 1];
+        {
+            let pin = table.pin();
+            for op in &burst[..FIRST_SEGMENT * 3 - 1] {
+                assert!(table.take(&pin, *op).is_some());
+            }
+        }
+        let mut looks = 0;
+        for _ in 0..10_000 {
+            assert_eq!(table.give_back(), 0);
+            looks += usize::from(table.wants_a_look());
+        }
+        assert!(table.is_waiting(&table.pin(), long_lived));
+        assert!(looks <= 30, "wants a look on {looks} of 10,000 rounds");
     }
 
     #[test]

@@ -21,6 +21,9 @@
 //!   segment any more: it may be freed. A thread that retires while it holds a pin
 //!   itself only delays the free (its own stripe never reads 0 meanwhile), never makes
 //!   it early.
+//! - A segment waiting for its grace may be linked again instead (`op_table.rs`,
+//!   `relink`): it is then not freed, and its grace is dropped with its place among the
+//!   unlinked, so a long pin delays a free but never makes the table keep a second copy.
 //!
 //! | stripe counter | meaning for a segment unlinked before it was read |
 //! |---|---|

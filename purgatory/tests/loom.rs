@@ -781,3 +781,81 @@ fn a_stale_check_racing_a_give_back_reads_no_freed_segment() {
         give_back_model(LateAction::Check)
     });
 }
+
+/// [`give_back_model`] with the next burst racing the late thread: the giver purges
+/// (giving the second segment back) and then watches nine operations, the ninth of which
+/// needs the second segment again. While the late thread's pin lives the segment waits
+/// for its grace, and the ninth watch links it again as it is: the late thread, which
+/// may have found X's slot before the unlink, then reads a live segment whose slot
+/// another operation may occupy. X's name matches none of the new operations.
+fn relink_model(action: LateAction) {
+    EXPLORED.fetch_add(1, SeqCst);
+    let clock = ManualClock::new();
+    let purgatory = purgatory(&clock);
+    let watch_nine = |purgatory: &Purgatory<u8, Op>, first_key: u8| {
+        (0..9u8)
+            .map(|i| {
+                let (op, _) = never_ready(Duration::from_secs(60));
+                let key = if first_key == KEY && i == 8 {
+                    KEY
+                } else {
+                    first_key + 1 + i
+                };
+                let WatchOutcome::Pending(handle) = purgatory.watch(op, [key]).expect("accepted")
+                else {
+                    panic!("waits");
+                };
+                handle
+            })
+            .collect::<Vec<_>>()
+    };
+    let first = watch_nine(&purgatory, KEY);
+    let x = first[8];
+    assert_eq!(purgatory.force_complete_batch(first.iter()), 9);
+    let late = {
+        let purgatory = purgatory.clone();
+        spawn(move || match action {
+            LateAction::Cancel => assert!(purgatory.cancel(&x).is_none()),
+            LateAction::Force => assert!(!purgatory.force_complete(&x)),
+            LateAction::IsCompleted => assert!(purgatory.is_completed(&x)),
+            LateAction::Check => assert_eq!(purgatory.check_and_complete(&KEY), 0),
+        })
+    };
+    let giver = {
+        let purgatory = purgatory.clone();
+        spawn(move || {
+            purgatory.purge();
+            watch_nine(&purgatory, 100)
+        })
+    };
+    late.join().unwrap();
+    let second = giver.join().unwrap();
+    assert!(purgatory.is_completed(&x), "{action:?}");
+    assert!(purgatory.cancel(&x).is_none(), "{action:?}");
+    assert!(!purgatory.force_complete(&x), "{action:?}");
+    for handle in &second {
+        assert!(!purgatory.is_completed(handle), "{action:?}");
+    }
+    assert_eq!(purgatory.stats().pending, 9);
+}
+
+#[test]
+fn a_stale_is_completed_racing_a_relinked_segment_touches_no_new_operation() {
+    explore("give back, relink and a late is_completed", || {
+        relink_model(LateAction::IsCompleted)
+    });
+}
+
+#[test]
+fn a_stale_check_racing_a_relinked_segment_touches_no_new_operation() {
+    explore("give back, relink and a late check", || {
+        relink_model(LateAction::Check)
+    });
+}
+
+#[test]
+fn a_stale_force_racing_a_relinked_segment_touches_no_new_operation() {
+    explore("give back, relink and a late force", || {
+        relink_model(LateAction::Force)
+    });
+}

@@ -31,7 +31,8 @@
 //! - A slot created (pushed) starts with generation `floor`, the highest generation of
 //!   the slots [`give_back`](Slab::give_back) dropped (each a vacant slot's next
 //!   generation, above every key it was handed out with), so a key to a dropped slot
-//!   never matches a slot made again at its index.
+//!   never matches a slot made again at its index. Slots are not dropped while one of
+//!   them is above [`MAX_FLOOR`] (`RETIRED / 2`), so `floor` never goes past it.
 
 use super::free_slots::FreeSlots;
 
@@ -80,6 +81,11 @@ pub(crate) struct Slab<T> {
     /// the slots given back ([`give_back`](Self::give_back)), so no key to them matches.
     floor: u32,
 }
+
+/// The highest generation among the slots [`Slab::give_back`] drops: above it they stay,
+/// since `floor` would rise to it and every slot made from then on start there (one hot
+/// slot would age them all). At most this, a slot made again has 2^31 tasks ahead.
+const MAX_FLOOR: u32 = RETIRED / 2;
 
 /// Fewest slots a slab gives back at once ([`Slab::give_back`]).
 const GIVE_BACK_MIN: usize = 4096;
@@ -260,6 +266,11 @@ impl<T> Slab<T> {
             .map(|e| e.generation)
             .max()
             .unwrap_or(0);
+        if top > MAX_FLOOR {
+            // Every slot made from now on would start at `top`: one hot slot would age
+            // them all. These slots stay.
+            return 0;
+        }
         self.floor = self.floor.max(top);
         self.entries.truncate(keep);
         self.entries.shrink_to(keep);
@@ -391,6 +402,24 @@ mod tests {
             assert!(new.generation > old.generation);
         }
         assert_eq!(slab.occupied(), 100_000);
+    }
+
+    /// A hot slot among the free top ones keeps them: dropped, they would raise `floor`
+    /// to its generation, the one every slot made later starts with.
+    #[test]
+    fn a_hot_slot_keeps_the_slots_above_the_last_in_use() {
+        let mut slab = Slab::new();
+        let keys: Vec<_> = (0..100_000u64).map(|i| slab.insert(i, i)).collect();
+        for key in &keys[1_000..] {
+            slab.remove(key.index);
+        }
+        slab.entries[50_000].generation = RETIRED - 3;
+        assert_eq!(slab.give_back(), 0, "the hot slot keeps them");
+        assert_eq!(slab.floor, 0);
+        let again = slab.insert(0, 0);
+        assert!(again.generation < 8, "{again:?}");
+        slab.entries[50_000].generation = 5;
+        assert!(slab.give_back() > 0, "cooled down, they go");
     }
 
     /// A steady load keeps its slots: nothing goes back while more than a quarter of
