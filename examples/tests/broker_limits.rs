@@ -242,6 +242,25 @@ async fn review_4_by_default_one_address_leaves_room_for_fresh_clients() {
     broker.shutdown().await;
 }
 
+/// Fresh clients from 127.0.0.3 try every 250 ms until one is served; fails after
+/// [`LIMIT`].
+async fn fresh_client_gets_in(addr: SocketAddr) {
+    let started = Instant::now();
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let mut fresh = connect_from(loopback(3), addr).await;
+        if served(&mut fresh).await {
+            return;
+        }
+        assert!(
+            started.elapsed() < LIMIT,
+            "no fresh client served in {tries} tries over {LIMIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn review_4_connections_stalled_a_byte_into_a_frame_make_room_for_fresh_clients() {
     const CAP: usize = 20;
@@ -267,20 +286,7 @@ async fn review_4_connections_stalled_a_byte_into_a_frame_make_room_for_fresh_cl
     tokio::time::sleep(Duration::from_millis(500)).await;
     // A fresh client gets in once they have sent nothing for a second or two, well before
     // the 30 s --frame-read-timeout-ms would close them.
-    let started = std::time::Instant::now();
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        let mut fresh = connect_from(loopback(3), addr).await;
-        if served(&mut fresh).await {
-            break;
-        }
-        assert!(
-            started.elapsed() < LIMIT,
-            "no fresh client served in {tries} tries over {LIMIT:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    fresh_client_gets_in(addr).await;
     assert!(broker.stats().evicted_connections >= 1);
     drop(stalled);
     broker.shutdown().await;
@@ -312,20 +318,7 @@ async fn second_review_3_long_polls_from_many_addresses_make_room_for_fresh_clie
     })
     .await;
     // A fresh client gets in once the polls have waited a second or two.
-    let started = Instant::now();
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        let mut fresh = connect_from(loopback(3), addr).await;
-        if served(&mut fresh).await {
-            break;
-        }
-        assert!(
-            started.elapsed() < LIMIT,
-            "no fresh client served in {tries} tries over {LIMIT:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    fresh_client_gets_in(addr).await;
     assert!(broker.stats().evicted_connections >= 1);
     // The evicted poll's client sees its connection closed, and its fetch was cancelled.
     let mut closed = 0;
