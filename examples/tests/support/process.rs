@@ -1,7 +1,7 @@
 //! The `broker` binary as a child process of the test, for what must be measured apart
 //! from the test's own memory or seen from outside (what it prints, how it exits).
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
@@ -99,9 +99,6 @@ impl Drop for BrokerProcess {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        if let Some(mut stdout) = self.child.stdout.take() {
-            let _ = stdout.read_to_end(&mut Vec::new());
-        }
     }
 }
 
