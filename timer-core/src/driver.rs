@@ -508,10 +508,7 @@ impl<E: Expire> Shared<E> {
                 self.target.before_round()
             });
         });
-        let fired = self
-            .target
-            .core()
-            .advance_with(wait, |expired| batch.extend(expired));
+        let fired = self.target.core().advance_with(wait, batch);
         if fired > 0 {
             match &self.executor {
                 Executor::Inline => match (&self.stand_in, driving) {
