@@ -35,7 +35,7 @@ use smallvec::SmallVec;
 use timer_core::TimerHandle;
 
 use crate::counters::Count;
-use crate::op_table::{Locked, Taken, TakenExpiry};
+use crate::op_table::{Locked, Taken, TakenExpiry, VacateLater};
 use crate::operation::{Completion, DelayedOperation};
 use crate::pins::Pinned;
 use crate::span::CarriedSpan;
@@ -118,6 +118,23 @@ impl<K, O: DelayedOperation> State<K, O> {
             .table
             .take_for_expiry(pin, expiry.0, Completion::Expired)
         {
+            self.complete_one_as(taken, Completion::Expired, Count::Expired);
+        }
+    }
+
+    /// [`expire_one`](Self::expire_one), leaving the slot's free to `vacating`.
+    #[inline]
+    pub(crate) fn expire_one_vacating_later<'t>(
+        &'t self,
+        pin: &Pinned<'_>,
+        expiry: Expiry,
+        vacating: &mut VacateLater<'t, O>,
+    ) {
+        if let Some((taken, vacated)) =
+            self.table
+                .take_for_expiry_deferred(pin, expiry.0, Completion::Expired)
+        {
+            vacating.push(vacated);
             self.complete_one_as(taken, Completion::Expired, Count::Expired);
         }
     }

@@ -32,6 +32,7 @@ use std::time::Duration;
 
 use timer_core::{Expire, NextRound, TimerCore};
 
+use crate::op_table::VacateLater;
 use crate::operation::DelayedOperation;
 use crate::state::{Expiry, State};
 
@@ -58,11 +59,14 @@ where
         State::expire_one(self, &self.table.pin(), expiry);
     }
 
-    /// One pin for the whole batch, not one per task.
+    /// One pin for the whole batch, not one per task, and the slots freed together
+    /// (`VacateLater`: at most 32 at a time, the rest when the batch ends or a panic
+    /// unwinds through it).
     fn expire_claimed(&self, mut claim: impl FnMut() -> Option<Expiry>) {
         let pin = self.table.pin();
+        let mut vacating = VacateLater::new(&self.table);
         while let Some(expiry) = claim() {
-            State::expire_one(self, &pin, expiry);
+            self.expire_one_vacating_later(&pin, expiry, &mut vacating);
         }
     }
 
