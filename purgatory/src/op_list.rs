@@ -211,10 +211,9 @@ fn drop_completed_entries(
 ) -> usize {
     let entries = segment.entries();
     flags.clear();
-    flags.resize(entries.len(), false);
-    for (flag, &op) in flags.iter_mut().zip(entries.iter()) {
-        *flag = waiting(op);
-    }
+    // One write per flag (resizing first, then overwriting, cost 39 instructions per
+    // expired operation's three entries: callgrind, `expiring_watches`).
+    flags.extend(entries.iter().map(|&op| waiting(op)));
     let before = entries.len();
     let mut kept = 0;
     for (read, &keep) in flags.iter().enumerate() {
