@@ -34,9 +34,6 @@ pub(crate) const BLOCK: usize = 1024;
 /// A list's first segment: up to two entries inline.
 pub(crate) type Ops = SmallVec<[OpRef; 2]>;
 
-/// Scratch space of [`drop_completed_entries`]: on the stack for segments of up to 128.
-pub(crate) type Flags = SmallVec<[bool; 128]>;
-
 /// One key's operations, in arrival order (see the module doc).
 #[derive(Default)]
 pub(crate) struct OpList {
@@ -105,11 +102,10 @@ impl OpList {
     /// Drops every entry whose operation is no longer `waiting`; returns how many.
     #[cfg(all(test, not(loom)))]
     pub(crate) fn drop_completed(&mut self, waiting: &impl Fn(OpRef) -> bool) -> usize {
-        let mut flags = Flags::new();
         let mut dropped = 0;
         let mut segment = Some(0);
         while let Some(at) = segment {
-            let (n, next) = self.drop_completed_in(at, waiting, &mut flags);
+            let (n, next) = self.drop_completed_in(at, waiting);
             dropped += n;
             segment = next;
         }
@@ -124,10 +120,9 @@ impl OpList {
         &mut self,
         segment: usize,
         waiting: &impl Fn(OpRef) -> bool,
-        flags: &mut Flags,
     ) -> (usize, Option<usize>) {
         if segment == 0 {
-            let dropped = drop_completed_entries(&mut self.head, waiting, flags);
+            let dropped = drop_completed_entries(&mut self.head, waiting);
             let next = self.tail.is_some().then_some(1);
             return (dropped, next);
         }
@@ -138,7 +133,7 @@ impl OpList {
         let Some(block) = blocks.get_mut(index) else {
             return (0, None);
         };
-        let dropped = drop_completed_entries(block, waiting, flags);
+        let dropped = drop_completed_entries(block, waiting);
         let len = block.len();
         let before = match index {
             0 => self.head.len(),
@@ -197,32 +192,40 @@ fn block_of(op: OpRef) -> Vec<OpRef> {
 }
 
 /// Drops the entries of one segment for which `waiting` is false, keeping the others in
-/// order; returns how many it dropped. `flags` is scratch space.
+/// order; returns how many it dropped.
 ///
 /// Two passes, because a `waiting` read (a generation tag, written by whichever core
 /// completed the operation) may miss the cache: the first pass only stores the answers,
 /// with no branch on them, so the CPU runs ahead and has many misses in flight at once;
 /// the second compacts the segment. In one pass, every mispredicted keep-or-drop branch
-/// would wait for its miss before the next could start.
-fn drop_completed_entries(
-    segment: &mut impl Segment,
-    waiting: &impl Fn(OpRef) -> bool,
-    flags: &mut Flags,
-) -> usize {
+/// would wait for its miss before the next could start. The passes go [`FLAGS`] entries
+/// at a time, the answers in an array on the stack (compacting a run never overtakes the
+/// reading: `kept <= read`). With the answers in a `SmallVec` filled by `extend`, a purge
+/// step's `drop_completed_in` cost about 84 instructions an entry (callgrind,
+/// `expiring_watches 20000 64`); this way, 68.
+fn drop_completed_entries(segment: &mut impl Segment, waiting: &impl Fn(OpRef) -> bool) -> usize {
     let entries = segment.entries();
-    flags.clear();
-    // One write per flag (resizing first, then overwriting, cost 39 instructions per
-    // expired operation's three entries: callgrind, `expiring_watches`).
-    flags.extend(entries.iter().map(|&op| waiting(op)));
     let before = entries.len();
     let mut kept = 0;
-    for (read, &keep) in flags.iter().enumerate() {
-        entries[kept] = entries[read];
-        kept += usize::from(keep);
+    let mut read = 0;
+    while read < before {
+        let n = (before - read).min(FLAGS);
+        let mut flags = [false; FLAGS];
+        for (flag, &op) in flags.iter_mut().zip(&entries[read..read + n]) {
+            *flag = waiting(op);
+        }
+        for (i, &keep) in flags[..n].iter().enumerate() {
+            entries[kept] = entries[read + i];
+            kept += usize::from(keep);
+        }
+        read += n;
     }
     segment.truncate(kept);
     before - kept
 }
+
+/// Flags [`drop_completed_entries`] works out at once, on the stack.
+const FLAGS: usize = 128;
 
 /// The head and a block, as [`drop_completed_entries`] sees them.
 trait Segment {
@@ -303,13 +306,12 @@ mod tests {
         let n = 8 * BLOCK as u32;
         let mut list = list_of(n);
         let waiting = |op: OpRef| op.index() % 3 == 0;
-        let mut flags = Flags::new();
         let mut segment = Some(0);
         let mut dropped = 0;
         let mut steps = 0;
         while let Some(at) = segment {
             assert!(list.segment_len(at) <= BLOCK);
-            let (n, next) = list.drop_completed_in(at, &waiting, &mut flags);
+            let (n, next) = list.drop_completed_in(at, &waiting);
             dropped += n;
             segment = next;
             steps += 1;
@@ -335,13 +337,10 @@ mod tests {
         assert_eq!(list.drop_completed(&|_| false), 3 * BLOCK);
         assert!(list.is_empty());
         assert!(list.tail.is_none());
-        assert_eq!(
-            list.drop_completed_in(5, &|_| false, &mut Flags::new()),
-            (0, None)
-        );
+        assert_eq!(list.drop_completed_in(5, &|_| false), (0, None));
         // An emptied head with a tail left: pushes go to the tail, order holds.
         let mut list = list_of(2 * BLOCK as u32);
-        let (n, next) = list.drop_completed_in(0, &|_| false, &mut Flags::new());
+        let (n, next) = list.drop_completed_in(0, &|_| false);
         assert_eq!((n, next), (BLOCK, Some(1)));
         assert!(!list.is_empty());
         list.push(op(9_999));
@@ -377,7 +376,6 @@ mod tests {
             let mut list = OpList::default();
             // Ids are pushed in increasing order; an id is waiting unless completed.
             let mut completed: Vec<bool> = Vec::new();
-            let mut flags = Flags::new();
             for _ in 0..40 {
                 let next = completed.len() as u32;
                 match rng.gen_range(0..5) {
@@ -400,8 +398,7 @@ mod tests {
                         let segment = rng.gen_range(0..8);
                         let before = checked(&list).len();
                         let waiting = |op: OpRef| !completed[op.index() as usize];
-                        let (dropped, next_segment) =
-                            list.drop_completed_in(segment, &waiting, &mut flags);
+                        let (dropped, next_segment) = list.drop_completed_in(segment, &waiting);
                         assert_eq!(before - checked(&list).len(), dropped);
                         if let Some(s) = next_segment {
                             assert!(s <= segment + 1 && s >= segment.max(1));

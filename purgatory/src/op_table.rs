@@ -512,22 +512,32 @@ impl<O: DelayedOperation> OpTable<O> {
     #[inline]
     fn slot_and_tag(&self, index: u32) -> (&TableSlot<O>, &AtomicU8) {
         let (k, offset) = locate(index);
+        match self.live_segment(k) {
+            Some(segment) => (&segment.slots[offset], &segment.tags[offset]),
+            None => (&self.gone, &self.gone_tag),
+        }
+    }
+
+    /// Segment `k`, unless it does not exist; for [`slot_and_tag`](Self::slot_and_tag)
+    /// and [`tag`](Self::tag) only, whose callers keep it linked (see there).
+    #[inline]
+    fn live_segment(&self, k: usize) -> Option<&Segment<O>> {
         let segment = self.segments[k].load(Ordering::Acquire);
         if segment.is_null() {
-            return (&self.gone, &self.gone_tag);
+            return None;
         }
         // SAFETY: a non-null segment pointer is a live segment (`Box::into_raw`), freed
         // only after it was unlinked and every pin that could have read it was dropped
         // (`pins.rs`); the caller holds a pin, or a slot of it that is in no free list
         // (held, just handed out, or taken and not yet vacated), which keeps it linked
-        // (see above).
+        // (see `slot_and_tag`).
         let segment = unsafe { &*segment };
         #[cfg(loom)]
         segment.alive.with(|alive| {
             // SAFETY: loom checks this read against the write that marks it freed.
             assert!(unsafe { *alive }, "a look-up of a freed segment")
         });
-        (&segment.slots[offset], &segment.tags[offset])
+        Some(segment)
     }
 
     /// Where the slot and the tag of `op` are.
@@ -538,9 +548,13 @@ impl<O: DelayedOperation> OpTable<O> {
         Found { slot, tag, op }
     }
 
+    /// The tag of slot `index`, as [`slot_and_tag`](Self::slot_and_tag) finds it (the
+    /// same rules), without working out the slot.
     #[inline]
     fn tag(&self, index: u32) -> &AtomicU8 {
-        self.slot_and_tag(index).1
+        let (k, offset) = locate(index);
+        self.live_segment(k)
+            .map_or(&self.gone_tag, |segment| &segment.tags[offset])
     }
 
     #[inline]
@@ -835,7 +849,9 @@ impl<O: DelayedOperation> OpTable<O> {
     /// are mostly in other cores' caches, the tags mostly in this one's.
     #[inline]
     pub(crate) fn may_be_waiting(&self, pin: &Pinned<'_>, op: OpRef) -> bool {
-        self.find(pin, op).may_be_waiting()
+        debug_assert!(self.pins.owns(pin));
+        // The tag alone: `find` would work out (and bounds-check) the slot too.
+        self.tag(op.index).load(Ordering::Acquire) == tag_of(op.generation)
     }
 
     /// [`may_be_waiting`](Self::may_be_waiting), made certain for the one case a later
@@ -1549,7 +1565,10 @@ mod tests {
         assert!(unwound.is_err());
         let pin = table.pin();
         for op in &first {
-            assert!(!table.is_waiting_by_tag(&pin, *op), "{op:?}: tag not updated");
+            assert!(
+                !table.is_waiting_by_tag(&pin, *op),
+                "{op:?}: tag not updated"
+            );
         }
         drop(pin);
         fill(&table, n);

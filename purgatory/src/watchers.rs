@@ -55,7 +55,7 @@ use hashbrown::HashTable;
 use smallvec::{smallvec, SmallVec};
 
 use crate::counters::{stripe_index, STRIPES};
-use crate::op_list::{Flags, OpList};
+use crate::op_list::OpList;
 use crate::op_table::OpRef;
 use crate::sync::Mutex;
 use crate::user_code::{to_caller, Site, UserCode};
@@ -503,7 +503,6 @@ impl<K: Hash + Eq> Watchers<K> {
         Q: Hash + Eq + ?Sized,
     {
         let hash = to_caller(Site::KeyHash, || self.hash(key));
-        let mut flags = Flags::new();
         let mut removed = 0;
         let mut segment = Some(0);
         while let Some(at) = segment {
@@ -513,7 +512,7 @@ impl<K: Hash + Eq> Watchers<K> {
                 break;
             };
             let list = shard.lists.get_bucket_mut(bucket).expect("found");
-            let (dropped, next) = list.ops.drop_completed_in(at, &waiting, &mut flags);
+            let (dropped, next) = list.ops.drop_completed_in(at, &waiting);
             segment = next;
             removed += dropped;
             shard.entries -= dropped;
@@ -570,7 +569,6 @@ impl<K: Hash + Eq> Watchers<K> {
     ) -> (usize, Option<PurgeCursor>) {
         let mut guard = self.shards[index].state.lock();
         let shard = &mut *guard;
-        let mut flags = Flags::new();
         let mut removed = 0;
         let mut visited = 0;
         let mut emptied: SmallVec<[List<K>; 8]> = SmallVec::new();
@@ -581,7 +579,7 @@ impl<K: Hash + Eq> Watchers<K> {
                 let mut segment = Some(at.segment);
                 while let Some(s) = segment.filter(|_| visited < budget) {
                     visited += list.ops.segment_len(s).max(1);
-                    let (dropped, next) = list.ops.drop_completed_in(s, &waiting, &mut flags);
+                    let (dropped, next) = list.ops.drop_completed_in(s, &waiting);
                     removed += dropped;
                     shard.entries -= dropped;
                     segment = next;
