@@ -425,14 +425,20 @@ where
     fn list_chunk(&self, members: &mut [Member<'_, K, O>], chunk: &mut Chunk<O>) {
         let total: usize = members.iter().map(|m| m.keys.len()).sum();
         let mut entries: Vec<(Option<K>, OpRef)> = Vec::with_capacity(total);
-        let mut owner: Vec<u32> = Vec::with_capacity(total);
-        for (j, m) in members.iter_mut().enumerate() {
+        // Where each member's entries end in `entries`: who owns an entry that could not
+        // be listed (rare) is worked out from these, not recorded per entry (that, with
+        // two `extend`s per member, cost 59 instructions an operation: callgrind,
+        // `expiring_watches 20000 64`).
+        let mut ends: SmallVec<[usize; CHUNK]> = SmallVec::new();
+        for m in members.iter_mut() {
             // Every member is held here: nothing of a chunk is tried before it is listed.
             let keys = u32::try_from(m.keys.len()).unwrap_or(u32::MAX);
             m.locked().set_keys(keys);
-            owner.extend(std::iter::repeat_n(j as u32, m.keys.len()));
             let op = m.op;
-            entries.extend(m.keys.drain(..).map(|key| (Some(key), op)));
+            for key in m.keys.drain(..) {
+                entries.push((Some(key), op));
+            }
+            ends.push(entries.len());
         }
         // Every key is taken out of `entries` (listed, or dropped through the door).
         let unlisted = self.watchers.watch_many(&mut entries, &self.user);
@@ -442,7 +448,8 @@ where
         }
         let mut failures: SmallVec<[u32; CHUNK]> = SmallVec::from_elem(0, members.len());
         for i in unlisted {
-            failures[owner[i] as usize] += 1;
+            // The first member whose entries end after entry `i`.
+            failures[ends.partition_point(|&end| end <= i)] += 1;
         }
         for (j, (m, &count)) in members.iter_mut().zip(&failures).enumerate() {
             if count > 0 {

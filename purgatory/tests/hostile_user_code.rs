@@ -130,6 +130,30 @@ fn in_a_batch_only_the_operation_with_the_hostile_key_is_refused() {
     every_other_one_expires(&purgatory, &clock, &ledger);
 }
 
+/// The same with the hostile key first among its operation's keys, each operation with a
+/// different number of keys: the failed entry is the first of its operation's run in the
+/// chunk, right after the end of the run before it, and must be charged to its own
+/// operation, not to that one.
+#[test]
+fn in_a_batch_a_hostile_first_key_refuses_its_own_operation_not_the_one_before() {
+    let clock = ManualClock::new();
+    let ledger = Ledger::new(100);
+    let purgatory: Purgatory<Key, Probe> = manual_purgatory(&clock);
+    let batch = (0..100).map(|id| {
+        let mut keys = vec![Key::Fine(id as u32 % 7); 1 + id % 3];
+        if id == 69 {
+            keys.insert(0, Key::HashBomb);
+        }
+        (Probe::new(id, LONG, &ledger, &never()), keys)
+    });
+    let results = purgatory.watch_batch(batch);
+    only_69_refused(results, |refused| match refused {
+        WatchError::KeyPanicked(op) => op.id,
+        other => panic!("refused as {other:?}"),
+    });
+    every_other_one_expires(&purgatory, &clock, &ledger);
+}
+
 /// Checks the results of a batch of 100 in which only the 70th (id 69) is refused, as
 /// `refused_id` says.
 fn only_69_refused<O: std::fmt::Debug>(
