@@ -24,7 +24,8 @@
 //!   (`--events`) requests complete through `check_and_complete` on a key rather than
 //!   being forced; W3-max (`--find-max`) searches for the highest rate held on time
 //!   (actual rate >= 95 % of the target and expiry lateness p99 within a bound, 10 ms by
-//!   default) and the highest held plainly (the actual rate alone).
+//!   default) and the highest held plainly (the actual rate alone), each rate decided by
+//!   a majority of up to `--attempts` attempts (default 3).
 //!
 //! # Layout
 //! - [`workloads`]: the [`workloads::Workload`] trait, and one module per workload with

@@ -183,6 +183,48 @@ fn w3_find_max_reports_a_rate() {
     assert!(num(&r["on_time"], "max_rate_held") <= num(r, "max_rate_held"));
 }
 
+/// Each rate is decided by a majority of `--attempts` (3 by default): a rate tried is
+/// tried two or three times, and the knee says how many of its attempts held.
+#[test]
+fn w3_find_max_decides_each_rate_by_a_majority_of_attempts() {
+    let mut args = TINY_SWEEP.to_vec();
+    args.extend(["--impl", "null", "--plain", "--json"]);
+    let v = json(&args);
+    assert_eq!(num(&v, "attempts_per_rate"), 3.0, "{v}");
+    let r = &results(&v)[0];
+    let mut per_rate = std::collections::BTreeMap::<u64, usize>::new();
+    for a in r["attempts"].as_array().expect("attempts") {
+        *per_rate.entry(num(a, "target_rate") as u64).or_default() += 1;
+    }
+    assert!(
+        per_rate.values().all(|&n| n == 2 || n == 3),
+        "two or three attempts a rate: {per_rate:?}"
+    );
+    if num(r, "max_rate_held") > 0.0 {
+        let (held, of) = (num(r, "held_at_max_rate"), num(r, "attempts_at_max_rate"));
+        assert!(held >= 2.0 && held <= of && of <= 3.0, "{r}");
+        assert_eq!(
+            per_rate[&(num(r, "max_rate_held") as u64)] as f64,
+            of,
+            "{r}"
+        );
+    }
+    // --attempts 1: one attempt a rate.
+    let mut args = TINY_SWEEP.to_vec();
+    args.extend(["--impl", "null", "--plain", "--json", "--attempts", "1"]);
+    let v = json(&args);
+    let r = &results(&v)[0];
+    let rates: Vec<f64> = r["attempts"]
+        .as_array()
+        .expect("attempts")
+        .iter()
+        .map(|a| num(a, "target_rate"))
+        .collect();
+    let mut distinct = rates.clone();
+    distinct.dedup();
+    assert_eq!(rates, distinct, "one attempt a rate");
+}
+
 /// `null-late` keeps up with any rate (it does no work) but answers every expiry 50 ms
 /// after its deadline: held plainly, never on time. The searches start at 8,000/s, so
 /// the on-time one halves to the lowest rate in three attempts.
@@ -289,6 +331,15 @@ fn bad_arguments_fail_with_a_message() {
             "cannot be used with",
         ),
         (&["w3", "--find-max", "--runs", "3"], "--runs"),
+        (
+            &["w3", "--find-max", "--attempts", "2"],
+            "odd number of attempts",
+        ),
+        (
+            &["w3", "--find-max", "--attempts", "0"],
+            "odd number of attempts",
+        ),
+        (&["w3", "--attempts", "3"], "--find-max"),
         (&["w3", "--events", "--impl", "null-late"], "null-late"),
         (&["w1", "--tasks", "many"], "--tasks"),
         (&["w1", "--threads", "0"], "--threads"),

@@ -153,8 +153,17 @@ pub(super) struct W3Args {
     /// --max-late-p99-ms; the search reports that rate first, then the plain one (95 %
     /// alone, lateness not counted). Implementations step through their searches in
     /// turn (one attempt each, then the next), so a slow phase of the machine hits all.
+    /// Each rate is decided by a majority of up to --attempts attempts at it; the rate
+    /// reported is the highest one decided held, with how many of its attempts held and
+    /// the median lateness p99 and peak memory of those.
     #[arg(long)]
     pub(super) find_max: bool,
+    /// With --find-max: decide each rate tried by a majority of up to this many attempts
+    /// (odd), stopping once the majority is settled (with 3: two agreeing attempts, or a
+    /// third on a split); the on-time search's attempts count for the plain one too. 1
+    /// decides each rate by one attempt.
+    #[arg(long, value_name = "N", default_value_t = 3, requires = "find_max", value_parser = attempt_count, allow_negative_numbers = true)]
+    pub(super) attempts: u32,
     /// With --find-max: the expiry lateness p99 a rate is held on time within, ms
     /// [default: 10].
     #[arg(long, value_name = "MS", requires = "find_max", value_parser = lateness_bound, allow_negative_numbers = true)]
@@ -187,6 +196,21 @@ fn lateness_bound(text: &str) -> Result<f64, String> {
     match text.trim().parse::<f64>() {
         Ok(ms) if ms.is_finite() && ms >= 0.0 => Ok(ms),
         _ => Err(format!("expected a number of ms, at least 0, got `{text}`")),
+    }
+}
+
+/// The most attempts `--attempts` takes: a search of ~11 rates then runs up to 11 x
+/// this many W3 runs per implementation.
+const MAX_ATTEMPTS: u32 = 99;
+
+/// `--attempts`: an odd count from 1 to [`MAX_ATTEMPTS`], so a majority is never tied.
+fn attempt_count(text: &str) -> Result<u32, String> {
+    match text.trim().parse::<u32>() {
+        Ok(n) if n % 2 == 1 && n <= MAX_ATTEMPTS => Ok(n),
+        _ => Err(format!(
+            "expected an odd number of attempts from 1 to {MAX_ATTEMPTS} (a rate is decided \
+by their majority, which an even count can tie), got `{text}`"
+        )),
     }
 }
 
@@ -243,5 +267,39 @@ impl W3Args {
         };
         p.validate()?;
         Ok(p)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    /// `w3 --find-max` with `extra`, parsed.
+    fn find_max(extra: &[&str]) -> Result<W3Args, clap::Error> {
+        let args = ["purgatory-perf", "w3", "--find-max"].iter().chain(extra);
+        match Cli::try_parse_from(args)?.command {
+            Some(Command::W3(a)) => Ok(a),
+            other => panic!("not w3: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn attempts_is_an_odd_count_three_by_default() {
+        assert_eq!(find_max(&[]).unwrap().attempts, 3);
+        assert_eq!(find_max(&["--attempts", "1"]).unwrap().attempts, 1);
+        assert_eq!(find_max(&["--attempts", "5"]).unwrap().attempts, 5);
+        for bad in ["0", "2", "4", "-1", "101", "three"] {
+            let e = find_max(&["--attempts", bad]).expect_err(bad).to_string();
+            assert!(
+                e.contains("--attempts") && e.contains("an odd number of attempts"),
+                "{bad}: {e}"
+            );
+        }
+        let e = Cli::try_parse_from(["purgatory-perf", "w3", "--attempts", "3"])
+            .expect_err("--attempts without --find-max")
+            .to_string();
+        assert!(e.contains("--find-max"), "{e}");
     }
 }

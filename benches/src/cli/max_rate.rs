@@ -1,10 +1,13 @@
 //! W3-max (`w3 --find-max`): the highest request rate each implementation holds, on time
 //! and plain.
 //!
-//! Each implementation gets a [`RateSearch`] per criterion: first the on-time one (with
-//! the lateness bound, the default), then the plain one, replayed over the attempts the
-//! first one made and adding its own. Each attempt is one W3 run in a child process of
-//! its own. Implementations take turns: one new attempt each, then the next round.
+//! Each implementation gets a [`MajoritySearch`] per criterion: first the on-time one
+//! (with the lateness bound, the default), then the plain one, replayed over the
+//! attempts the first one made and adding its own. Each rate a search tries is decided by
+//! a majority of up to `--attempts` attempts there (default 3), stopping once the
+//! majority is settled; each attempt is one W3 run in a child process of its own.
+//! Implementations take turns attempt by attempt: one new attempt each, then the next
+//! round, so a slow phase of the machine hits all of them alike.
 //!
 //! # Invariants
 //! - A rate is **held** when the actual rate reaches 95 % of the target: the generator
@@ -13,18 +16,26 @@
 //!   is also within the bound (`--max-late-p99-ms`, default 10 ms): a peer whose hand-off
 //!   never pushes back keeps up with the offered rate while its expiries fall behind,
 //!   and that is not holding the rate. An attempt without expiries is on time.
-//! - Both searches start at `--rate` and take an attempt's outcome from one run, so a
-//!   rate held on time is held, and the on-time rate is never above the plain one. With
-//!   `--plain` only the plain search runs (the tool's behaviour before the bound).
+//! - Both searches start at `--rate` and judge each attempt from its one run, so an
+//!   attempt on time is held. The plain search reuses every attempt already made at a
+//!   rate and adds attempts only while its own majority there is unsettled; it may still
+//!   decide a rate differently from the on-time one only where the on-time one counted
+//!   held but late attempts against it. With `--plain` only the plain search runs (the
+//!   tool's behaviour before the bound). With `--attempts 1` each rate is decided by one
+//!   attempt and the rates tried are the ones the single-attempt search tried.
 //! - Every new attempt is printed on stderr as it ends and kept, with its full result,
 //!   in the JSON summary; the attempt line and the outcome give the expiry lateness
 //!   (p99) and peak memory there, and a late attempt's line the machine stalls the run
 //!   saw (on a loaded machine a stall longer than the bound can make any implementation
-//!   late: read the verdict with them). Each knee (the highest rate held, on time and plain)
-//!   is reported with the lateness p99 and peak memory of its attempt.
-//! - JSON: `max_rate_held` and `first_failed_rate` keep their meaning (plain); the
-//!   on-time outcome is under `on_time` (`null` with `--plain`), and the bound is the
-//!   summary's `max_late_p99_ms`.
+//!   late: read the verdict with them). Each knee (the highest rate decided held, on time
+//!   and plain) is reported with how many of its attempts held (on time, for the on-time
+//!   one) of how many were made there, and the median of those held attempts' lateness
+//!   p99 and peak memory (and, in the JSON, actual rate and CPU).
+//! - JSON: `max_rate_held` and `first_failed_rate` keep their meaning (plain), with
+//!   `held_at_max_rate` of `attempts_at_max_rate` beside them and the medians under
+//!   `at_max_rate_held`; the on-time outcome is under `on_time` (`null` with `--plain`),
+//!   the bound is the summary's `max_late_p99_ms` and the attempt count its
+//!   `attempts_per_rate`.
 //! - With `--plot FILE`, every attempt's CPU per request is drawn against its offered
 //!   rate ([`crate::report::plot`]) once every search is over.
 
@@ -33,7 +44,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::cli::rate_search::RateSearch;
+use crate::cli::majority_search::{MajoritySearch, Tally};
 use crate::report::plot::{plot_sweeps, Knee, Sweep, SweepPoint};
 use crate::report::MIB;
 use crate::workloads::w3::{Implementation, PurgatoryLoad, W3Params};
@@ -51,13 +62,46 @@ fn on_time(result: &Value, bound_ms: f64) -> bool {
         .is_some_and(|p99| p99 <= bound_ms)
 }
 
-/// Expiry lateness p99 and peak memory of one attempt's result, as the lines show them.
+/// Passes a search's criterion at `rate`: held and, with a bound, on time within it.
+fn passes(result: &Value, rate: f64, bound_ms: Option<f64>) -> bool {
+    held(result, rate) && bound_ms.is_none_or(|b| on_time(result, b))
+}
+
+/// Expiry lateness p99 and peak memory of one attempt's result (or of a knee's medians),
+/// as the lines show them.
 fn lateness_and_memory(result: &Value) -> String {
     format!(
         "expiry late p99 {:.2} ms, peak RSS {:.1} MiB",
         result["expiry_late_p99_ms"].as_f64().unwrap_or(f64::NAN),
         result["peak_rss_bytes"].as_f64().unwrap_or(f64::NAN) * MIB
     )
+}
+
+/// The median of `values` (the mean of the middle two of an even count); `None` if
+/// there are none.
+fn median(mut values: Vec<f64>) -> Option<f64> {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(values[n / 2]),
+        _ => Some((values[n / 2 - 1] + values[n / 2]) / 2.0),
+    }
+}
+
+/// The figures a knee is reported with, each the median over `results` (the knee's
+/// held attempts) of the results that have it; a figure none has is `null`.
+fn median_figures(results: &[&Value]) -> Value {
+    let median_of = |key: &str| {
+        median(results.iter().filter_map(|r| r[key].as_f64()).collect())
+            .map_or(Value::Null, |m| json!(m))
+    };
+    json!({
+        "actual_rate": median_of("actual_rate"),
+        "expiry_late_p99_ms": median_of("expiry_late_p99_ms"),
+        "peak_rss_bytes": median_of("peak_rss_bytes"),
+        "cpu_s_per_million": median_of("cpu_s_per_million"),
+    })
 }
 
 /// One attempt: its target rate and its run's result.
@@ -71,123 +115,156 @@ struct ImplSweep {
     implementation: Implementation,
     name: String,
     /// With a bound: the on-time search, stepped first.
-    on_time: Option<RateSearch>,
-    plain: RateSearch,
+    on_time: Option<MajoritySearch>,
+    plain: MajoritySearch,
     attempts: Vec<Attempt>,
 }
 
+/// A search's knee: the highest rate decided held (0 if none), the lowest decided
+/// missed above it, and, if one was held, its tally and the results of its attempts
+/// that passed.
+struct KneeAt<'a> {
+    low: f64,
+    high: f64,
+    held: Option<(Tally, Vec<&'a Value>)>,
+}
+
 impl ImplSweep {
-    fn new(implementation: Implementation, start: f64, bound_ms: Option<f64>) -> Self {
+    fn new(
+        implementation: Implementation,
+        start: f64,
+        bound_ms: Option<f64>,
+        attempts: usize,
+    ) -> Self {
         ImplSweep {
             implementation,
             name: implementation_name(&implementation),
-            on_time: bound_ms.map(|_| RateSearch::new(start)),
-            plain: RateSearch::new(start),
+            on_time: bound_ms.map(|_| MajoritySearch::new(start, attempts)),
+            plain: MajoritySearch::new(start, attempts),
             attempts: Vec::new(),
         }
     }
 
-    /// Advances the searches over the attempts already made until one needs a new
-    /// rate, and runs that attempt; false once both searches are over.
+    /// Whether each attempt made at `rate` passes the criterion of `bound_ms`, in order.
+    fn outcomes(attempts: &[Attempt], rate: f64, bound_ms: Option<f64>) -> Vec<bool> {
+        attempts
+            .iter()
+            .filter(|a| a.rate == rate)
+            .map(|a| passes(&a.result, rate, bound_ms))
+            .collect()
+    }
+
+    /// Advances the searches over the attempts already made until one needs another
+    /// attempt, and returns its rate; `None` once both searches are over.
+    fn next_rate(&mut self, bound_ms: Option<f64>) -> Option<f64> {
+        let made = &self.attempts;
+        let timely = self
+            .on_time
+            .as_mut()
+            .and_then(|s| s.next_attempt(|rate| Self::outcomes(made, rate, bound_ms)));
+        timely.or_else(|| {
+            self.plain
+                .next_attempt(|rate| Self::outcomes(made, rate, None))
+        })
+    }
+
+    /// Runs the next attempt the searches need; false once both searches are over.
     fn step(
         &mut self,
         params: &W3Params,
         bound_ms: Option<f64>,
         allocator: &str,
     ) -> Result<bool, String> {
-        loop {
-            let (search, bound) = match (&mut self.on_time, bound_ms) {
-                (Some(s), Some(bound)) if s.next_rate().is_some() => (s, Some(bound)),
-                _ => (&mut self.plain, None),
-            };
-            let Some(rate) = search.next_rate() else {
-                return Ok(false);
-            };
-            let verdict = |r: &Value| held(r, rate) && bound.is_none_or(|b| on_time(r, b));
-            if let Some(done) = self.attempts.iter().find(|a| a.rate == rate) {
-                search.record(rate, verdict(&done.result));
-                continue;
-            }
-            let job = Job::<PurgatoryLoad> {
-                implementation: self.implementation,
-                params: W3Params {
-                    rate,
-                    ..params.clone()
-                },
-            };
-            let r = job.run_in_child(allocator)?;
-            search.record(rate, verdict(&r));
-            let verdict = match (held(&r, rate), bound_ms) {
-                (false, _) => "NOT held".to_owned(),
-                (true, None) => "held".to_owned(),
-                (true, Some(b)) if on_time(&r, b) => "held, on time".to_owned(),
-                (true, Some(b)) => format!(
-                    "held, LATE (p99 over {b} ms; the machine stalled the process {} times \
+        let Some(rate) = self.next_rate(bound_ms) else {
+            return Ok(false);
+        };
+        let nth = self.attempts.iter().filter(|a| a.rate == rate).count() + 1;
+        let job = Job::<PurgatoryLoad> {
+            implementation: self.implementation,
+            params: W3Params {
+                rate,
+                ..params.clone()
+            },
+        };
+        let r = job.run_in_child(allocator)?;
+        let verdict = match (held(&r, rate), bound_ms) {
+            (false, _) => "NOT held".to_owned(),
+            (true, None) => "held".to_owned(),
+            (true, Some(b)) if on_time(&r, b) => "held, on time".to_owned(),
+            (true, Some(b)) => format!(
+                "held, LATE (p99 over {b} ms; the machine stalled the process {} times \
 over 5 ms, the longest {:.0} ms)",
-                    r["stall_count"].as_u64().unwrap_or(0),
-                    r["stall_max_ms"].as_f64().unwrap_or(0.0)
-                ),
-            };
-            eprintln!(
-                "  {}: target {rate:.0}/s -> actual {:.0}/s {verdict} ({})",
-                self.name,
-                r["actual_rate"].as_f64().unwrap_or(0.0),
-                lateness_and_memory(&r)
-            );
-            self.attempts.push(Attempt { rate, result: r });
-            return Ok(true);
-        }
+                r["stall_count"].as_u64().unwrap_or(0),
+                r["stall_max_ms"].as_f64().unwrap_or(0.0)
+            ),
+        };
+        eprintln!(
+            "  {}: target {rate:.0}/s (attempt {nth}) -> actual {:.0}/s {verdict} ({})",
+            self.name,
+            r["actual_rate"].as_f64().unwrap_or(0.0),
+            lateness_and_memory(&r)
+        );
+        self.attempts.push(Attempt { rate, result: r });
+        Ok(true)
     }
 
-    /// The result of the attempt at `rate`, if one was made.
-    fn at(&self, rate: f64) -> Option<&Value> {
-        self.attempts
-            .iter()
-            .find(|a| a.rate == rate)
-            .map(|a| &a.result)
-    }
-
-    /// A search's knee: its rate and, if held, its attempt's figures.
-    fn knee(&self, search: &RateSearch) -> (f64, f64, Option<&Value>) {
+    /// The knee of `search`, whose criterion is `bound_ms`'s.
+    fn knee(&self, search: &MajoritySearch, bound_ms: Option<f64>) -> KneeAt<'_> {
         let (low, high) = search.outcome();
-        (low, high, (low > 0.0).then(|| self.at(low)).flatten())
+        let held = search.knee_tally().map(|tally| {
+            let passed = self
+                .attempts
+                .iter()
+                .filter(|a| a.rate == low && passes(&a.result, low, bound_ms))
+                .map(|a| &a.result)
+                .collect();
+            (tally, passed)
+        });
+        KneeAt { low, high, held }
     }
 }
 
 /// A knee as the JSON summary gives it.
-fn knee_json(low: f64, high: f64, there: Option<&Value>) -> Value {
-    let figure = |key: &str| there.map_or(Value::Null, |r| r[key].clone());
+fn knee_json(knee: &KneeAt) -> Value {
+    let tally = knee.held.as_ref().map(|(t, _)| *t);
     json!({
-        "max_rate_held": low,
-        "first_failed_rate": high,
-        "at_max_rate_held": there.map(|_| json!({
-            "actual_rate": figure("actual_rate"),
-            "expiry_late_p99_ms": figure("expiry_late_p99_ms"),
-            "peak_rss_bytes": figure("peak_rss_bytes"),
-            "cpu_s_per_million": figure("cpu_s_per_million"),
-        })),
+        "max_rate_held": knee.low,
+        "first_failed_rate": knee.high,
+        "held_at_max_rate": tally.map(|t| t.passed),
+        "attempts_at_max_rate": tally.map(|t| t.of),
+        "at_max_rate_held": knee.held.as_ref().map(|(_, passed)| median_figures(passed)),
     })
 }
 
 /// A knee for the picture.
-fn plot_knee(low: f64, there: Option<&Value>) -> Option<Knee> {
-    there.map(|r| Knee {
-        rate: low,
-        expiry_late_p99_ms: r["expiry_late_p99_ms"].as_f64().unwrap_or(f64::NAN),
-        peak_rss_mib: r["peak_rss_bytes"].as_f64().unwrap_or(f64::NAN) * MIB,
+fn plot_knee(knee: &KneeAt) -> Option<Knee> {
+    knee.held.as_ref().map(|(tally, passed)| {
+        let m = median_figures(passed);
+        Knee {
+            rate: knee.low,
+            passed: tally.passed,
+            of: tally.of,
+            expiry_late_p99_ms: m["expiry_late_p99_ms"].as_f64().unwrap_or(f64::NAN),
+            peak_rss_mib: m["peak_rss_bytes"].as_f64().unwrap_or(f64::NAN) * MIB,
+        }
     })
 }
 
-/// A knee as the outcome lines give it.
-fn knee_line(text: &mut String, name: &str, what: &str, knee: (f64, f64, Option<&Value>)) {
-    let (low, high, there) = knee;
-    let _ = write!(
-        text,
-        "  {name}: {what} {low:.0} req/s (first failing rate {high:.0})"
-    );
-    let _ = match there {
-        Some(r) => writeln!(text, "; there: {}", lateness_and_memory(r)),
-        None => writeln!(text),
+/// A knee as the outcome lines give it: `what` names the search ("on time", "plain"),
+/// `passed` what its attempts pass as ("on time", "held").
+fn knee_line(text: &mut String, name: &str, (what, passed_as): (&str, &str), knee: &KneeAt) {
+    let _ = write!(text, "  {name}: {what} {:.0} req/s", knee.low);
+    let _ = match &knee.held {
+        Some((tally, passed)) => writeln!(
+            text,
+            " ({} of {} {passed_as}; first failing rate {:.0}); there, median of {}: {}",
+            tally.passed,
+            tally.of,
+            knee.high,
+            passed.len(),
+            lateness_and_memory(&median_figures(passed))
+        ),
+        None => writeln!(text, " (first failing rate {:.0})", knee.high),
     };
 }
 
@@ -198,13 +275,14 @@ pub(super) fn find_max(
     implementations: &[Implementation],
     params: &W3Params,
     bound_ms: Option<f64>,
+    attempts: usize,
     json: bool,
     allocator: &str,
     plot: Option<&Path>,
 ) -> Result<(), String> {
     let mut sweeps: Vec<ImplSweep> = implementations
         .iter()
-        .map(|&i| ImplSweep::new(i, params.rate, bound_ms))
+        .map(|&i| ImplSweep::new(i, params.rate, bound_ms, attempts))
         .collect();
     loop {
         let mut any = false;
@@ -218,23 +296,24 @@ pub(super) fn find_max(
     let mut text = match bound_ms {
         Some(b) => format!(
             "W3-max (on time: actual >= 95 % of target and expiry late p99 <= {b} ms; \
-plain: actual >= 95 %): {}\n",
+plain: actual >= 95 %; each rate by a majority of up to {attempts} attempts): {}\n",
             PurgatoryLoad::title(params)
         ),
         None => format!(
-            "W3-max (plain: actual >= 95 % of target, lateness not counted): {}\n",
+            "W3-max (plain: actual >= 95 % of target, lateness not counted; each rate by a \
+majority of up to {attempts} attempts): {}\n",
             PurgatoryLoad::title(params)
         ),
     };
     let mut results = Vec::new();
     let mut pictures = Vec::new();
     for sweep in &sweeps {
-        let plain = sweep.knee(&sweep.plain);
-        let timely = sweep.on_time.as_ref().map(|s| sweep.knee(s));
-        if let Some(knee) = timely {
-            knee_line(&mut text, &sweep.name, "on time", knee);
+        let plain = sweep.knee(&sweep.plain, None);
+        let timely = sweep.on_time.as_ref().map(|s| sweep.knee(s, bound_ms));
+        if let Some(knee) = &timely {
+            knee_line(&mut text, &sweep.name, ("on time", "on time"), knee);
         }
-        knee_line(&mut text, &sweep.name, "plain", plain);
+        knee_line(&mut text, &sweep.name, ("plain", "held"), &plain);
         let points = sweep
             .attempts
             .iter()
@@ -251,8 +330,8 @@ plain: actual >= 95 %): {}\n",
         pictures.push(Sweep {
             name: sweep.name.clone(),
             points,
-            held: plot_knee(plain.0, plain.2),
-            on_time: timely.and_then(|(low, _, there)| plot_knee(low, there)),
+            held: plot_knee(&plain),
+            on_time: timely.as_ref().and_then(plot_knee),
         });
         let attempts: Vec<Value> = sweep
             .attempts
@@ -267,9 +346,9 @@ plain: actual >= 95 %): {}\n",
                 })
             })
             .collect();
-        let mut entry = knee_json(plain.0, plain.1, plain.2);
+        let mut entry = knee_json(&plain);
         entry["impl"] = json!(sweep.name);
-        entry["on_time"] = timely.map_or(Value::Null, |(l, h, t)| knee_json(l, h, t));
+        entry["on_time"] = timely.as_ref().map_or(Value::Null, knee_json);
         entry["attempts"] = Value::Array(attempts);
         results.push(entry);
     }
@@ -293,6 +372,7 @@ plain: actual >= 95 %): {}\n",
             "workload": "w3-max",
             "params": params,
             "max_late_p99_ms": bound_ms,
+            "attempts_per_rate": attempts,
             "results": results,
         });
         println!("{summary}");
@@ -312,5 +392,68 @@ mod tests {
         assert!(on_time(&r, 12.0));
         assert!(!held(&r, 1100.0));
         assert!(!on_time(&json!({"actual_rate": 960.0}), 10.0));
+    }
+
+    /// An attempt's result: `kept` of the target rate reached, with this lateness p99
+    /// and peak memory (MiB).
+    fn result(rate: f64, kept: f64, p99_ms: f64, rss_mib: f64) -> Value {
+        json!({
+            "actual_rate": rate * kept,
+            "expiry_late_p99_ms": p99_ms,
+            "peak_rss_bytes": rss_mib / MIB,
+            "cpu_s_per_million": 1.0,
+        })
+    }
+
+    #[test]
+    fn the_knee_is_the_highest_rate_a_majority_held_with_the_medians_of_those() {
+        // Holds up to 2M. At 2M the first attempt is late (20 ms) and the third on time
+        // but the slowest on time (8 ms), the memory 10, 30, 20 MiB; at 4M the second
+        // attempt holds, on time.
+        let machine = |rate: f64, k: usize| match (rate, k) {
+            (r, 0) if r == 2e6 => result(r, 1.0, 20.0, 10.0),
+            (r, 1) if r == 2e6 => result(r, 1.0, 2.0, 30.0),
+            (r, _) if r == 2e6 => result(r, 1.0, 8.0, 20.0),
+            (r, 1) if r == 4e6 => result(r, 1.0, 1.0, 50.0),
+            (r, _) if r <= 2e6 => result(r, 1.0, 1.0, 5.0),
+            (r, _) => result(r, 0.5, 1.0, 50.0),
+        };
+        let mut sweep = ImplSweep::new(Implementation::Naive, 1e6, Some(10.0), 3);
+        while let Some(rate) = sweep.next_rate(Some(10.0)) {
+            let k = sweep.attempts.iter().filter(|a| a.rate == rate).count();
+            sweep.attempts.push(Attempt {
+                rate,
+                result: machine(rate, k),
+            });
+        }
+        let tried = |rate: f64| sweep.attempts.iter().filter(|a| a.rate == rate).count();
+        // On time: 2M held on 2 of 3 (the late one third); plain: all three held, reused.
+        assert_eq!((tried(1e6), tried(2e6), tried(4e6)), (2, 3, 3));
+        let timely = sweep.knee(sweep.on_time.as_ref().unwrap(), Some(10.0));
+        let plain = sweep.knee(&sweep.plain, None);
+        // Bisecting 2M-4M: 3M, 2.5M, 2.25M and 2.125M missed on two attempts each; the
+        // plain search decides every rate on the attempts the on-time one made.
+        assert_eq!(sweep.attempts.len(), 2 + 3 + 3 + 4 * 2);
+        assert_eq!((timely.low, timely.high), (2e6, 2.125e6));
+        assert_eq!((plain.low, plain.high), (2e6, 2.125e6));
+        let mut text = String::new();
+        knee_line(&mut text, "naive", ("on time", "on time"), &timely);
+        knee_line(&mut text, "naive", ("plain", "held"), &plain);
+        assert_eq!(
+            text,
+            "  naive: on time 2000000 req/s (2 of 3 on time; first failing rate 2125000); \
+there, median of 2: expiry late p99 5.00 ms, peak RSS 25.0 MiB\n  \
+naive: plain 2000000 req/s (3 of 3 held; first failing rate 2125000); there, median of \
+3: expiry late p99 8.00 ms, peak RSS 20.0 MiB\n"
+        );
+        let j = knee_json(&timely);
+        assert_eq!(
+            (
+                j["held_at_max_rate"].clone(),
+                j["attempts_at_max_rate"].clone()
+            ),
+            (json!(2), json!(3))
+        );
+        assert_eq!(j["at_max_rate_held"]["expiry_late_p99_ms"], json!(5.0));
     }
 }

@@ -3,7 +3,8 @@
 //! through the one path every workload shares (`run_workload`): pick the
 //! implementations, measure each in child processes, summarise, print. W3's `--find-max`
 //! (on time and plain, and its `--plot`) is `max_rate.rs`, over the search of
-//! `rate_search.rs`; without arguments the tool runs a short W3 demo.
+//! `rate_search.rs` with each rate decided by a majority of attempts
+//! (`majority_search.rs`); without arguments the tool runs a short W3 demo.
 //!
 //! # Invariants
 //! - Bad arguments end in a message on stderr and a non-zero exit status (2), never a
@@ -15,6 +16,7 @@
 //!   table goes before it.
 
 mod args;
+mod majority_search;
 mod max_rate;
 mod rate_search;
 
@@ -69,6 +71,7 @@ and the implementations take turns; run the search again to repeat it"
                     &implementations,
                     &params,
                     bound,
+                    a.attempts as usize,
                     a.common.json,
                     allocator,
                     plot,

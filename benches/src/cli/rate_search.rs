@@ -3,7 +3,9 @@
 //!
 //! Starting at a rate, the target doubles while it is held (or, if the starting rate is
 //! not held, halves until one is), then the gap between the last rate held and the first
-//! one missed is bisected [`BISECT_STEPS`] times.
+//! one missed is bisected [`BISECT_STEPS`] times. "Held" and "not held" below are a rate's
+//! decision, however it is made: `--find-max` decides each rate by a majority of
+//! attempts ([`crate::cli::majority_search`]), one attempt with `--attempts 1`.
 //!
 //! | phase | next rate | held | not held |
 //! |---|---|---|---|

@@ -5,17 +5,19 @@
 //! font.
 //!
 //! # Invariants
-//! - Every attempt of the sweep is one point, joined in order of offered rate: a rate
-//!   held on time is a filled dot, a rate held but late a ring around a small dot, a
-//!   rate missed a hollow ring. Without a lateness bound every rate held is on time.
+//! - Every attempt of the sweep is one point (several at a rate tried several times),
+//!   joined in order of offered rate: an attempt held on time is a filled dot, one held
+//!   but late a ring around a small dot, one missed a hollow ring. Without a lateness
+//!   bound every attempt held is on time.
 //! - The x axis is logarithmic (the sweep doubles) and covers every attempt; the y axis
 //!   starts at 0 and covers every point, with room above them for the legend.
 //! - Each implementation's name is in the legend with its knees: the rate held on time
-//!   (with a bound) and the plain one, each with its expiry lateness p99 and peak memory.
-//!   The on-time knee (the plain one without a bound) is a filled triangle on a dashed
-//!   line from the axis up to its point, in the implementation's colour; a plain knee
-//!   above it is a hollow triangle on a dotted line. An implementation that held no
-//!   rate has no knee.
+//!   (with a bound) and the plain one, each with how many of its attempts held (on time)
+//!   of how many, and the median expiry lateness p99 and peak memory of those. The
+//!   on-time knee (the plain one without a bound) is a filled triangle on a dashed line
+//!   from the axis up to its first attempt on time there, in the implementation's
+//!   colour; a plain knee above it is a hollow triangle on a dotted line up to its first
+//!   attempt held there. An implementation that held no rate has no knee.
 //! - Nothing is written unless there is at least one point; an error says why.
 
 use std::path::Path;
@@ -36,14 +38,18 @@ pub struct SweepPoint {
     pub on_time: bool,
 }
 
-/// A highest rate held, and the figures of its attempt.
+/// A highest rate decided held, and the figures of its attempts that held.
 #[derive(Clone, Copy, Debug)]
 pub struct Knee {
     /// The rate, requests/s.
     pub rate: f64,
-    /// Expiry lateness p99 there, ms.
+    /// Attempts there that held (on time, for an on-time knee).
+    pub passed: usize,
+    /// Attempts made there.
+    pub of: usize,
+    /// Median expiry lateness p99 of the attempts that held, ms.
     pub expiry_late_p99_ms: f64,
-    /// Peak resident memory there, MiB.
+    /// Median peak resident memory of the attempts that held, MiB.
     pub peak_rss_mib: f64,
 }
 
@@ -146,8 +152,10 @@ triangle and dashed line: highest rate held"
         let xy = |p: &SweepPoint| (p.offered_rate, p.cpu_s_per_million);
         let knee_text = |knee: Option<Knee>| match knee {
             Some(k) => format!(
-                "{} (p99 {:.1} ms, {:.0} MiB)",
+                "{} ({} of {}; p99 {:.1} ms, {:.0} MiB)",
                 rate_label(k.rate),
+                k.passed,
+                k.of,
                 k.expiry_late_p99_ms,
                 k.peak_rss_mib
             ),
@@ -187,15 +195,15 @@ triangle and dashed line: highest rate held"
             Some(_) => (sweep.on_time, sweep.held),
             None => (sweep.held, None),
         };
-        let point_at = |knee: Option<Knee>| {
+        let point_at = |knee: Option<Knee>, on_time: bool| {
             knee.and_then(|k| {
                 points
                     .iter()
-                    .find(|p| p.held && p.offered_rate == k.rate)
+                    .find(|p| p.offered_rate == k.rate && if on_time { p.on_time } else { p.held })
                     .copied()
             })
         };
-        if let Some(knee) = point_at(first) {
+        if let Some(knee) = point_at(first, true) {
             chart.draw_series(DashedLineSeries::new(
                 [(knee.offered_rate, 0.0), xy(&knee)],
                 6,
@@ -209,7 +217,7 @@ triangle and dashed line: highest rate held"
             )))?;
         }
         let distinct = second.filter(|s| first.is_none_or(|f| f.rate != s.rate));
-        if let Some(knee) = point_at(distinct) {
+        if let Some(knee) = point_at(distinct, false) {
             chart.draw_series(DashedLineSeries::new(
                 [(knee.offered_rate, 0.0), xy(&knee)],
                 2,
