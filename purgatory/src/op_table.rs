@@ -268,6 +268,12 @@ pub(crate) struct Vacated {
 /// not reusable, an allowed state (see [`Locked::take_deferred`]); a thread stuck in a
 /// callback keeps at most `VACATE_LATER - 1` slots out of use meanwhile.
 ///
+/// Each slot's tag is updated at once, by [`OpTable::take_for_expiry_deferred`], before
+/// the operation's callbacks run: only the free is deferred. The callbacks of the batch
+/// may purge or check a key (user code on the reaper), and to those an operation already
+/// taken must read as gone, as after every other completion; a tag updated at the flush
+/// kept up to 32 expired operations' entries listed through them.
+///
 /// Freeing one slot at a time took the free list's lock once per expiry: 87 of the
 /// reaper's 880 instructions per expiry (callgrind, `benches/examples/expiring_watches`).
 pub(crate) struct VacateLater<'a, O: DelayedOperation> {
@@ -886,16 +892,20 @@ impl<O: DelayedOperation> OpTable<O> {
         Some(taken)
     }
 
-    /// [`take_for_expiry`](Self::take_for_expiry), leaving the slot's tag and its free to
+    /// [`take_for_expiry`](Self::take_for_expiry), leaving the slot's free to
     /// [`vacate`](Self::vacate) (see [`Locked::take_deferred`]): for the reaper, which
-    /// frees the slots of a batch's expiries together ([`VacateLater`]).
+    /// frees the slots of a batch's expiries together ([`VacateLater`]). The tag is
+    /// updated here, not left to `vacate` (which stores it again): the operation's
+    /// callbacks, and the next ones of the batch, may purge or check a key, and to them
+    /// an operation already taken must read as gone.
     pub(crate) fn take_for_expiry_deferred(
         &self,
         pin: &Pinned<'_>,
         op: OpRef,
         how: Completion,
     ) -> Option<(Taken<O>, Vacated)> {
-        let slot = &self.find(pin, op).slot.slot;
+        let found = self.find(pin, op);
+        let slot = &found.slot.slot;
         match slot.lock_or_request_expiry(op.generation, how == Completion::Shutdown) {
             ExpiryAttempt::Locked => {
                 let (mut taken, vacated) = Locked {
@@ -904,6 +914,7 @@ impl<O: DelayedOperation> OpTable<O> {
                     op,
                 }
                 .take_deferred();
+                found.tag.store(vacated.tag, Ordering::Release);
                 // Its timer fired or was drained: there is none to cancel.
                 taken.timer = None;
                 Some((taken, vacated))
@@ -1538,6 +1549,27 @@ mod tests {
             locked.iter_mut(),
         );
         locked.iter().flatten().map(Locked::op).collect()
+    }
+
+    /// An operation taken for expiry with its free deferred reads as gone by its tag at
+    /// once, before the slot is freed: the callbacks run in between, and a purge or a
+    /// check they make must drop its entries.
+    #[test]
+    fn a_slot_taken_for_expiry_reads_as_gone_by_its_tag_before_it_is_freed() {
+        let table = OpTable::new();
+        let ops = fill(&table, 2);
+        let high = table.high_water.load(Ordering::Relaxed);
+        let pin = table.pin();
+        let (_taken, vacated) = table
+            .take_for_expiry_deferred(&pin, ops[0], Completion::Expired)
+            .expect("waiting");
+        assert!(!table.may_be_waiting(&pin, ops[0]), "tag left for the free");
+        assert!(table.may_be_waiting(&pin, ops[1]));
+        drop(pin);
+        // Not freed yet: a new operation gets a new slot.
+        fill(&table, 1);
+        assert_eq!(table.high_water.load(Ordering::Relaxed), high + 1);
+        table.vacate(&[vacated]);
     }
 
     /// Slots taken for expiry and freed later, together, are all freed: those a full

@@ -143,3 +143,91 @@ fn a_check_drops_completed_entries_once_they_are_a_quarter_of_its_list() {
     assert_eq!(purgatory.cancel_for_key(&HOT).len(), 6);
     assert_eq!(ledger.violations(), 0);
 }
+
+/// What an operation's `on_expiration` does with its own purgatory, on the reaper.
+#[derive(Clone, Copy)]
+enum OnExpiry {
+    Purge,
+    Check(&'static str),
+}
+
+/// An operation that never completes by itself and, when it expires, purges or checks a
+/// key of its purgatory from its `on_expiration`, recording what the lists held then.
+struct Reentrant {
+    purgatory: std::sync::Arc<std::sync::Mutex<Option<Purgatory<&'static str, Reentrant>>>>,
+    action: OnExpiry,
+    /// `(dropped by the purge, or completed by the check; watcher entries after it)`.
+    seen: std::sync::mpsc::Sender<(usize, usize)>,
+}
+
+impl purgatory::DelayedOperation for Reentrant {
+    fn timeout(&self) -> Duration {
+        Duration::from_millis(20)
+    }
+
+    fn try_complete(&mut self) -> bool {
+        false
+    }
+
+    fn on_complete(&mut self, _: purgatory::Completion) {}
+
+    fn on_expiration(&mut self) {
+        let purgatory = self.purgatory.lock().unwrap().clone().expect("set");
+        let done = match self.action {
+            OnExpiry::Purge => purgatory.purge(),
+            OnExpiry::Check(key) => purgatory.check_and_complete(&key),
+        };
+        let _ = self.seen.send((done, purgatory.stats().watched));
+    }
+}
+
+/// By the time its callbacks run, an expired operation's entries are stale to a purge
+/// and to a check of its key, as for every other completion (the table in
+/// `docs/purgatory.md`): a callback of the reaper's inline expiry that purges, or checks
+/// its key, drops them. (The reaper once freed its batch's slots 32 at a time and set
+/// their tags only then, so they still read as waiting to the callbacks of the batch.)
+fn expiry_callback_sees_own_entries_stale(action: OnExpiry, keys: &[&'static str]) {
+    let purgatory: Purgatory<&'static str, Reentrant> = PurgatoryBuilder::new()
+        .purge_interval(1_000_000)
+        .build()
+        .unwrap();
+    let shared = std::sync::Arc::new(std::sync::Mutex::new(Some(purgatory.clone())));
+    let (seen, answers) = std::sync::mpsc::channel();
+    let op = Reentrant {
+        purgatory: std::sync::Arc::clone(&shared),
+        action,
+        seen,
+    };
+    match purgatory.watch(op, keys.iter().copied()).unwrap() {
+        WatchOutcome::Pending(_) => {}
+        WatchOutcome::Completed => panic!("never ready"),
+    }
+    assert_eq!(purgatory.stats().watched, keys.len());
+    let got = answers
+        .recv_timeout(Duration::from_secs(30))
+        .expect("expired");
+    shared.lock().unwrap().take();
+    let (done, watched) = got;
+    match action {
+        OnExpiry::Purge => assert_eq!(
+            (done, watched),
+            (keys.len(), 0),
+            "the purge from its own on_expiration dropped (n, left m entries)"
+        ),
+        OnExpiry::Check(_) => assert_eq!(
+            (done, watched),
+            (0, 0),
+            "the check from its own on_expiration (completed n, left m entries)"
+        ),
+    }
+}
+
+#[test]
+fn a_purge_from_an_expiry_callback_drops_the_expired_operations_entries() {
+    expiry_callback_sees_own_entries_stale(OnExpiry::Purge, &["a", "b"]);
+}
+
+#[test]
+fn a_check_from_an_expiry_callback_drops_the_expired_operations_entry() {
+    expiry_callback_sees_own_entries_stale(OnExpiry::Check("a"), &["a"]);
+}

@@ -53,7 +53,7 @@ use std::time::Duration;
 
 use crate::core::TimerCore;
 use crate::executor::Executor;
-use crate::shared_batch::SharedBatch;
+use crate::shared_batch::{give_back_batch, SharedBatch};
 use crate::stand_in::{StandIn, DEFAULT_STAND_IN_BOUND};
 use crate::sync::{Condvar, Mutex};
 use crate::user_code::{caught, drop_each};
@@ -491,7 +491,7 @@ impl<E: Expire> Shared<E> {
         self: &Arc<Self>,
         wait: NextRound,
         batch: &mut Vec<E::Task>,
-        driving: Option<&mut Driving<E::Task>>,
+        mut driving: Option<&mut Driving<E::Task>>,
     ) -> (usize, NextRound) {
         *self.rounds.lock() += 1;
         let _done = RoundDone(self);
@@ -511,7 +511,7 @@ impl<E: Expire> Shared<E> {
         let fired = self.target.core().advance_with(wait, batch);
         if fired > 0 {
             match &self.executor {
-                Executor::Inline => match (&self.stand_in, driving) {
+                Executor::Inline => match (&self.stand_in, driving.as_deref_mut()) {
                     (Some(stand_in), Some(driving)) => {
                         self.expire_shared(stand_in, driving, batch);
                     }
@@ -527,6 +527,11 @@ impl<E: Expire> Shared<E> {
                     });
                 }
             }
+        }
+        // A burst fired at once is not kept for the driver's life (`shared_batch.rs`).
+        give_back_batch(batch, fired);
+        if let Some(done) = driving.and_then(|driving| Arc::get_mut(&mut driving.batch)) {
+            done.give_back(fired);
         }
         let next = self.hook(watched, || {
             caught("the expiry target's after_round panicked", || {

@@ -9,6 +9,9 @@
 //!   (no claim can run any more) and drops the tasks at and after `next`.
 //! - Every task is either claimed or dropped by the batch's drop, each through the door
 //!   (`user_code.rs`): a task's `Drop` is user code.
+//! - A driving thread's batches (this one and the vector the core fills) keep at most
+//!   four times what the last round fired, or [`BATCH_KEPT`] tasks: a burst's size goes
+//!   back after the round that fired it ([`give_back_batch`]).
 //! - The tasks are written before the batch is shared (an `Arc` handed over under a lock),
 //!   so a claim on any thread reads them whole.
 //!
@@ -19,6 +22,21 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use crate::sync::{AtomicUsize, UnsafeCell};
 use crate::user_code::drop_each;
+
+/// Tasks' worth of capacity a driving thread's batches keep whatever they held.
+pub(crate) const BATCH_KEPT: usize = 4096;
+
+/// Gives back the memory of a driving thread's batch `batch` (empty after its round)
+/// once it is more than four times what the round fired and than [`BATCH_KEPT`]: batches
+/// are reused round after round, so one burst fired at once (a reaper held up in a
+/// callback, a clock jump) would otherwise keep its size for the driver's life. Kept to
+/// twice the round's tasks, a steady load does not regrow it.
+pub(crate) fn give_back_batch<T>(batch: &mut Vec<T>, fired: usize) {
+    let enough = fired.max(BATCH_KEPT);
+    if batch.capacity() > 4 * enough {
+        batch.shrink_to(2 * enough);
+    }
+}
 
 /// A batch of tasks claimed one at a time (see the module doc).
 pub(crate) struct SharedBatch<T> {
@@ -52,6 +70,17 @@ impl<T> SharedBatch<T> {
                 .map(|task| UnsafeCell::new(MaybeUninit::new(task))),
         );
         self.next.store(0, Relaxed);
+    }
+
+    /// After a round that fired `fired` tasks (and every task of the last fill was
+    /// claimed, or is dropped here): gives back the memory of a burst (see
+    /// [`give_back_batch`]); the next fill reuses what is kept.
+    pub(crate) fn give_back(&mut self, fired: usize) {
+        if self.tasks.capacity() > 4 * fired.max(BATCH_KEPT) {
+            self.drop_unclaimed();
+            self.tasks.clear();
+            give_back_batch(&mut self.tasks, fired);
+        }
     }
 
     /// The next task nobody claimed yet, now this caller's; `None` once every task was
