@@ -423,4 +423,43 @@ mod tests {
             }
         }
     }
+
+    /// Segments across the stack array's 128-entry runs (and a whole block): a purge keeps
+    /// exactly the waiting entries, in order, whichever runs they fall in and however far
+    /// compaction has fallen behind the reading (all dropped before a run, none, every
+    /// other, only one run's, a random third).
+    #[test]
+    fn a_segment_filtered_in_runs_of_128_keeps_exactly_the_waiting_entries_in_order() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(128);
+        let random: Vec<bool> = (0..BLOCK).map(|_| rng.gen_range(0..3) == 0).collect();
+        let patterns: [(&str, &dyn Fn(u32) -> bool); 7] = [
+            ("all", &|_| true),
+            ("none", &|_| false),
+            ("odd", &|i| i % 2 == 1),
+            ("first run only", &|i| i < 128),
+            ("after the first run", &|i| i >= 128),
+            ("last of each run", &|i| i % 128 == 127),
+            ("random", &|i| random[i as usize]),
+        ];
+        for len in [
+            1, 2, 3, 127, 128, 129, 255, 256, 257, 300, 1000, 1023, BLOCK,
+        ] {
+            for (name, keep) in &patterns {
+                let waiting = |op: OpRef| keep(op.index());
+                let want: Vec<u32> = (0..len as u32).filter(|&i| keep(i)).collect();
+                // A block, and the head (what `drop_completed_in` filters at segment 0).
+                let mut block: Vec<OpRef> = (0..len as u32).map(op).collect();
+                let dropped = drop_completed_entries(&mut block, &waiting);
+                let got: Vec<u32> = block.iter().map(|op| op.index()).collect();
+                assert_eq!(got, want, "block of {len}, {name}");
+                assert_eq!(dropped, len - want.len(), "block of {len}, {name}");
+                let mut head: Ops = (0..len as u32).map(op).collect();
+                let dropped = drop_completed_entries(&mut head, &waiting);
+                let got: Vec<u32> = head.iter().map(|op| op.index()).collect();
+                assert_eq!(got, want, "head of {len}, {name}");
+                assert_eq!(dropped, len - want.len(), "head of {len}, {name}");
+            }
+        }
+    }
 }

@@ -531,3 +531,81 @@ fn a_key_listed_by_a_watch_racing_shutdown_is_dropped_through_the_door() {
     assert!(!armed.load(SeqCst), "the key was dropped");
     assert_eq!(ledger.total_completions(), 0);
 }
+
+/// Several hostile keys in one batch, where a chunk's run of entries begins and ends: the
+/// first operation of the batch (its first key), the last of the first chunk (its last
+/// key) and the first of the next, one operation with two hostile keys beside one with
+/// one, and the last operation of the batch (a chunk of two, listed by the short path).
+/// Each failed entry is charged to its own operation: exactly those are refused, each
+/// once, the others armed, and the purgatory's books come out even.
+#[test]
+fn in_a_batch_hostile_keys_at_the_chunks_edges_and_twice_in_one_operation_refuse_their_own_operations(
+) {
+    const N: usize = 130;
+    // id -> where its hostile keys go: at the front, at the back.
+    let hostile = |id: usize| -> (usize, usize) {
+        match id {
+            0 => (1, 0),
+            63 => (0, 1),
+            64 => (1, 0),
+            70 => (1, 1),
+            71 => (0, 1),
+            N_LAST => (0, 1),
+            _ => (0, 0),
+        }
+    };
+    const N_LAST: usize = N - 1;
+    // Fine keys per operation: 1 to 3, and 1 in the last chunk, whose 3 entries (at
+    // most `FEW`, 4) are listed one by one, not sorted by shard.
+    let fine = |id: usize| if id >= 128 { 1 } else { 1 + id % 3 };
+    let refused: Vec<usize> = (0..N).filter(|&id| hostile(id) != (0, 0)).collect();
+    let bombs: u64 = (0..N)
+        .map(|id| hostile(id).0 + hostile(id).1)
+        .sum::<usize>() as u64;
+    let clock = ManualClock::new();
+    let ledger = Ledger::new(N);
+    let purgatory: Purgatory<Key, Probe> = manual_purgatory(&clock);
+    let batch = (0..N).map(|id| {
+        let (front, back) = hostile(id);
+        let mut keys = vec![Key::HashBomb; front];
+        keys.extend((0..fine(id)).map(|k| Key::Fine((id + k) as u32 % 7)));
+        keys.extend(std::iter::repeat_n(Key::HashBomb, back));
+        (Probe::new(id, LONG, &ledger, &never()), keys)
+    });
+    let results = purgatory.watch_batch(batch);
+    assert_eq!(results.len(), N, "one result per operation");
+    for (id, result) in results.into_iter().enumerate() {
+        match result {
+            Err(WatchError::KeyPanicked(op)) => {
+                assert!(refused.contains(&id), "operation {id} refused");
+                assert_eq!(op.id, id, "the refusal hands back its own operation");
+            }
+            Err(other) => panic!("operation {id} refused as {other:?}"),
+            Ok(WatchOutcome::Pending(_)) => {
+                assert!(!refused.contains(&id), "operation {id} left waiting")
+            }
+            Ok(WatchOutcome::Completed) => panic!("operation {id} is never ready"),
+        }
+    }
+    assert_eq!(purgatory.pending(), N - refused.len());
+    let stats = purgatory.stats();
+    assert_eq!(stats.panicked, bombs);
+    // Every fine key was listed; those of the refused operations are stale, and only those.
+    let live: usize = (0..N).filter(|id| !refused.contains(id)).map(fine).sum();
+    assert_eq!(stats.watched, (0..N).map(fine).sum::<usize>(), "{stats:?}");
+    assert_eq!(stats.watched_live, live, "{stats:?}");
+    clock.advance(LONG);
+    purgatory.advance_clock(Duration::ZERO);
+    for id in 0..N {
+        let expected = u32::from(!refused.contains(&id));
+        assert_eq!(ledger.completions(id), expected, "operation {id}");
+    }
+    assert_eq!(
+        ledger.count(Completion::Expired),
+        (N - refused.len()) as u64
+    );
+    assert_eq!(ledger.violations(), 0);
+    purgatory.purge();
+    let stats = purgatory.stats();
+    assert_eq!((stats.pending, stats.watched), (0, 0), "{stats:?}");
+}
