@@ -11,6 +11,10 @@
 //! It streams 1,000,000 operations (about 10 s in a debug build, 2 s in release): a leak
 //! of 16 bytes per key or per operation would already exceed the slack.
 
+#[path = "support/rss.rs"]
+mod rss;
+use rss::resident_kb;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,15 +45,6 @@ impl DelayedOperation for Request {
     fn on_complete(&mut self, how: Completion) {
         assert_eq!(how, Completion::Ready, "request {}", self.id);
     }
-}
-
-fn resident_kb() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("Linux /proc");
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/self/status")
 }
 
 #[test]

@@ -12,7 +12,12 @@
 //!
 //! Not timed: the reaper's next rounds (every 200 ms at most while there is something to
 //! give back) are waited for up to a minute.
+
 #![cfg(all(target_os = "linux", target_env = "gnu"))]
+
+#[path = "support/rss.rs"]
+mod rss;
+use rss::resident_kb;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -44,15 +49,6 @@ impl DelayedOperation for Op {
 extern "C" {
     /// glibc: returns the allocator's free pages to the operating system.
     fn malloc_trim(pad: usize) -> i32;
-}
-
-fn resident_kb() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").expect("Linux /proc");
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/self/status")
 }
 
 /// The resident set once the allocator returned its free pages.
