@@ -90,12 +90,22 @@ impl TimerBuilder {
         self
     }
 
-    /// With the inline executor and a reaper thread: how long one expired task's code may
-    /// run before a stand-in thread takes over the rest of its batch and the rounds
-    /// (default 20 ms, [`DEFAULT_STAND_IN_BOUND`](crate::DEFAULT_STAND_IN_BOUND); `None`:
-    /// never). See [`DriverConfig::stand_in`].
+    /// With the inline executor and a reaper thread: the bound on how late a due task is
+    /// started because of other code on the driving threads (default 20 ms,
+    /// [`DEFAULT_STAND_IN_BOUND`](crate::DEFAULT_STAND_IN_BOUND)): a stand-in thread
+    /// takes over work that has waited half of it. `None`: never. See
+    /// [`DriverConfig::stand_in`].
     pub fn stand_in(mut self, bound: Option<Duration>) -> Self {
         self.driver = self.driver.stand_in(bound);
+        self
+    }
+
+    /// With stand-ins: how many may run at once (1 ..= 1,024; default 32,
+    /// [`DEFAULT_MAX_STAND_INS`](crate::DEFAULT_MAX_STAND_INS)), so how many callbacks
+    /// may be held at once with every other due task still on time. See
+    /// [`DriverConfig::max_stand_ins`].
+    pub fn max_stand_ins(mut self, max: usize) -> Self {
+        self.driver = self.driver.max_stand_ins(max);
         self
     }
 
@@ -132,6 +142,10 @@ impl TimerBuilder {
         });
         if !(1..=1024).contains(&shards) {
             return Err(BuildError::InvalidShards(shards));
+        }
+        let stand_ins = self.driver.max_stand_ins_setting();
+        if !(1..=crate::MAX_STAND_INS_LIMIT).contains(&stand_ins) {
+            return Err(BuildError::InvalidStandIns(stand_ins));
         }
         let clock = TimerClock::new(
             self.clock

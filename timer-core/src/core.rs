@@ -84,6 +84,31 @@ pub struct TimerStats {
     /// (see `user_code.rs`). Always 0 for [`SystemClock`](crate::SystemClock) and
     /// [`ManualClock`](crate::ManualClock).
     pub clock_panics: u64,
+    /// Stand-in threads started to relieve late expiry (`stand_in.rs`): each took over
+    /// a batch's unclaimed tasks or the rounds from driving threads held in user code.
+    /// Always 0 without a reaper with stand-ins.
+    pub stand_ins: u64,
+    /// Times relief was wanted while every stand-in slot was taken (the limit,
+    /// `TimerBuilder::max_stand_ins`): counted once each time the limit is reached, not
+    /// per look. Expiry behind the blocked callbacks then waits for one of them.
+    pub stand_in_limit_reached: u64,
+}
+
+/// What one advance fired: how many tasks, and how long before the advance read the
+/// clock the earliest of their buckets came due (on the timer's clock): how late the
+/// oldest of them already is.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Fired {
+    pub(crate) count: usize,
+    pub(crate) overdue: Duration,
+}
+
+/// The relief machinery's counts (`stand_in.rs`), kept with the core so that an owner
+/// holding only the core reads them in its stats.
+#[derive(Debug, Default)]
+pub(crate) struct ReliefCounts {
+    pub(crate) started: std::sync::atomic::AtomicU64,
+    pub(crate) limit_reached: std::sync::atomic::AtomicU64,
 }
 
 struct ShardState<T> {
@@ -114,6 +139,7 @@ pub struct TimerCore<T> {
     tick_nanos: u64,
     closed: AtomicBool,
     sleeper: Sleeper,
+    relief: ReliefCounts,
 }
 
 static NEXT_THREAD_HINT: AtomicUsize = AtomicUsize::new(0);
@@ -170,6 +196,7 @@ impl<T> TimerCore<T> {
             tick_nanos,
             closed: AtomicBool::new(false),
             sleeper: Sleeper::new(),
+            relief: ReliefCounts::default(),
         }
     }
 
@@ -281,18 +308,22 @@ impl<T> TimerCore<T> {
     /// (the caller's vector, reused round after round: a fresh one per shard and round,
     /// grown push by push and then copied over, cost about 190 instructions an expiry).
     /// Returns how many expired.
-    fn fire_due(&self, expired: &mut Vec<T>) -> usize {
+    fn fire_due(&self, expired: &mut Vec<T>) -> Fired {
         // Once closed, what is left is for `drain`: a round racing `close` fires nothing
         // more, so every task is either fired before the close or handed back.
         if self.closed.load(Ordering::SeqCst) {
-            return 0;
+            return Fired::default();
         }
-        let now = self.now_nanos() / self.tick_nanos;
+        let now_nanos = self.now_nanos();
+        let now = now_nanos / self.tick_nanos;
         let mut fired = 0;
+        let mut oldest = IDLE;
         for shard in self.shards.iter() {
-            if shard.next_expiration.load(Ordering::Acquire) > now {
+            let next = shard.next_expiration.load(Ordering::Acquire);
+            if next > now {
                 continue;
             }
+            oldest = oldest.min(next);
             let mut state = shard.state.lock();
             let n = state.wheel.advance(now, expired);
             state.expired += n as u64;
@@ -301,15 +332,23 @@ impl<T> TimerCore<T> {
             drop(state);
             fired += n;
         }
-        fired
+        let overdue = if fired == 0 {
+            0
+        } else {
+            now_nanos.saturating_sub(oldest.saturating_mul(self.tick_nanos))
+        };
+        Fired {
+            count: fired,
+            overdue: Duration::from_nanos(overdue),
+        }
     }
 
     /// Fires what is due; if nothing was, waits (see [`NextRound`]: `wait.queued` at most
     /// while a task is queued, `wait.empty` at most while none is) for the earliest bucket,
     /// an earlier add or shutdown, and fires what is due then.
-    pub(crate) fn advance_with(&self, wait: NextRound, expired: &mut Vec<T>) -> usize {
+    pub(crate) fn advance_with(&self, wait: NextRound, expired: &mut Vec<T>) -> Fired {
         let fired = self.fire_due(expired);
-        if fired > 0 || self.closed.load(Ordering::SeqCst) {
+        if fired.count > 0 || self.closed.load(Ordering::SeqCst) {
             return fired;
         }
         let earliest = self.earliest();
@@ -482,6 +521,7 @@ impl<T> TimerCore<T> {
     /// nothing. The caller runs (or drops) the expired tasks: nothing here runs them.
     pub fn advance_into(&self, max_wait: Duration, expired: &mut Vec<T>) -> usize {
         self.advance_with(NextRound::at_most(max_wait), expired)
+            .count
     }
 
     /// Wakes a thread blocked in [`advance_into`](Self::advance_into).
@@ -533,7 +573,28 @@ impl<T> TimerCore<T> {
             stats.expired += state.expired;
         }
         stats.clock_panics = self.clock.panics();
+        stats.stand_ins = self.relief.started.load(Ordering::Relaxed);
+        stats.stand_in_limit_reached = self.relief.limit_reached.load(Ordering::Relaxed);
         stats
+    }
+
+    /// The relief machinery's counts (`stand_in.rs`).
+    pub(crate) fn relief(&self) -> &ReliefCounts {
+        &self.relief
+    }
+
+    /// How long ago the earliest queued bucket came due, in nanoseconds on the timer's
+    /// clock (negative: how long until it does); `None` while nothing is queued. Runs no
+    /// user code: a user clock is not read, its last good reading stands in (every add
+    /// and round reads it), so the watchdog may call this (`stand_in.rs`).
+    pub(crate) fn overdue_nanos(&self) -> Option<i128> {
+        match self.earliest() {
+            IDLE => None,
+            tick => {
+                let due = i128::from(tick) * i128::from(self.tick_nanos);
+                Some(i128::from(self.clock.peek_nanos()) - due)
+            }
+        }
     }
 
     /// Reads of the clock that panicked (`TimerStats::clock_panics`), without locking.

@@ -18,8 +18,9 @@
 //!   batch to the executor, `after_round`. Rounds run on the reaper thread (if started),
 //!   on stand-ins (`stand_in.rs`), and on any thread that calls [`Driver::advance_clock`].
 //! - With the inline executor, the reaper and its stand-ins expire a batch one task at a
-//!   time, each claimed from a [`SharedBatch`] exactly once, so that a stand-in can take
-//!   over the rest of a batch whose thread is stuck in one task's code.
+//!   time, each claimed from a [`SharedBatch`] exactly once, so that stand-ins can take
+//!   over the rest of a batch that has grown late, whatever holds its thread
+//!   (`stand_in.rs`).
 //! - `rounds` counts rounds in progress, pool batches not yet finished and stand-ins'
 //!   stolen batches; `work` (striped, `work.rs`) counts owners' [`DriverWork`]. A round is
 //!   counted before it takes anything out of the core, a stolen batch before its stand-in
@@ -51,10 +52,10 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::core::TimerCore;
+use crate::core::{Fired, TimerCore};
 use crate::executor::Executor;
 use crate::shared_batch::{give_back_batch, SharedBatch};
-use crate::stand_in::{StandIn, DEFAULT_STAND_IN_BOUND};
+use crate::stand_in::{StandIn, Work, DEFAULT_MAX_STAND_INS, DEFAULT_STAND_IN_BOUND};
 use crate::sync::{Condvar, Mutex};
 use crate::user_code::{caught, drop_each};
 use crate::work::WorkCounts;
@@ -166,6 +167,7 @@ pub struct DriverConfig {
     manual: bool,
     thread_name: Option<String>,
     stand_in: Option<Duration>,
+    max_stand_ins: usize,
 }
 
 impl Default for DriverConfig {
@@ -175,6 +177,7 @@ impl Default for DriverConfig {
             manual: false,
             thread_name: None,
             stand_in: Some(DEFAULT_STAND_IN_BOUND),
+            max_stand_ins: DEFAULT_MAX_STAND_INS,
         }
     }
 }
@@ -205,14 +208,34 @@ impl DriverConfig {
         self
     }
 
-    /// With the inline executor and a reaper thread: how long one expired task's code may
-    /// run before a stand-in thread takes over the rest of its batch and the rounds, so
-    /// that it delays no other expiry by much more than that (default 20 ms; see
-    /// `stand_in.rs`). `None`: no stand-in; expiry then waits for slow code. A pool
-    /// executor, or a driver without a reaper, has none either way.
+    /// With the inline executor and a reaper thread: the bound on how late a due task is
+    /// started because of other code on the driving threads (default 20 ms,
+    /// [`DEFAULT_STAND_IN_BOUND`](crate::DEFAULT_STAND_IN_BOUND)). Work that has waited
+    /// half of it (a batch's unclaimed tasks, or a due bucket while every driving thread
+    /// is in user code) is taken over by a stand-in thread, whatever holds the driving
+    /// thread (`stand_in.rs`). `None`: no stand-in; expiry then waits for slow code. A
+    /// pool executor, or a driver without a reaper, has none either way.
     pub fn stand_in(mut self, bound: Option<Duration>) -> Self {
         self.stand_in = bound;
         self
+    }
+
+    /// With stand-ins: how many may run at once (default 32,
+    /// [`DEFAULT_MAX_STAND_INS`](crate::DEFAULT_MAX_STAND_INS); clamped to `1..=1024`,
+    /// [`MAX_STAND_INS_LIMIT`](crate::MAX_STAND_INS_LIMIT)). Up to this many callbacks
+    /// held at once, every other due task is still started within the bound; past it,
+    /// the work behind them waits for one to come back, counted in
+    /// [`TimerStats::stand_in_limit_reached`](crate::TimerStats) and reported (a
+    /// warning, target `timer_core`). Each stand-in is a thread while it runs; none is
+    /// kept when nothing is late.
+    pub fn max_stand_ins(mut self, max: usize) -> Self {
+        self.max_stand_ins = max;
+        self
+    }
+
+    /// The configured limit of stand-ins (before clamping), for a builder's checks.
+    pub(crate) fn max_stand_ins_setting(&self) -> usize {
+        self.max_stand_ins
     }
 
     /// Starts a driver for `target` (and its reaper thread, named `default_name` unless a
@@ -220,7 +243,9 @@ impl DriverConfig {
     pub fn start<E: Expire>(self, target: E, default_name: &str) -> std::io::Result<Driver<E>> {
         let name = self.thread_name.unwrap_or_else(|| default_name.to_owned());
         let stand_in = match (&self.executor, self.manual, self.stand_in) {
-            (Executor::Inline, false, Some(bound)) => Some(StandIn::new(bound, name.clone())),
+            (Executor::Inline, false, Some(bound)) => {
+                Some(StandIn::new(bound, self.max_stand_ins, name.clone()))
+            }
             _ => None,
         };
         let shared = Arc::new(Shared {
@@ -508,12 +533,15 @@ impl<E: Expire> Shared<E> {
                 self.target.before_round()
             });
         });
-        let fired = self.target.core().advance_with(wait, batch);
+        let Fired {
+            count: fired,
+            overdue,
+        } = self.target.core().advance_with(wait, batch);
         if fired > 0 {
             match &self.executor {
                 Executor::Inline => match (&self.stand_in, driving.as_deref_mut()) {
                     (Some(stand_in), Some(driving)) => {
-                        self.expire_shared(stand_in, driving, batch);
+                        self.expire_shared(stand_in, driving, batch, overdue);
                     }
                     _ => self.expire(batch),
                 },
@@ -581,26 +609,53 @@ impl<E: Expire> Shared<E> {
         stand_in: &StandIn<E::Task>,
         driving: &mut Driving<E::Task>,
         batch: &mut Vec<E::Task>,
+        overdue: Duration,
     ) {
+        // When the oldest of its tasks came due (its bucket, `overdue` before the round
+        // read the clock): those not claimed yet are that late and growing
+        // (`stand_in.rs`).
+        let now = std::time::Instant::now();
+        let due_at = now.checked_sub(overdue).unwrap_or(now);
         match Arc::get_mut(&mut driving.batch) {
-            Some(reused) => reused.refill(batch),
+            Some(reused) => reused.refill(batch, due_at),
             None => {
                 let mut fresh = SharedBatch::new();
-                fresh.refill(batch);
+                fresh.refill(batch, due_at);
                 driving.batch = Arc::new(fresh);
             }
         }
-        let slot = driving.slot;
-        stand_in.begin(slot, &driving.batch);
-        self.expire_claimed(&driving.batch);
+        self.help(stand_in, driving.slot, &driving.batch.clone());
+    }
+
+    /// Expires what is left of `batch` on driving slot `slot`, watched (its own batch, or
+    /// one a stand-in takes over).
+    fn help(
+        self: &Arc<Self>,
+        stand_in: &StandIn<E::Task>,
+        slot: usize,
+        batch: &Arc<SharedBatch<E::Task>>,
+    ) {
+        stand_in.begin(slot, batch);
+        self.expire_claimed(batch, stand_in, slot);
         stand_in.end(slot);
     }
 
-    /// Claims and expires the tasks of `batch` until none is left. A panic escaping the
-    /// target's `expire_one` is caught and reported; the claims go on.
-    fn expire_claimed(self: &Arc<Self>, batch: &SharedBatch<E::Task>) {
+    /// Claims and expires the tasks of `batch` until none is left, each claim a step of
+    /// slot `slot` (what the watchdog sees move). A panic escaping the target's
+    /// `expire_one` is caught and reported; the claims go on.
+    fn expire_claimed(
+        self: &Arc<Self>,
+        batch: &SharedBatch<E::Task>,
+        stand_in: &StandIn<E::Task>,
+        slot: usize,
+    ) {
         let _inside = ExpiringHere::enter(self);
-        let all = || self.target.expire_claimed(|| batch.claim());
+        let claim = || {
+            let task = batch.claim();
+            stand_in.step(slot);
+            task
+        };
+        let all = || self.target.expire_claimed(claim);
         while caught("expiry handler panicked; the batch goes on", all).is_none() {}
     }
 
@@ -609,11 +664,11 @@ impl<E: Expire> Shared<E> {
     fn start_watchdog(self: &Arc<Self>, stand_in: &StandIn<E::Task>) {
         let shared = Arc::clone(self);
         let spawned = std::thread::Builder::new()
-            .name(format!("{}-watchdog", stand_in.thread_name()))
+            .name(stand_in.watchdog_name())
             .spawn(move || {
                 let stand_in = shared.stand_in.as_ref().expect("started with one");
-                stand_in.watch(|stuck, batch, batches, free| {
-                    shared.relieve(stand_in, stuck, batch, batches, free)
+                stand_in.watch(shared.target.core(), |work, free| {
+                    shared.relieve(stand_in, work, free)
                 });
             });
         match spawned {
@@ -624,66 +679,75 @@ impl<E: Expire> Shared<E> {
         }
     }
 
-    /// Starts a stand-in in slot `free` for slot `stuck`, stuck in its `batches`-th batch
-    /// `batch` (or in a round's hook: `None`): it expires what is left of the batch, then
-    /// runs rounds until that batch or hook ends. Returns its thread, or `None` if it
-    /// could not start (the stuck thread keeps it all).
+    /// Starts a stand-in in slot `free` (taken for it) for `work`: it takes that work
+    /// (claims the rest of the batch, or runs a round), then any late work there is, then
+    /// leaves (`stand_in.rs`). Returns its thread, or `None` if it could not start (the
+    /// work stays where it was; the watchdog tries again at its next look).
     fn relieve(
         self: &Arc<Self>,
         stand_in: &StandIn<E::Task>,
-        stuck: usize,
-        batch: Option<Arc<SharedBatch<E::Task>>>,
-        batches: u64,
+        work: Work<E::Task>,
         free: usize,
     ) -> Option<std::thread::JoinHandle<()>> {
-        // A round from now: an outside shutdown waits for the stolen tasks.
-        *self.rounds.lock() += 1;
+        // A batch taken over is a round from now: an outside shutdown waits for its
+        // tasks. (A stand-in for the rounds counts its rounds as they begin.)
+        let counted = matches!(work, Work::Batch(_));
+        if counted {
+            *self.rounds.lock() += 1;
+        }
         let shared = Arc::clone(self);
         let spawned = std::thread::Builder::new()
             .name(stand_in.thread_name())
             .spawn(move || {
                 let stand_in = shared.stand_in.as_ref().expect("started with one");
-                let batch = {
+                if let Work::Batch(batch) = work {
                     let _done = RoundDone(&shared);
-                    match batch {
-                        Some(batch) => {
-                            stand_in.begin(free, &batch);
-                            shared.expire_claimed(&batch);
-                            stand_in.end(free);
-                            batch
-                        }
-                        None => Arc::new(SharedBatch::new()),
-                    }
-                };
-                let mut driving = Driving { slot: free, batch };
-                let mut buffer = Vec::new();
-                let mut wait = NextRound::at_most(Duration::ZERO);
-                // Its rounds wait at most a bound: it looks that often whether the stuck
-                // thread is back, and leaves soon after (not at the next deadline).
-                let bound = stand_in.bound();
-                while !shared.target.core().is_shutdown() && stand_in.still_in(stuck, batches) {
-                    (_, wait) = shared.round(wait, &mut buffer, Some(&mut driving));
-                    wait = NextRound {
-                        queued: wait.queued.min(bound),
-                        empty: wait.empty.min(bound),
-                    };
+                    shared.help(stand_in, free, &batch);
                 }
+                shared.stand_in_rounds(stand_in, free);
                 stand_in.leave(free);
             });
         match spawned {
-            Ok(thread) => {
-                crate::user_code::event(
-                    || tracing::debug!(target: "timer_core", stand_in = free, stuck, "a stand-in takes over expiry stuck in user code"),
-                );
-                Some(thread)
-            }
+            Ok(thread) => Some(thread),
             Err(error) => {
-                drop(RoundDone(self));
-                crate::user_code::event(
-                    || tracing::error!(target: "timer_core", %error, "a stand-in could not start"),
-                );
+                if counted {
+                    drop(RoundDone(self));
+                }
+                stand_in.report_spawn_failure("a stand-in could not start", &error);
                 None
             }
+        }
+    }
+
+    /// A stand-in's work after what it was started for: claims from any late batch, or
+    /// runs rounds (each waiting at most the watchdog's `look`, so that it looks that
+    /// often whether it is still needed) while no other driving thread is in the core.
+    /// Returns when neither is needed, or at shutdown.
+    fn stand_in_rounds(self: &Arc<Self>, stand_in: &StandIn<E::Task>, slot: usize) {
+        let mut driving = Driving {
+            slot,
+            batch: Arc::new(SharedBatch::new()),
+        };
+        let mut buffer = Vec::new();
+        let mut wait = NextRound::at_most(Duration::ZERO);
+        let look = stand_in.look_period();
+        loop {
+            if self.target.core().is_shutdown() {
+                return;
+            }
+            if let Some(batch) = stand_in.late_batch() {
+                // Counted before the first claim: a shutdown that already saw no round
+                // left finds its owner done with it, every task claimed (`stand_in.rs`).
+                *self.rounds.lock() += 1;
+                let _done = RoundDone(self);
+                self.help(stand_in, slot, &batch);
+                continue;
+            }
+            if stand_in.rounds_covered(slot) {
+                return;
+            }
+            (_, wait) = self.round(wait, &mut buffer, Some(&mut driving));
+            wait = wait.min(look);
         }
     }
 

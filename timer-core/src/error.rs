@@ -12,6 +12,9 @@ pub enum BuildError {
     InvalidWheelSize(u32),
     /// The shard count must be between 1 and 1,024.
     InvalidShards(usize),
+    /// The limit of stand-ins must be between 1 and 1,024
+    /// ([`TimerBuilder::max_stand_ins`](crate::TimerBuilder::max_stand_ins)).
+    InvalidStandIns(usize),
     /// The reaper thread could not be spawned.
     Spawn(std::io::Error),
 }
@@ -27,6 +30,9 @@ impl fmt::Display for BuildError {
             }
             BuildError::InvalidShards(n) => {
                 write!(f, "shard count {n} is out of range (1 ..= 1024)")
+            }
+            BuildError::InvalidStandIns(n) => {
+                write!(f, "stand-in limit {n} is out of range (1 ..= 1024)")
             }
             BuildError::Spawn(e) => write!(f, "could not spawn the reaper thread: {e}"),
         }

@@ -4,10 +4,10 @@
 //! - Expired work runs outside every timer lock: the core takes tasks out of the wheel
 //!   under the shard lock, releases it, and the driver hands them to the executor.
 //! - With `Inline`, expired tasks run one after the other on the driving thread; on the
-//!   reaper, a task whose code runs longer than the stand-in's bound (20 ms by default)
-//!   gets a stand-in thread that runs the rest (`stand_in.rs`), so a slow task delays the
-//!   others by about that bound. With `Pool`, the driver goes back to its clock at once,
-//!   and a slow task holds its pool thread.
+//!   reaper, work that has waited half the stand-in's bound (20 ms by default) is taken
+//!   over by stand-in threads (`stand_in.rs`), so slow tasks delay the others by at most
+//!   about that bound. With `Pool`, the driver goes back to its clock at once, and a slow
+//!   task holds its pool thread.
 
 use std::sync::Arc;
 
@@ -15,10 +15,10 @@ use std::sync::Arc;
 #[derive(Clone, Debug, Default)]
 pub enum Executor {
     /// On the thread that advances the clock (the reaper, or whoever calls
-    /// `advance_clock`). Lowest overhead. On the reaper, a task that runs longer than the
-    /// stand-in's bound (`TimerBuilder::stand_in`, 20 ms by default) gets a stand-in
-    /// thread that runs the tasks after it; on a thread in `advance_clock`, a slow task
-    /// delays every expiry after it until it returns.
+    /// `advance_clock`). Lowest overhead. On the reaper, tasks kept waiting by slow ones
+    /// are taken over by stand-in threads within the stand-in's bound
+    /// (`TimerBuilder::stand_in`, 20 ms by default); on a thread in `advance_clock`, a
+    /// slow task delays every expiry after it until it returns.
     #[default]
     Inline,
     /// Submitted in batches to a rayon thread pool; the driver goes back to its clock at

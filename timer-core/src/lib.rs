@@ -67,7 +67,7 @@ pub use core::{TimerCore, TimerHandle, TimerStats};
 pub use driver::{Driver, DriverConfig, DriverWork, Expire, NextRound};
 pub use error::{AddError, BuildError};
 pub use executor::Executor;
-pub use stand_in::DEFAULT_STAND_IN_BOUND;
+pub use stand_in::{DEFAULT_MAX_STAND_INS, DEFAULT_STAND_IN_BOUND, MAX_STAND_INS_LIMIT};
 pub use timer::Timer;
 pub use user_code::{drop_panic_payload, panic_message};
 pub use wheel::{SlotKey, Wheel};

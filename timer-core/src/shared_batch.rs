@@ -19,6 +19,7 @@
 
 use std::mem::MaybeUninit;
 use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
 
 use crate::sync::{AtomicUsize, UnsafeCell};
 use crate::user_code::drop_each;
@@ -43,6 +44,10 @@ pub(crate) struct SharedBatch<T> {
     tasks: Vec<UnsafeCell<MaybeUninit<T>>>,
     /// The index the next claim gets (may pass the end: claims past it get nothing).
     next: AtomicUsize,
+    /// When the oldest of its tasks came due (real time; its bucket's due time, as the
+    /// round that fired it read the clock): a task still unclaimed is at most that late,
+    /// and the batch's lateness is what relief goes by (`stand_in.rs`).
+    due_at: Instant,
 }
 
 // SAFETY: a task is reached only by the claim that owns its index, or by the owner of a
@@ -56,12 +61,15 @@ impl<T> SharedBatch<T> {
         SharedBatch {
             tasks: Vec::new(),
             next: AtomicUsize::new(0),
+            due_at: Instant::now(),
         }
     }
 
-    /// Makes this batch hold `tasks` (emptied), in their order, reusing its memory: the
-    /// tasks of the last fill are all gone (claimed, or dropped here).
-    pub(crate) fn refill(&mut self, tasks: &mut Vec<T>) {
+    /// Makes this batch hold `tasks` (emptied), in their order, the oldest due at `due_at`,
+    /// reusing its memory: the tasks of the last fill are all gone (claimed, or dropped
+    /// here).
+    pub(crate) fn refill(&mut self, tasks: &mut Vec<T>, due_at: Instant) {
+        self.due_at = due_at;
         self.drop_unclaimed();
         self.tasks.clear();
         self.tasks.extend(
@@ -95,11 +103,16 @@ impl<T> SharedBatch<T> {
         Some(unsafe { cell.with_mut(|task| task.assume_init_read()) })
     }
 
-    /// Claims made so far (growing; past the number of tasks once they are all claimed):
-    /// what a watchdog watches move.
+    /// Whether some task is not claimed yet (a moment later it may be).
     #[inline]
-    pub(crate) fn claims(&self) -> usize {
-        self.next.load(Relaxed)
+    pub(crate) fn has_unclaimed(&self) -> bool {
+        self.next.load(Relaxed) < self.tasks.len()
+    }
+
+    /// When the oldest of its tasks came due.
+    #[inline]
+    pub(crate) fn due_at(&self) -> Instant {
+        self.due_at
     }
 
     /// Drops the tasks nobody claimed, one at a time through the door, and marks them
@@ -147,13 +160,13 @@ mod tests {
         let mut tasks: Vec<(usize, Counted)> =
             (0..5).map(|i| (i, Counted(Arc::clone(&drops)))).collect();
         let mut batch = SharedBatch::new();
-        batch.refill(&mut tasks);
+        batch.refill(&mut tasks, std::time::Instant::now());
         assert!(tasks.is_empty());
         assert_eq!(batch.claim().map(|(i, _)| i), Some(0));
         assert_eq!(batch.claim().map(|(i, _)| i), Some(1));
         assert_eq!(drops.load(SeqCst), 2, "claimed tasks are the claimer's");
         let mut again: Vec<(usize, Counted)> = vec![(7, Counted(Arc::clone(&drops)))];
-        batch.refill(&mut again);
+        batch.refill(&mut again, std::time::Instant::now());
         assert_eq!(
             drops.load(SeqCst),
             5,
@@ -170,7 +183,7 @@ mod tests {
         for _ in 0..200 {
             let mut tasks: Vec<usize> = (0..1000).collect();
             let mut batch = SharedBatch::new();
-            batch.refill(&mut tasks);
+            batch.refill(&mut tasks, std::time::Instant::now());
             let batch = Arc::new(batch);
             let claim_all = |batch: Arc<SharedBatch<usize>>| {
                 std::thread::spawn(move || {
@@ -224,7 +237,7 @@ mod loom_models {
                 .map(|id| Tracked(id, std::sync::Arc::clone(&drops)))
                 .collect();
             let mut batch = SharedBatch::new();
-            batch.refill(&mut tasks);
+            batch.refill(&mut tasks, std::time::Instant::now());
             let batch = Arc::new(batch);
             // The stuck thread had claimed the first task before the stand-in came.
             let first = batch.claim().expect("three tasks");

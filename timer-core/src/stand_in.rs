@@ -1,21 +1,44 @@
-//! The stand-in: so that one expired task's slow or blocked code (a purgatory's
-//! `on_complete` that waits on a lock, a panic whose hook prints a backtrace for 100 ms)
-//! delays no other expiry, with the default inline executor, at the cost of a watchdog
-//! thread that looks every `bound` while expiry is under way (measured in
-//! `docs/purgatory.md`, "Isolation").
+//! Relief by lateness: with the default inline executor, every due task is started within
+//! a bound of its due time (20 ms by default) whatever holds the driving thread (one
+//! callback that blocks, many short ones that add up, a panic printing its backtrace, a
+//! slow subscriber or recorder, an owner's hook), as long as at most
+//! [`DEFAULT_MAX_STAND_INS`] callbacks are held at once. The cost: a watchdog thread that
+//! looks every half bound while expiry is under way, one clock reading per batch, and per
+//! task nothing but its claim and one store on its thread's own line.
 //!
-//! The reaper expires a batch inline, one task at a time, claiming each from a
-//! [`SharedBatch`]; its round's hooks (the owner's `before_round` and `after_round`: the
-//! purgatory completes orphans, purges lists and drops their keys, publishes metrics
-//! there) are watched the same way, as a phase with no batch. A watchdog thread looks,
-//! every `bound` while such work is going on, at
-//! each driving thread's progress (its batches begun, and the claims made in the current
-//! one: no counter of its own, nothing more per task than the claim). One that is inside a
-//! batch and has not moved since the last look (`bound` or more) is stuck in one task's
-//! code: the watchdog starts a stand-in thread, which claims the rest of that batch (if
-//! it was in one) and expires it, then runs the rounds (as the reaper would, each waiting
-//! at most `bound`) until it finds the stuck thread's batch or hook ended. A stand-in that gets stuck itself is relieved the same way, up to
-//! [`MAX_DRIVERS`] driving threads at once; past that, expiry waits for one of them.
+//! # The rule
+//! Work that another thread could take over is *late* once it has waited `late` (half the
+//! bound, [`Timing`]):
+//! - a batch's unclaimed tasks, from the moment the oldest of them came due (its bucket's
+//!   due time, as the round that fired it read the clock: a batch fired late is late from
+//!   the start);
+//! - the timer's earliest due bucket, while no driving thread is in the core to fire it
+//!   (each is in a batch or in a round's hook), from its due time.
+//!
+//! At each look the watchdog starts stand-ins for late work. For a batch: if nobody on it
+//! moved since the last look (no thread made more steps than the one claim that led it
+//! into the task it is in), as many threads again as are held there, at least two, so a
+//! run of held tasks is met in a few looks rather than one look each; if some thread on it
+//! moves but it is still late (many short tasks adding up), one more per `late`. Threads
+//! started for it and not running yet are not held, and not counted again. For the
+//! rounds: one. While anything is late it looks again every `ramp` (a twentieth of the
+//! bound); otherwise at the moment the first batch under way would become late, and at
+//! least every `look` (half the bound). A batch that begins late, or would become late
+//! before the watchdog's next look, wakes it (see [`StandIn::begin`]), so relief of a
+//! batch or of the rounds begins about `late` after the work came due, and each further
+//! held thread is met within a `ramp` or two. Measured in a release build: one callback
+//! blocked, the others 10.5-11.5 ms late; sixteen at once, 11-16 ms; fifty of 19 ms due
+//! 2 ms apart, 11 ms (`purgatory/tests/on_time.rs`).
+//!
+//! A stand-in takes the work it was started for (claims from the batch, or runs a round),
+//! then, until there is none: claims from any late batch, or runs rounds (each waiting at
+//! most `look`, so it looks that often whether it is still needed) while no driving
+//! thread in a lower slot is in the core. Then it leaves. Threads are started per relief,
+//! at most [`DEFAULT_MAX_STAND_INS`] at once
+//! ([`DriverConfig::max_stand_ins`](crate::DriverConfig::max_stand_ins) sets it): past
+//! that, late work waits for a thread to come back, the limit is counted
+//! ([`TimerStats::stand_in_limit_reached`](crate::TimerStats)), a warning reported, and
+//! the watchdog looks every `look` until a slot is free.
 //!
 //! # Driving slots
 //! Each driving thread (the reaper in slot 0, stand-ins in the others) owns a
@@ -23,59 +46,129 @@
 //!
 //! | field | written by | read by |
 //! |---|---|---|
-//! | `in_use` | the thread taking or leaving the slot | the watchdog, stand-in placement |
-//! | `batch` | its thread, at a batch's begin and end (under its lock); none in a hook | the watchdog, to hand the batch to a stand-in |
-//! | `busy` | its thread: true from a batch's (or a hook's) begin to its end | the watchdog; a stand-in, to know when to stop |
-//! | `batches` | its thread: +1 at a batch's or a hook's begin | the watchdog (with the batch's claims, its progress); a stand-in, to know the stuck batch or hook ended |
-//! | `relieved` | the watchdog (set; cleared again if it could not relieve it), its thread at a batch's begin (cleared) | the watchdog: one stand-in per stuck batch |
+//! | `in_use` | the watchdog taking a slot for a stand-in (a compare-and-swap), the stand-in leaving it | the watchdog; stand-ins looking for rounds to run or batches to join |
+//! | `phase` | its thread: `IN_BATCH` at a batch's begin, `IN_HOOK` at a hook's, `IN_CORE` at their end; the watchdog, before a stand-in's start | the watchdog; stand-ins |
+//! | `steps` | its thread alone: +1 at each batch or hook begun and each task claimed | the watchdog: how far it moved since the last look |
+//! | `batch` | its thread at a batch's begin and end (under its lock); the watchdog, before a stand-in's start | the watchdog and stand-ins, to join a late batch |
+//!
+//! | phase | means | counts as |
+//! |---|---|---|
+//! | `IN_CORE` | in the core (firing, waiting for the next bucket) or the driver's own code between | able to fire what comes due |
+//! | `IN_BATCH` | expiring a batch, one claimed task at a time (user code) | on that batch; may be held |
+//! | `IN_HOOK` | in a round's hook (`before_round`, `after_round`: user code) | not firing; may be held |
+//!
+//! The watchdog's plan, `planned` (nanoseconds since `epoch`):
+//!
+//! | value | means | set by |
+//! |---|---|---|
+//! | [`IDLE`] | it sleeps until work begins | the watchdog, after [`IDLE_AFTER`] looks with nothing under way |
+//! | a time | it looks then | the watchdog, before each timed sleep |
+//! | [`NOW`] | it was woken to look at once | a thread beginning work it would otherwise look at too late (under the control lock) |
 //!
 //! # Invariants
 //! - Every task of a batch is claimed exactly once, by its thread or a stand-in
-//!   (`shared_batch.rs`), and expired by the claimer; nothing else moves a task.
-//! - The work a stand-in takes over is counted as a round from before the stand-in is
-//!   spawned until it finished the stolen tasks, so a shutdown from outside waits for it,
-//!   as for any round (the driver's shutdown table is unchanged: a stand-in's rounds are
-//!   rounds, and its threads are marked inside the driver's expiry work).
-//! - The watchdog never runs user code and never waits for it: its only waits are its
-//!   own timed sleeps and the control lock, which nobody holds around user code. So
-//!   stopping it (shutdown) always returns.
+//!   (`shared_batch.rs`), and expired by the claimer; nothing else moves a task. A batch
+//!   is let go by its owner only once every task is claimed, so whoever drops the last
+//!   reference (the watchdog's look included) drops no task.
+//! - The work a stand-in takes over is counted as a round from before it takes it (by
+//!   the watchdog, before the stand-in is spawned, or by the stand-in itself before it
+//!   joins another late batch) until it finished it, so a shutdown from outside waits for
+//!   it as for any round. A stand-in that counts itself after shutdown saw no round left
+//!   finds nothing to claim: the batch's owner ended its round only once every task was
+//!   claimed.
+//! - The watchdog never runs user code and never waits for it: it reads atomics, the
+//!   slots' batch locks (held only to swap a pointer) and the core's clock only if it is
+//!   this crate's (a user clock's last reading stands in, `TimerCore::overdue_nanos`); its
+//!   only waits are its own timed sleeps and the control lock, which nobody holds around
+//!   user code. Its reports (the limit reached, a thread that could not start, stand-ins
+//!   started) go to a reporter thread of their own ([`Reports`]), so a slow or blocked
+//!   subscriber delays neither relief nor shutdown.
 //! - No stand-in is started after shutdown stopped the watchdog: a stand-in is spawned
 //!   under the control lock, after checking `Control::stopped` there, and its handle kept
 //!   under the same hold; shutdown sets `stopped` and takes the handles under that lock.
 //!   A stand-in running then stops after its round, and an outside shutdown joins it.
-//! - The watchdog starts with the reaper. With no batch or hook under way for
-//!   [`IDLE_AFTER`] looks, it sleeps without a deadline until one begins (a `SeqCst`
-//!   store of `busy` then load of `idle` on one side, store of `idle` then load of `busy`
-//!   on the other: one of the two sees the other, so a batch never begins unwatched).
-//!   Every round runs hooks, so a reaper that wakes often keeps it looking every bound;
-//!   one that sleeps lets it sleep too.
-//! - A stuck slot that could not be relieved (every slot taken, or a thread that could
-//!   not start) is looked at again at the next look: `relieved` is cleared again.
+//! - No work goes unwatched past its time: the watchdog publishes its plan and then reads
+//!   every slot; a thread beginning work publishes its phase and batch and then reads the
+//!   plan, waking the watchdog if it would look too late. `SeqCst` on both sides, so one
+//!   sees the other (`sleep_until`; the loom models below check it).
 
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::core::TimerCore;
 use crate::shared_batch::SharedBatch;
-use crate::sync::{AtomicBool, AtomicU64, Condvar, Mutex};
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex};
 
-/// Most threads driving one timer at once: the reaper and its stand-ins.
-pub(crate) const MAX_DRIVERS: usize = 8;
-
-/// Looks without a batch under way after which the watchdog sleeps without a deadline.
-const IDLE_AFTER: u32 = 4;
-
-/// The default bound: how long one task's expiry code may run before a stand-in takes
-/// over the rest of its batch and the rounds.
+/// The default bound: how late a due timeout may be started because of other code on
+/// the driving threads, with up to [`DEFAULT_MAX_STAND_INS`] callbacks held at once.
 pub const DEFAULT_STAND_IN_BOUND: Duration = Duration::from_millis(20);
 
-/// One driving thread's slot (see the module doc).
+/// The default limit of stand-in threads at once: so up to this many callbacks may be
+/// held at once with every other timeout still on time.
+pub const DEFAULT_MAX_STAND_INS: usize = 32;
+
+/// The largest limit [`DriverConfig::max_stand_ins`](crate::DriverConfig::max_stand_ins)
+/// accepts.
+pub const MAX_STAND_INS_LIMIT: usize = 1024;
+
+/// Looks with nothing under way after which the watchdog sleeps without a deadline.
+const IDLE_AFTER: u32 = 4;
+
+/// `StandIn::planned` while the watchdog sleeps without a deadline.
+const IDLE: u64 = u64::MAX;
+
+/// `StandIn::planned` once woken to look at once.
+const NOW: u64 = 0;
+
+/// A driving thread in the core, or in the driver's own code between user code.
+const IN_CORE: usize = 0;
+/// A driving thread expiring a batch.
+const IN_BATCH: usize = 1;
+/// A driving thread in a round's hook.
+const IN_HOOK: usize = 2;
+
+/// The watchdog's periods, from the bound.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timing {
+    /// How long work may wait before a stand-in takes it over.
+    late: Duration,
+    /// The longest gap between two looks while work is under way.
+    look: Duration,
+    /// The gap between two looks while work is late.
+    ramp: Duration,
+}
+
+impl Timing {
+    /// The periods for `bound` (each at least 100 us, so a tiny bound cannot spin; a
+    /// bound over an hour counts as an hour, so no period overflows a clock reading).
+    pub(crate) fn of(bound: Duration) -> Self {
+        let floor = Duration::from_micros(100);
+        let bound = bound.min(Duration::from_secs(3600));
+        Timing {
+            late: (bound / 2).max(floor),
+            look: (bound / 2).max(floor),
+            ramp: (bound / 20).max(floor),
+        }
+    }
+}
+
+/// What a stand-in is started for.
+pub(crate) enum Work<T> {
+    /// The unclaimed tasks of a late batch (counted as a round by whoever starts it).
+    Batch(Arc<SharedBatch<T>>),
+    /// The rounds, while every driving thread is held in user code.
+    Rounds,
+}
+
+/// One driving thread's slot (see the module doc), on a line of its own: its thread
+/// writes `steps` once per task.
+#[repr(align(128))]
 pub(crate) struct DrivingSlot<T> {
     in_use: AtomicBool,
-    busy: AtomicBool,
-    batches: AtomicU64,
-    relieved: AtomicBool,
+    phase: AtomicUsize,
+    steps: AtomicU64,
     batch: Mutex<Option<Arc<SharedBatch<T>>>>,
 }
 
@@ -83,19 +176,25 @@ impl<T> DrivingSlot<T> {
     fn new() -> Self {
         DrivingSlot {
             in_use: AtomicBool::new(false),
-            busy: AtomicBool::new(false),
-            batches: AtomicU64::new(0),
-            relieved: AtomicBool::new(false),
+            phase: AtomicUsize::new(IN_CORE),
+            steps: AtomicU64::new(0),
             batch: Mutex::new(None),
         }
     }
 
-    /// Where its thread is: batches begun, and claims made in the batch under way (if
-    /// any). Unchanged between two looks: stuck in one task's code.
-    fn progress(&self) -> (u64, usize) {
-        let batches = self.batches.load(Relaxed);
-        let claims = self.batch.lock().as_ref().map_or(0, |batch| batch.claims());
-        (batches, claims)
+    /// One step of its thread (only its thread calls this: a plain increment).
+    #[inline]
+    fn step(&self) {
+        self.steps
+            .store(self.steps.load(Relaxed).wrapping_add(1), Relaxed);
+    }
+
+    /// Its batch, if its thread is in one.
+    fn batch(&self) -> Option<Arc<SharedBatch<T>>> {
+        if self.phase.load(SeqCst) != IN_BATCH {
+            return None;
+        }
+        self.batch.lock().clone()
     }
 }
 
@@ -115,102 +214,159 @@ impl Control {
     }
 }
 
-/// A driver's stand-in machinery (see the module doc).
+/// The relief machinery of one driver (see the module doc).
 pub(crate) struct StandIn<T> {
-    bound: Duration,
+    timing: Timing,
     slots: Box<[DrivingSlot<T>]>,
     control: Mutex<Control>,
     wake: Condvar,
-    /// The watchdog sleeps without a deadline (nothing under way).
-    idle: AtomicBool,
-    /// Every driving slot was taken at the last attempt to relieve one (warned once).
+    /// When the watchdog looks next, in nanoseconds since `epoch`: [`IDLE`] while it
+    /// sleeps without a deadline (nothing under way), [`NOW`] once woken to look at once.
+    /// Written under the control lock.
+    planned: AtomicU64,
+    /// The origin of `planned`.
+    epoch: Instant,
+    /// Every slot was taken at the last attempt to relieve (counted and warned once per
+    /// time the limit is reached).
     saturated: AtomicBool,
+    reports: Arc<Reports>,
     /// The name of the driver's threads, for the stand-ins'.
     name: String,
 }
 
 impl<T> StandIn<T> {
-    pub(crate) fn new(bound: Duration, name: String) -> Self {
-        let slots: Box<[DrivingSlot<T>]> = (0..MAX_DRIVERS).map(|_| DrivingSlot::new()).collect();
+    /// Relief for a driver whose threads are named `name`: a promise of `bound`, with up
+    /// to `max_stand_ins` stand-ins at once (clamped to `1..=`[`MAX_STAND_INS_LIMIT`]).
+    pub(crate) fn new(bound: Duration, max_stand_ins: usize, name: String) -> Self {
+        let drivers = 1 + max_stand_ins.clamp(1, MAX_STAND_INS_LIMIT);
+        let slots: Box<[DrivingSlot<T>]> = (0..drivers).map(|_| DrivingSlot::new()).collect();
         // Slot 0 is the reaper's, from its start.
         slots[0].in_use.store(true, Relaxed);
         StandIn {
-            bound,
+            timing: Timing::of(bound),
             slots,
             control: Mutex::new(Control {
                 stopped: false,
                 threads: Vec::new(),
             }),
             wake: Condvar::default(),
-            idle: AtomicBool::new(true),
+            planned: AtomicU64::new(IDLE),
+            epoch: Instant::now(),
             saturated: AtomicBool::new(false),
+            reports: Arc::default(),
             name,
         }
     }
 
+    /// The longest a stand-in's round waits (it looks that often whether it is still
+    /// needed).
+    pub(crate) fn look_period(&self) -> Duration {
+        self.timing.look
+    }
+
     /// Slot `index`'s thread begins expiring `batch`.
     pub(crate) fn begin(&self, index: usize, batch: &Arc<SharedBatch<T>>) {
-        *self.slots[index].batch.lock() = Some(Arc::clone(batch));
-        self.begin_work(index);
+        let slot = &self.slots[index];
+        *slot.batch.lock() = Some(Arc::clone(batch));
+        slot.step();
+        slot.phase.store(IN_BATCH, SeqCst);
+        // A batch fired late may be late before the watchdog's next look: then it looks
+        // as soon as it is, or a ramp from now if it is late already (see `sleep_until`
+        // for the other side of this handshake).
+        let relief_at = (batch.due_at() + self.timing.late).max(Instant::now() + self.timing.ramp);
+        if self.nanos_at(relief_at) < self.planned_look() {
+            self.wake_watchdog();
+        }
+    }
+
+    /// Slot `index`'s thread finished its batch (every task claimed).
+    pub(crate) fn end(&self, index: usize) {
+        let slot = &self.slots[index];
+        slot.phase.store(IN_CORE, SeqCst);
+        drop(slot.batch.lock().take());
+    }
+
+    /// Slot `index`'s thread claimed a task of its batch.
+    #[inline]
+    pub(crate) fn step(&self, index: usize) {
+        self.slots[index].step();
     }
 
     /// Slot `index`'s thread begins a round's hook (user code, with no batch). End it
     /// with [`end_hook`](Self::end_hook).
     #[inline]
     pub(crate) fn begin_hook(&self, index: usize) {
-        self.begin_work(index);
+        self.begin_work(index, IN_HOOK);
     }
 
     /// Slot `index`'s thread finished a round's hook.
     #[inline]
     pub(crate) fn end_hook(&self, index: usize) {
-        self.slots[index].busy.store(false, SeqCst);
+        self.slots[index].phase.store(IN_CORE, SeqCst);
     }
 
     /// A batch or a hook begins on slot `index`: watched from now on.
-    fn begin_work(&self, index: usize) {
+    #[inline]
+    fn begin_work(&self, index: usize, phase: usize) {
         let slot = &self.slots[index];
-        slot.relieved.store(false, Relaxed);
-        slot.batches.fetch_add(1, Relaxed);
-        slot.busy.store(true, SeqCst);
-        if self.idle.load(SeqCst) {
-            let _control = self.control.lock();
-            self.idle.store(false, SeqCst);
-            self.wake.notify_all();
+        slot.step();
+        slot.phase.store(phase, SeqCst);
+        if self.planned_look() == IDLE {
+            self.wake_watchdog();
         }
     }
 
-    /// How long one task's code may run before a stand-in takes over.
-    pub(crate) fn bound(&self) -> Duration {
-        self.bound
+    /// The watchdog's next look (`planned`), read for the handshake with `sleep_until`.
+    #[inline]
+    fn planned_look(&self) -> u64 {
+        handshake_read(
+            || self.planned.load(SeqCst),
+            || self.planned.fetch_add(0, SeqCst),
+        )
     }
 
-    /// Slot `index`'s thread finished its batch (every task claimed).
-    pub(crate) fn end(&self, index: usize) {
-        let slot = &self.slots[index];
-        slot.busy.store(false, SeqCst);
-        drop(slot.batch.lock().take());
+    /// `at` in nanoseconds since `epoch` (0 before it).
+    fn nanos_at(&self, at: Instant) -> u64 {
+        let since = at.saturating_duration_since(self.epoch).as_nanos();
+        u64::try_from(since).unwrap_or(IDLE - 1)
     }
 
-    /// Takes a free slot for a stand-in.
-    fn take_slot(&self) -> Option<usize> {
-        (1..self.slots.len()).find(|&i| {
-            self.slots[i]
-                .in_use
-                .compare_exchange(false, true, SeqCst, Relaxed)
-                .is_ok()
-        })
+    /// Makes the watchdog look at once.
+    #[cold]
+    fn wake_watchdog(&self) {
+        let _control = self.control.lock();
+        self.planned.store(NOW, SeqCst);
+        self.wake.notify_all();
+    }
+
+    /// A late batch with tasks left to claim, for a stand-in looking for work.
+    pub(crate) fn late_batch(&self) -> Option<Arc<SharedBatch<T>>> {
+        let now = Instant::now();
+        self.slots
+            .iter()
+            .filter(|slot| slot.in_use.load(SeqCst))
+            .filter_map(DrivingSlot::batch)
+            .find(|batch| {
+                batch.has_unclaimed()
+                    && now.saturating_duration_since(batch.due_at()) >= self.timing.late
+            })
+    }
+
+    /// Whether a driving thread in a slot below `me` is in the core, able to fire what
+    /// comes due: a stand-in that finds one leaves the rounds to it. (Below, not other:
+    /// two stand-ins in the core at once would each leave them to the other.)
+    pub(crate) fn rounds_covered(&self, me: usize) -> bool {
+        self.slots[..me]
+            .iter()
+            .any(|slot| slot.in_use.load(SeqCst) && slot.phase.load(SeqCst) == IN_CORE)
     }
 
     /// A stand-in leaves its slot.
     pub(crate) fn leave(&self, index: usize) {
-        self.slots[index].in_use.store(false, SeqCst);
-    }
-
-    /// Whether slot `index` is still in the batch that was its `batches`-th.
-    pub(crate) fn still_in(&self, index: usize, batches: u64) -> bool {
         let slot = &self.slots[index];
-        slot.busy.load(SeqCst) && slot.batches.load(Relaxed) == batches
+        drop(slot.batch.lock().take());
+        slot.phase.store(IN_CORE, SeqCst);
+        slot.in_use.store(false, SeqCst);
     }
 
     /// Stops the watchdog: no stand-in starts after this.
@@ -232,122 +388,648 @@ impl<T> StandIn<T> {
         self.control.lock().keep(handle);
     }
 
-    /// The watchdog's loop: `relieve` is called with each stuck slot's index, its batch
-    /// (`None` in a hook) and that batch's (or hook's) number, and a stand-in's slot, and
-    /// starts the stand-in (its thread's handle, or `None` if it could not start).
-    /// Returns when shutdown stops it.
+    /// The name of a stand-in's thread.
+    pub(crate) fn thread_name(&self) -> String {
+        format!("{}-stand-in", self.name)
+    }
+
+    /// The name of the watchdog's thread.
+    pub(crate) fn watchdog_name(&self) -> String {
+        format!("{}-watchdog", self.name)
+    }
+
+    /// Reports that the watchdog (or a stand-in) could not start (through the
+    /// reporter).
+    pub(crate) fn report_spawn_failure(&self, what: &'static str, error: &std::io::Error) {
+        self.report(|pending| pending.failures.push((what, error.to_string())));
+    }
+
+    /// Adds a report for the reporter, starting one if none runs (see [`Reports`]).
+    fn report(&self, add: impl FnOnce(&mut Pending)) {
+        if self.reports.add(add) {
+            self.start_reporter();
+        }
+    }
+
+    #[cfg(not(loom))]
+    fn start_reporter(&self) {
+        let reports = Arc::clone(&self.reports);
+        let name = self.name.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("{}-report", self.name))
+            .spawn(move || reports.run(|pending| emit(&name, pending)));
+        if spawned.is_err() {
+            self.reports.not_started();
+        }
+    }
+
+    /// Under loom no thread is spawned outside a model's own (the models drive
+    /// [`Reports`] themselves).
+    #[cfg(loom)]
+    fn start_reporter(&self) {
+        self.reports.not_started();
+    }
+
+    /// The watchdog's loop (see the module doc): `relieve` starts a stand-in for `work`
+    /// in slot `free` (taken, and marked as on that work) and returns its thread, or
+    /// `None` if it could not start. Returns when shutdown stops it.
     pub(crate) fn watch(
         &self,
-        mut relieve: impl FnMut(
-            usize,
-            Option<Arc<SharedBatch<T>>>,
-            u64,
-            usize,
-        ) -> Option<JoinHandle<()>>,
+        core: &TimerCore<T>,
+        mut relieve: impl FnMut(Work<T>, usize) -> Option<JoinHandle<()>>,
     ) {
-        let mut seen = [(0u64, 0usize); MAX_DRIVERS];
-        let mut quiet = 0;
+        let mut eyes = Eyes::new(self.slots.len());
+        // After a look: the next one (`None`: nothing under way for a while, sleep
+        // until work begins).
+        let mut next: Option<Instant> = None;
         loop {
-            {
-                let mut control = self.control.lock();
-                if control.stopped {
-                    return;
+            if !self.sleep_until(next, &mut eyes) {
+                return;
+            }
+            let now = Instant::now();
+            next = match self.look_at(core, now, &mut eyes, &mut relieve) {
+                // At the limit no look can start anything: looks slow down to `look`
+                // until a slot is free again.
+                Seen::Late if self.saturated.load(Relaxed) => now.checked_add(self.timing.look),
+                Seen::Late => now.checked_add(self.timing.ramp),
+                Seen::UnderWay(due) => {
+                    eyes.quiet = 0;
+                    Some(due)
                 }
-                if self.idle.load(SeqCst) {
-                    control = self.wake.wait_until(control, None);
-                    drop(control);
-                    // Woken by a batch: look again only a whole bound from now.
-                    for (i, slot) in self.slots.iter().enumerate() {
-                        seen[i] = slot.progress();
+                Seen::Quiet => {
+                    eyes.quiet += 1;
+                    if eyes.quiet >= IDLE_AFTER {
+                        eyes.quiet = 0;
+                        None
+                    } else {
+                        now.checked_add(self.timing.look)
                     }
+                }
+            };
+        }
+    }
+
+    /// The watchdog's sleep until `next` (`None`: until work begins), or until woken to
+    /// look at once. Returns false once shutdown stopped it.
+    ///
+    /// The handshake with a driving thread: the watchdog publishes its plan (`planned`)
+    /// and then reads every slot's phase and batch; a thread beginning work publishes its
+    /// phase and batch and then reads the plan, and wakes the watchdog if it would look
+    /// too late (idle, or after the batch becomes late). All `SeqCst`: one of the two
+    /// sees the other, so no work goes unwatched past its time (the loom model below
+    /// checks it). The wake comes under the control lock, held here from the plan to the
+    /// wait, so it cannot fall in between.
+    fn sleep_until(&self, next: Option<Instant>, eyes: &mut Eyes) -> bool {
+        let mut control = self.control.lock();
+        let mut at = next;
+        loop {
+            if control.stopped {
+                return false;
+            }
+            let planned = self.planned.load(SeqCst);
+            if planned == NOW {
+                // Woken: look at once.
+                self.planned
+                    .store(self.nanos_at(Instant::now()).max(1), SeqCst);
+                return true;
+            }
+            if at.is_some_and(|at| Instant::now() >= at) {
+                return true;
+            }
+            let plan = at.map_or(IDLE, |at| self.nanos_at(at).max(1));
+            if plan != planned {
+                self.planned.store(plan, SeqCst);
+                // Work that began before the plan was published read the old one: it
+                // is looked at here.
+                if let Some(relief) = self.first_relief() {
+                    // (A batch late already was looked at just now: the next look is a
+                    // ramp away, as after any late look.)
+                    let relief = relief.max(Instant::now() + self.timing.ramp);
+                    if at.is_none_or(|at| relief < at) {
+                        at = Some(relief);
+                        continue;
+                    }
+                }
+                if at.is_none() && self.under_way() {
+                    // Not idle after all: look again a whole period from now.
+                    at = Instant::now().checked_add(self.timing.look);
                     continue;
                 }
-                let deadline = Instant::now() + self.bound;
-                while !control.stopped && Instant::now() < deadline {
-                    control = self.wake.wait_until(control, Some(deadline));
-                }
-                if control.stopped {
-                    return;
-                }
             }
-            let mut under_way = false;
-            for (i, slot) in self.slots.iter().enumerate() {
-                let progress = slot.progress();
-                if slot.in_use.load(SeqCst) && slot.busy.load(SeqCst) {
-                    under_way = true;
-                    if progress == seen[i] && !slot.relieved.swap(true, SeqCst) {
-                        self.relieve_slot(i, &mut relieve);
-                    }
+            match at {
+                None => {
+                    control = self.wake.wait_until(control, None);
+                    // After a sleep without a deadline, the last look is no measure.
+                    eyes.forget();
                 }
-                seen[i] = progress;
-            }
-            if under_way {
-                quiet = 0;
-            } else {
-                quiet += 1;
-                if quiet >= IDLE_AFTER {
-                    quiet = 0;
-                    self.idle.store(true, SeqCst);
-                    if self.slots.iter().any(|slot| slot.busy.load(SeqCst)) {
-                        self.idle.store(false, SeqCst);
+                Some(at) => {
+                    // Under loom (which has no time) a near deadline passes at once, and
+                    // a far one (a plan the handshake must cut short) only by a wake.
+                    #[cfg(loom)]
+                    if at < Instant::now() + Duration::from_secs(60) {
+                        return true;
                     }
+                    control = self.wake.wait_until(control, Some(at));
                 }
             }
         }
     }
 
-    /// Hands stuck slot `stuck`'s batch (if it is in one) to a stand-in in a free slot,
-    /// if it is still stuck and a slot is free.
-    fn relieve_slot(
+    /// When the earliest batch under way with unclaimed tasks becomes late (for the
+    /// watchdog's side of the handshake).
+    fn first_relief(&self) -> Option<Instant> {
+        self.slots
+            .iter()
+            .filter(|slot| {
+                handshake_read(
+                    || slot.phase.load(SeqCst),
+                    || slot.phase.fetch_add(0, SeqCst),
+                ) == IN_BATCH
+            })
+            .filter_map(|slot| slot.batch.lock().clone())
+            .filter(|batch| batch.has_unclaimed())
+            .map(|batch| batch.due_at() + self.timing.late)
+            .min()
+    }
+
+    /// Whether any driving thread is in a batch or a hook.
+    fn under_way(&self) -> bool {
+        self.slots.iter().any(|slot| {
+            handshake_read(
+                || slot.phase.load(SeqCst),
+                || slot.phase.fetch_add(0, SeqCst),
+            ) != IN_CORE
+        })
+    }
+
+    /// One look at every driving slot and the core: starts the stand-ins late work
+    /// needs, and says when to look next.
+    fn look_at(
         &self,
-        stuck: usize,
-        relieve: &mut impl FnMut(
-            usize,
-            Option<Arc<SharedBatch<T>>>,
-            u64,
-            usize,
-        ) -> Option<JoinHandle<()>>,
-    ) {
-        let slot = &self.slots[stuck];
-        // Its batch, or none if it is stuck in a round's hook.
-        let batch = slot.batch.lock().clone();
-        let batches = slot.batches.load(Relaxed);
-        if !self.still_in(stuck, batches) {
-            return; // it moved on meanwhile
-        }
-        // Not relieved after all: the next look tries again (a slot may be free then).
-        let not_relieved = || slot.relieved.store(false, SeqCst);
-        let Some(free) = self.take_slot() else {
-            not_relieved();
-            if !self.saturated.swap(true, Relaxed) {
-                crate::user_code::event(|| {
-                    tracing::warn!(
-                        target: "timer_core",
-                        "expiry code stuck on every driving thread ({MAX_DRIVERS}); expiry waits for one"
-                    )
-                });
+        core: &TimerCore<T>,
+        now: Instant,
+        eyes: &mut Eyes,
+        relieve: &mut impl FnMut(Work<T>, usize) -> Option<JoinHandle<()>>,
+    ) -> Seen {
+        let Timing { late, look, ramp } = self.timing;
+        // The batches under way, each with the threads on it and how many of them made
+        // a step since the last look (a stand-in not started yet is on it, not moving).
+        let mut batches: Vec<OnBatch<T>> = Vec::new();
+        let mut in_core = false;
+        let mut busy = false;
+        for (i, slot) in self.slots.iter().enumerate() {
+            if !slot.in_use.load(SeqCst) {
+                eyes.seen[i] = FRESH;
+                eyes.unstarted[i] = None;
+                continue;
             }
-            return;
+            let steps = slot.steps.load(Relaxed);
+            // Moving: more steps since the last look than a batch's begin and the one
+            // claim that may have led into the task it is held in now.
+            // A stand-in counts from its steps when it was started (not started yet: not
+            // moving); a slot seen for the first time (after an idle sleep) as moving.
+            let mut started = true;
+            let base = match eyes.unstarted[i] {
+                Some(at_start) if at_start == steps => {
+                    started = false;
+                    at_start
+                }
+                Some(at_start) => {
+                    eyes.unstarted[i] = None;
+                    at_start
+                }
+                None => eyes.seen[i],
+            };
+            let moved = base == FRESH || steps.wrapping_sub(base) > 2;
+            eyes.seen[i] = steps;
+            match slot.phase.load(SeqCst) {
+                IN_CORE => in_core = true,
+                IN_BATCH => {
+                    busy = true;
+                    if let Some(batch) = slot.batch.lock().clone() {
+                        match batches.iter_mut().find(|on| Arc::ptr_eq(&on.batch, &batch)) {
+                            Some(on) => {
+                                on.threads += 1;
+                                on.moving += usize::from(moved);
+                                on.starting += usize::from(!started);
+                            }
+                            None => batches.push(OnBatch {
+                                batch,
+                                threads: 1,
+                                moving: usize::from(moved),
+                                starting: usize::from(!started),
+                            }),
+                        }
+                    }
+                }
+                _ => busy = true,
+            }
+        }
+        if !busy {
+            return Seen::Quiet;
+        }
+        let mut is_late = false;
+        let mut due = now + look;
+        for OnBatch {
+            batch,
+            threads,
+            moving,
+            starting,
+        } in batches
+        {
+            if !batch.has_unclaimed() {
+                continue;
+            }
+            let since = batch.due_at();
+            if now.saturating_duration_since(since) < late {
+                due = due.min(since + late);
+                continue;
+            }
+            is_late = true;
+            // Nobody on it moved in a whole look: as many threads again as are held
+            // (at least two), so that a run of held tasks is met in a few looks (the
+            // threads still starting for it are not held, nor counted again). Someone
+            // moves but it is still late (many short tasks adding up): one more, once
+            // per `late`.
+            let held = threads - starting;
+            let wanted = if moving == 0 {
+                held.max(2)
+            } else if eyes.steady_due(now, late) {
+                1
+            } else {
+                0
+            };
+            for _ in 0..wanted {
+                match self.start(core, Work::Batch(Arc::clone(&batch)), relieve) {
+                    Some((free, steps)) => eyes.started(free, steps),
+                    None => break,
+                }
+            }
+        }
+        if !in_core {
+            if let Some(overdue) = core.overdue_nanos() {
+                let late_nanos = late.as_nanos() as i128;
+                if overdue >= late_nanos {
+                    is_late = true;
+                    if let Some((free, steps)) = self.start(core, Work::Rounds, relieve) {
+                        eyes.started(free, steps);
+                    }
+                } else {
+                    let until = u64::try_from(late_nanos - overdue).unwrap_or(u64::MAX);
+                    due = due.min(now + Duration::from_nanos(until).min(look));
+                }
+            }
+        }
+        if is_late {
+            Seen::Late
+        } else {
+            Seen::UnderWay(due.max(now + ramp))
+        }
+    }
+
+    /// Takes a free slot, marks it as on `work`, and starts a stand-in there; returns
+    /// the slot and its steps before the start, or `None` (every slot taken: the limit;
+    /// shutdown; or no thread).
+    fn start(
+        &self,
+        core: &TimerCore<T>,
+        work: Work<T>,
+        relieve: &mut impl FnMut(Work<T>, usize) -> Option<JoinHandle<()>>,
+    ) -> Option<(usize, u64)> {
+        let Some(free) = self.take_slot() else {
+            if !self.saturated.swap(true, Relaxed) {
+                core.relief().limit_reached.fetch_add(1, Relaxed);
+                self.report(|pending| pending.limit_reached += 1);
+            }
+            return None;
         };
         self.saturated.store(false, Relaxed);
+        let slot = &self.slots[free];
+        // Read before the thread can step (only it writes them).
+        let steps = slot.steps.load(Relaxed);
+        match &work {
+            Work::Batch(batch) => {
+                *slot.batch.lock() = Some(Arc::clone(batch));
+                slot.phase.store(IN_BATCH, SeqCst);
+            }
+            Work::Rounds => slot.phase.store(IN_CORE, SeqCst),
+        }
         // Started under the control lock, which shutdown takes to stop the watchdog: a
         // stand-in either starts before the stop, and is joined, or not at all.
         let mut control = self.control.lock();
         if control.stopped {
             self.leave(free);
-            return;
+            return None;
         }
-        match relieve(stuck, batch, batches, free) {
-            Some(thread) => control.keep(thread),
+        match relieve(work, free) {
+            Some(thread) => {
+                control.keep(thread);
+                drop(control);
+                core.relief().started.fetch_add(1, Relaxed);
+                self.report(|pending| pending.started += 1);
+                Some((free, steps))
+            }
             None => {
+                drop(control);
                 self.leave(free);
-                not_relieved();
+                None
             }
         }
     }
 
-    /// The name of a stand-in's thread.
-    pub(crate) fn thread_name(&self) -> String {
-        format!("{}-stand-in", self.name)
+    /// Takes a free slot for a stand-in.
+    fn take_slot(&self) -> Option<usize> {
+        (1..self.slots.len()).find(|&i| {
+            self.slots[i]
+                .in_use
+                .compare_exchange(false, true, SeqCst, Relaxed)
+                .is_ok()
+        })
+    }
+}
+
+/// Emits `pending` reports of the driver whose threads are named `name`, on the
+/// reporter thread, each event through the door (a subscriber that panics loses it).
+#[cfg(not(loom))]
+fn emit(name: &str, pending: Pending) {
+    use crate::user_code::event;
+    if pending.started > 0 {
+        event(|| {
+            tracing::debug!(
+                target: "timer_core",
+                driver = name,
+                started = pending.started,
+                "stand-ins started to relieve late expiry"
+            )
+        });
+    }
+    if pending.limit_reached > 0 {
+        event(|| {
+            tracing::warn!(
+                target: "timer_core",
+                driver = name,
+                times = pending.limit_reached,
+                "every stand-in slot was taken: expiry behind the held callbacks waits for one of them (see max_stand_ins)"
+            )
+        });
+    }
+    for (what, error) in &pending.failures {
+        event(|| tracing::error!(target: "timer_core", driver = name, %error, "{what}"));
+    }
+}
+
+/// A read of the idle handshake: `SeqCst` loads; under loom read-modify-writes (`rmw`),
+/// since loom lets both sides of a store-then-load pair read the old value, which no real
+/// run can (the same workaround as `work.rs`).
+#[inline(always)]
+fn handshake_read<R>(load: impl FnOnce() -> R, rmw: impl FnOnce() -> R) -> R {
+    #[cfg(loom)]
+    {
+        let _ = load;
+        rmw()
+    }
+    #[cfg(not(loom))]
+    {
+        let _ = rmw;
+        load()
+    }
+}
+
+/// `Eyes::seen` of a slot no thread has stepped in since the watchdog last saw it taken:
+/// a stand-in just started is not held at its first look.
+const FRESH: u64 = u64::MAX;
+
+/// What the watchdog remembers between looks.
+struct Eyes {
+    /// Each slot's steps at the last look (`FRESH` for a slot not in use then).
+    seen: Vec<u64>,
+    /// For a stand-in started and not seen to step since: its slot's steps then.
+    unstarted: Vec<Option<u64>>,
+    /// Looks in a row with nothing under way.
+    quiet: u32,
+    /// When a stand-in was last started for a late batch whose threads were all making
+    /// steps (at most one per `late`).
+    last_steady: Option<Instant>,
+}
+
+impl Eyes {
+    fn new(slots: usize) -> Self {
+        Eyes {
+            seen: vec![FRESH; slots],
+            unstarted: vec![None; slots],
+            quiet: 0,
+            last_steady: None,
+        }
+    }
+
+    /// A stand-in was started in slot `index`: it is not held until it has stepped.
+    /// A stand-in was started in slot `index`, whose steps were `steps` before: it is
+    /// not running until they move.
+    fn started(&mut self, index: usize, steps: u64) {
+        self.seen[index] = FRESH;
+        self.unstarted[index] = Some(steps);
+    }
+
+    /// Forgets every slot's steps (after an idle sleep, the last look is no measure).
+    fn forget(&mut self) {
+        self.seen.fill(FRESH);
+        self.quiet = 0;
+    }
+
+    /// Whether a stand-in may be started for a late batch whose threads all make steps
+    /// (at most one per `late`), and if so notes it.
+    fn steady_due(&mut self, now: Instant, late: Duration) -> bool {
+        let due = self
+            .last_steady
+            .is_none_or(|last| now.saturating_duration_since(last) >= late);
+        if due {
+            self.last_steady = Some(now);
+        }
+        due
+    }
+}
+
+/// A batch under way, as one look saw it.
+struct OnBatch<T> {
+    batch: Arc<SharedBatch<T>>,
+    /// Driving threads on it (a stand-in started for it and not running yet included).
+    threads: usize,
+    /// Those that made a step since the last look.
+    moving: usize,
+    /// Stand-ins started for it and not running yet.
+    starting: usize,
+}
+
+/// What one look saw.
+enum Seen {
+    /// Nothing under way.
+    Quiet,
+    /// Work under way, none of it late: look again at this moment.
+    UnderWay(Instant),
+    /// Work late (relieved, or waiting for a slot).
+    Late,
+}
+
+/// The relief machinery's reports, emitted on a reporter thread of their own (at most one
+/// at a time, started when a report is added and none runs, gone when none is left): the
+/// subscriber is user code, and neither the watchdog nor a driving thread nor shutdown
+/// waits for it. Reports pile up as counts while the reporter is busy, so a slow
+/// subscriber gets fewer, larger reports, never a backlog. (The counts go to the stats at
+/// once, `TimerStats::stand_ins`.)
+///
+/// The hand-over: an adder writes its report under the lock, then sets `running`; if it
+/// was set, the reporter running takes it. The reporter takes everything pending under
+/// the lock, emits it, and once it finds nothing, clears `running` and looks again: a
+/// report added between its take and its clear either saw `running` clear (and started a
+/// reporter of its own) or is found by this second look. `SeqCst` on both sides; the loom
+/// model below checks that no report is left behind.
+#[derive(Default)]
+pub(crate) struct Reports {
+    pending: Mutex<Pending>,
+    /// A reporter thread runs.
+    running: AtomicBool,
+}
+
+/// Reports not emitted yet.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Pending {
+    pub(crate) started: u64,
+    pub(crate) limit_reached: u64,
+    pub(crate) failures: Vec<(&'static str, String)>,
+}
+
+impl Pending {
+    fn is_empty(&self) -> bool {
+        self.started == 0 && self.limit_reached == 0 && self.failures.is_empty()
+    }
+}
+
+impl Reports {
+    /// Adds a report (`add` writes it into the pending ones); returns whether the caller
+    /// must start a reporter (none runs), which then calls [`run`](Self::run).
+    #[must_use]
+    pub(crate) fn add(&self, add: impl FnOnce(&mut Pending)) -> bool {
+        add(&mut self.pending.lock());
+        !self.running.swap(true, SeqCst)
+    }
+
+    /// A reporter could not start: the reports stay pending for the next one.
+    pub(crate) fn not_started(&self) {
+        self.running.swap(false, SeqCst);
+    }
+
+    /// The reporter's loop: emits what is pending until nothing is.
+    pub(crate) fn run(&self, mut emit: impl FnMut(Pending)) {
+        loop {
+            let pending = std::mem::take(&mut *self.pending.lock());
+            if !pending.is_empty() {
+                emit(pending);
+                continue;
+            }
+            // (A swap, not a store: a plain store may land between the read and the
+            // write of an adder's swap under loom, which real hardware never does,
+            // tokio-rs/loom#254.)
+            self.running.swap(false, SeqCst);
+            // A report added since the take, whose adder saw `running` still set, is
+            // this reporter's: look again, unless a new reporter took over meanwhile.
+            let empty = self.pending.lock().is_empty();
+            if empty || self.running.swap(true, SeqCst) {
+                return;
+            }
+        }
+    }
+}
+
+/// The hand-overs of relief, modelled. Run with `RUSTFLAGS="--cfg loom" cargo test -p
+/// purgatory-timer --lib --release stand_in`.
+#[cfg(all(test, loom))]
+mod loom_models {
+    use std::sync::atomic::Ordering::SeqCst as Std;
+
+    use loom::sync::Arc;
+
+    use super::*;
+
+    /// A report added while the reporter finishes is emitted: by that reporter or by one
+    /// its adder starts; never lost, never emitted twice.
+    #[test]
+    fn no_report_is_left_behind() {
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(3);
+        builder.check(|| {
+            let reports = Arc::new(Reports::default());
+            let emitted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let run = |reports: Arc<Reports>, emitted: Arc<std::sync::atomic::AtomicU64>| {
+                loom::thread::spawn(move || {
+                    reports.run(|pending| {
+                        emitted.fetch_add(pending.started, Std);
+                    })
+                })
+            };
+            // A first report starts the first reporter.
+            assert!(reports.add(|p| p.started += 1));
+            let first = run(Arc::clone(&reports), Arc::clone(&emitted));
+            // A second report races its finish.
+            let second = reports
+                .add(|p| p.started += 1)
+                .then(|| run(Arc::clone(&reports), Arc::clone(&emitted)));
+            first.join().unwrap();
+            if let Some(second) = second {
+                second.join().unwrap();
+            }
+            assert_eq!(emitted.load(Std), 2, "each report emitted once");
+        });
+    }
+
+    /// The handshake of `sleep_until` and a hook's begin: a hook that begins while the
+    /// watchdog goes idle is seen by it, or wakes it (a lost wake deadlocks the model).
+    #[test]
+    fn a_hook_never_begins_unwatched() {
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(3);
+        builder.check(|| {
+            let stand_in: Arc<StandIn<()>> =
+                Arc::new(StandIn::new(Duration::from_millis(20), 1, "m".into()));
+            // Not idle yet: the worker may read the old plan.
+            stand_in.planned.store(1, SeqCst);
+            let worker = {
+                let stand_in = Arc::clone(&stand_in);
+                loom::thread::spawn(move || stand_in.begin_hook(0))
+            };
+            let mut eyes = Eyes::new(2);
+            assert!(stand_in.sleep_until(None, &mut eyes), "the watchdog looks");
+            worker.join().unwrap();
+        });
+    }
+
+    /// The handshake of `sleep_until` and a batch's begin: a batch already late when it
+    /// begins, while the watchdog plans its next look an hour away, is seen by it, or
+    /// wakes it.
+    #[test]
+    fn a_late_batch_never_waits_for_a_far_look() {
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(3);
+        builder.check(|| {
+            let stand_in: Arc<StandIn<u8>> =
+                Arc::new(StandIn::new(Duration::from_millis(20), 1, "m".into()));
+            stand_in.planned.store(1, SeqCst);
+            let mut tasks = vec![1u8, 2];
+            let mut batch = SharedBatch::new();
+            // Due a second ago: late at once.
+            let due = Instant::now().checked_sub(Duration::from_secs(1)).unwrap();
+            batch.refill(&mut tasks, due);
+            let batch = std::sync::Arc::new(batch);
+            let worker = {
+                let stand_in = Arc::clone(&stand_in);
+                loom::thread::spawn(move || stand_in.begin(0, &batch))
+            };
+            let mut eyes = Eyes::new(2);
+            let far = Instant::now() + Duration::from_secs(3600);
+            assert!(
+                stand_in.sleep_until(Some(far), &mut eyes),
+                "the watchdog looks"
+            );
+            worker.join().unwrap();
+        });
     }
 }
