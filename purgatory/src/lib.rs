@@ -125,7 +125,10 @@ pub use parked::reply;
 pub use parked::{Answer, Answered, Parked, Refused, Reply, Unanswered};
 pub use purgatory::Purgatory;
 pub use stats::PurgatoryStats;
-pub use timer_core::{Clock, Executor, ManualClock, SystemClock, TimerBuilder};
+pub use timer_core::{
+    Clock, Executor, ManualClock, SystemClock, TimerBuilder, DEFAULT_MAX_STAND_INS,
+    DEFAULT_STAND_IN_BOUND,
+};
 #[cfg(feature = "tokio")]
 pub use tokio_time::TokioClock;
 pub use weak::WeakPurgatory;

@@ -98,7 +98,7 @@ const GAUGES: [(&str, &str, Figure); 4] = [
 ];
 
 /// Counters: name, help text, figure.
-const COUNTERS: [(&str, &str, Figure); 8] = [
+const COUNTERS: [(&str, &str, Figure); 10] = [
     (
         "purgatory_completed_total",
         "Operations completed because try_complete returned true.",
@@ -138,6 +138,16 @@ const COUNTERS: [(&str, &str, Figure); 8] = [
         "purgatory_panicked_total",
         "User code that panicked, caught and reported.",
         |s| s.panicked,
+    ),
+    (
+        "purgatory_stand_ins_total",
+        "Stand-in threads started to relieve late expiry.",
+        |s| s.stand_ins,
+    ),
+    (
+        "purgatory_stand_in_limit_reached_total",
+        "Times relief was wanted with every stand-in slot taken.",
+        |s| s.stand_in_limit_reached,
     ),
 ];
 
@@ -321,6 +331,8 @@ where
     /// | `purgatory_purged_total` | counter | `purged`: completed entries dropped by purges | |
     /// | `purgatory_refused_total` | counter | `refused`: given back by a watch, never accepted | |
     /// | `purgatory_panicked_total` | counter | `panicked`: user code that panicked, caught | |
+    /// | `purgatory_stand_ins_total` | counter | `stand_ins`: stand-in threads started to relieve late expiry | |
+    /// | `purgatory_stand_in_limit_reached_total` | counter | `stand_in_limit_reached`: relief wanted with every stand-in slot taken | |
     /// | `purgatory_wait_seconds` | histogram, label `outcome` | how long each operation waited | |
     ///
     /// `purgatory_wait_seconds` has one sample per operation that was armed (not one

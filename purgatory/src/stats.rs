@@ -57,6 +57,16 @@ pub struct PurgatoryStats {
     /// key's `Drop`, a key's `Hash` or `Eq` while being watched, the metrics recorder, the
     /// tracing subscriber) and every read of the clock that panicked.
     pub panicked: u64,
+    /// Stand-in threads started to relieve late expiry: each took over the unclaimed
+    /// operations of a late batch, or the reaper's rounds, while user code held a driving
+    /// thread (see `docs/purgatory.md`, "Isolation"). Rising steadily, callbacks are
+    /// often slow or blocked.
+    pub stand_ins: u64,
+    /// Times relief was wanted while every stand-in slot was taken
+    /// (`TimerBuilder::max_stand_ins`, 32 by default): the operations behind the held
+    /// callbacks then waited for one of them. Each time is also reported (a warning,
+    /// target `timer_core`). Not 0: raise the limit, or find what blocks the callbacks.
+    pub stand_in_limit_reached: u64,
 }
 
 impl<K, O: DelayedOperation> State<K, O> {
@@ -70,8 +80,9 @@ impl<K, O: DelayedOperation> State<K, O> {
         // The stale count may dip below zero for a moment, or exceed `watched` read a
         // moment before (see `watchers.rs`): clamped, a recent estimate.
         let stale = usize::try_from(self.watchers.stale()).unwrap_or(0);
+        let timer = self.timer.stats();
         PurgatoryStats {
-            pending: self.timer.len(),
+            pending: timer.pending,
             watched,
             watched_live: watched.saturating_sub(stale),
             keys: self.watchers.keys(),
@@ -83,6 +94,8 @@ impl<K, O: DelayedOperation> State<K, O> {
             purged: totals.purged,
             refused: totals.refused,
             panicked: self.user.panicked() + self.timer.clock_panics(),
+            stand_ins: timer.stand_ins,
+            stand_in_limit_reached: timer.stand_in_limit_reached,
         }
     }
 }
@@ -106,6 +119,8 @@ mod tests {
             purged: 9,
             refused: 12,
             panicked: 10,
+            stand_ins: 13,
+            stand_in_limit_reached: 14,
         };
         let json = serde_json::to_value(stats).unwrap();
         assert_eq!(
@@ -113,7 +128,7 @@ mod tests {
             serde_json::json!({
                 "pending": 1, "watched": 2, "watched_live": 11, "keys": 3, "completed": 4, "forced": 5,
                 "expired": 6, "expired_at_shutdown": 7, "cancelled": 8, "purged": 9,
-                "refused": 12, "panicked": 10,
+                "refused": 12, "panicked": 10, "stand_ins": 13, "stand_in_limit_reached": 14,
             })
         );
         assert_eq!(

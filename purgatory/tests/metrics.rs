@@ -142,6 +142,11 @@ fn publish_metrics_reports_every_figure_labelled_with_the_purgatory() {
         ("purgatory_purged_total", stats.purged),
         ("purgatory_refused_total", stats.refused),
         ("purgatory_panicked_total", stats.panicked),
+        ("purgatory_stand_ins_total", stats.stand_ins),
+        (
+            "purgatory_stand_in_limit_reached_total",
+            stats.stand_in_limit_reached,
+        ),
     ]
     .into_iter()
     .map(|(name, value)| (name.to_string(), value))
