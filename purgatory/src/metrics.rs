@@ -141,7 +141,7 @@ const COUNTERS: [(&str, &str, Figure); 10] = [
     ),
     (
         "purgatory_stand_ins_total",
-        "Stand-in threads started to relieve late expiry.",
+        "Reliefs of late expiry by stand-in threads.",
         |s| s.stand_ins,
     ),
     (
@@ -331,7 +331,7 @@ where
     /// | `purgatory_purged_total` | counter | `purged`: completed entries dropped by purges | |
     /// | `purgatory_refused_total` | counter | `refused`: given back by a watch, never accepted | |
     /// | `purgatory_panicked_total` | counter | `panicked`: user code that panicked, caught | |
-    /// | `purgatory_stand_ins_total` | counter | `stand_ins`: stand-in threads started to relieve late expiry | |
+    /// | `purgatory_stand_ins_total` | counter | `stand_ins`: reliefs of late expiry by stand-in threads | |
     /// | `purgatory_stand_in_limit_reached_total` | counter | `stand_in_limit_reached`: relief wanted with every stand-in slot taken | |
     /// | `purgatory_wait_seconds` | histogram, label `outcome` | how long each operation waited | |
     ///

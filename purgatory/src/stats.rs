@@ -57,10 +57,10 @@ pub struct PurgatoryStats {
     /// key's `Drop`, a key's `Hash` or `Eq` while being watched, the metrics recorder, the
     /// tracing subscriber) and every read of the clock that panicked.
     pub panicked: u64,
-    /// Stand-in threads started to relieve late expiry: each took over the unclaimed
-    /// operations of a late batch, or the reaper's rounds, while user code held a driving
-    /// thread (see `docs/purgatory.md`, "Isolation"). Rising steadily, callbacks are
-    /// often slow or blocked.
+    /// Reliefs of late expiry: each handed a stand-in thread (started, or woken from its
+    /// wait for more) the unclaimed operations of a late batch, or the reaper's rounds,
+    /// while user code held a driving thread (see `docs/purgatory.md`, "Isolation").
+    /// Rising steadily, callbacks are often slow or blocked.
     pub stand_ins: u64,
     /// Times relief was wanted while every stand-in slot was taken
     /// (`TimerBuilder::max_stand_ins`, 32 by default): the operations behind the held

@@ -84,9 +84,9 @@ pub struct TimerStats {
     /// (see `user_code.rs`). Always 0 for [`SystemClock`](crate::SystemClock) and
     /// [`ManualClock`](crate::ManualClock).
     pub clock_panics: u64,
-    /// Stand-in threads started to relieve late expiry (`stand_in.rs`): each took over
-    /// a batch's unclaimed tasks or the rounds from driving threads held in user code.
-    /// Always 0 without a reaper with stand-ins.
+    /// Reliefs of late expiry (`stand_in.rs`): each handed a stand-in thread (started,
+    /// or woken from a wait for more) a batch's unclaimed tasks or the rounds, while
+    /// driving threads were held in user code. Always 0 without a reaper with stand-ins.
     pub stand_ins: u64,
     /// Times relief was wanted while every stand-in slot was taken (the limit,
     /// `TimerBuilder::max_stand_ins`): counted once each time the limit is reached, not

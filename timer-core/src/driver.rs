@@ -667,9 +667,7 @@ impl<E: Expire> Shared<E> {
             .name(stand_in.watchdog_name())
             .spawn(move || {
                 let stand_in = shared.stand_in.as_ref().expect("started with one");
-                stand_in.watch(shared.target.core(), |work, free| {
-                    shared.relieve(stand_in, work, free)
-                });
+                stand_in.watch(shared.target.core(), |free| shared.relieve(stand_in, free));
             });
         match spawned {
             Ok(thread) => stand_in.keep_watchdog(thread),
@@ -679,40 +677,40 @@ impl<E: Expire> Shared<E> {
         }
     }
 
-    /// Starts a stand-in in slot `free` (taken for it) for `work`: it takes that work
-    /// (claims the rest of the batch, or runs a round), then any late work there is, then
-    /// leaves (`stand_in.rs`). Returns its thread, or `None` if it could not start (the
-    /// work stays where it was; the watchdog tries again at its next look).
+    /// Starts a stand-in's thread in slot `free` (taken for it, its first work posted
+    /// there): it takes each work the watchdog hands it (claims the rest of a batch, or
+    /// runs a round), then any late work there is, then waits parked for more a while
+    /// (`stand_in.rs`). Returns its thread, or `None` if it could not start (the
+    /// watchdog takes the work back and tries again at its next look).
     fn relieve(
         self: &Arc<Self>,
         stand_in: &StandIn<E::Task>,
-        work: Work<E::Task>,
         free: usize,
     ) -> Option<std::thread::JoinHandle<()>> {
-        // A batch taken over is a round from now: an outside shutdown waits for its
-        // tasks. (A stand-in for the rounds counts its rounds as they begin.)
-        let counted = matches!(work, Work::Batch(_));
-        if counted {
-            *self.rounds.lock() += 1;
-        }
         let shared = Arc::clone(self);
         let spawned = std::thread::Builder::new()
             .name(stand_in.thread_name())
             .spawn(move || {
                 let stand_in = shared.stand_in.as_ref().expect("started with one");
-                if let Work::Batch(batch) = work {
-                    let _done = RoundDone(&shared);
-                    shared.help(stand_in, free, &batch);
+                while let Some(work) = stand_in.next_work(free) {
+                    if let Work::Batch(batch) = work {
+                        // Counted before its first claim: a shutdown that already saw no
+                        // round left finds the batch's owner done with it, every task
+                        // claimed (`stand_in.rs`).
+                        *shared.rounds.lock() += 1;
+                        let _done = RoundDone(&shared);
+                        shared.help(stand_in, free, &batch);
+                    }
+                    shared.stand_in_rounds(stand_in, free);
+                    if shared.target.core().is_shutdown() {
+                        break;
+                    }
                 }
-                shared.stand_in_rounds(stand_in, free);
                 stand_in.leave(free);
             });
         match spawned {
             Ok(thread) => Some(thread),
             Err(error) => {
-                if counted {
-                    drop(RoundDone(self));
-                }
                 stand_in.report_spawn_failure("a stand-in could not start", &error);
                 None
             }

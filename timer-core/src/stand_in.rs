@@ -16,10 +16,10 @@
 //!   (each is in a batch or in a round's hook), from its due time.
 //!
 //! At each look the watchdog starts stand-ins for late work. For a batch: if nobody on it
-//! moved since the last look (no thread made more steps than the one claim that led it
+//! moved since the last look (no thread claimed twice: once may be the claim that led it
 //! into the task it is in), as many threads again as are held there, at least two, so a
 //! run of held tasks is met in a few looks rather than one look each; if some thread on it
-//! moves but it is still late (many short tasks adding up), one more per `late`. Threads
+//! moves but it is still late (many short tasks adding up), one more a look. Threads
 //! started for it and not running yet are not held, and not counted again. For the
 //! rounds: one. While anything is late it looks again every `ramp` (a twentieth of the
 //! bound); otherwise at the moment the first batch under way would become late, and at
@@ -30,11 +30,12 @@
 //! blocked, the others 10.5-11.5 ms late; sixteen at once, 11-16 ms; fifty of 19 ms due
 //! 2 ms apart, 11 ms (`purgatory/tests/on_time.rs`).
 //!
-//! A stand-in takes the work it was started for (claims from the batch, or runs a round),
-//! then, until there is none: claims from any late batch, or runs rounds (each waiting at
-//! most `look`, so it looks that often whether it is still needed) while no driving
-//! thread in a lower slot is in the core. Then it leaves. Threads are started per relief,
-//! at most [`DEFAULT_MAX_STAND_INS`] at once
+//! A stand-in takes the work it was handed (claims from the batch, or runs a round), then,
+//! until there is none: claims from any late batch, or runs rounds (each waiting at most
+//! `look`, so it looks that often whether it is still needed) while no driving thread in
+//! a lower slot is in the core. Then it parks for [`LINGER`] (a second), and the
+//! watchdog's next relief wakes it rather than starting a thread; after that it leaves.
+//! At most [`DEFAULT_MAX_STAND_INS`] stand-ins run or park at once
 //! ([`DriverConfig::max_stand_ins`](crate::DriverConfig::max_stand_ins) sets it): past
 //! that, late work waits for a thread to come back, the limit is counted
 //! ([`TimerStats::stand_in_limit_reached`](crate::TimerStats)), a warning reported, and
@@ -47,15 +48,17 @@
 //! | field | written by | read by |
 //! |---|---|---|
 //! | `in_use` | the watchdog taking a slot for a stand-in (a compare-and-swap), the stand-in leaving it | the watchdog; stand-ins looking for rounds to run or batches to join |
-//! | `phase` | its thread: `IN_BATCH` at a batch's begin, `IN_HOOK` at a hook's, `IN_CORE` at their end; the watchdog, before a stand-in's start | the watchdog; stand-ins |
-//! | `steps` | its thread alone: +1 at each batch or hook begun and each task claimed | the watchdog: how far it moved since the last look |
-//! | `batch` | its thread at a batch's begin and end (under its lock); the watchdog, before a stand-in's start | the watchdog and stand-ins, to join a late batch |
+//! | `phase` | its thread: `IN_BATCH` at a batch's begin, `IN_HOOK` at a hook's, `IN_CORE` at their end, `PARKED` when it waits for work (under `mailbox`), `IN_CORE` when it leaves from there (a compare-and-swap); the watchdog: claims a parked slot (a compare-and-swap from `PARKED`) and marks a slot as on the work it posts | the watchdog; stand-ins |
+//! | `steps` | its thread alone: +1 at each task claimed | the watchdog: how far it moved since the last look |
+//! | `batch` | its thread at a batch's begin and end (under its lock); the watchdog, as it posts work | the watchdog and stand-ins, to join a late batch |
+//! | `mailbox` | the watchdog, posting a stand-in's work (under the control lock, then this lock) | the stand-in, taking it (under this lock; parked, it waits on `doorbell`) |
 //!
 //! | phase | means | counts as |
 //! |---|---|---|
 //! | `IN_CORE` | in the core (firing, waiting for the next bucket) or the driver's own code between | able to fire what comes due |
 //! | `IN_BATCH` | expiring a batch, one claimed task at a time (user code) | on that batch; may be held |
 //! | `IN_HOOK` | in a round's hook (`before_round`, `after_round`: user code) | not firing; may be held |
+//! | `PARKED` | a stand-in with nothing to do, waiting for work | free for the next relief; not under way |
 //!
 //! The watchdog's plan, `planned` (nanoseconds since `epoch`):
 //!
@@ -70,12 +73,15 @@
 //!   (`shared_batch.rs`), and expired by the claimer; nothing else moves a task. A batch
 //!   is let go by its owner only once every task is claimed, so whoever drops the last
 //!   reference (the watchdog's look included) drops no task.
-//! - The work a stand-in takes over is counted as a round from before it takes it (by
-//!   the watchdog, before the stand-in is spawned, or by the stand-in itself before it
-//!   joins another late batch) until it finished it, so a shutdown from outside waits for
-//!   it as for any round. A stand-in that counts itself after shutdown saw no round left
-//!   finds nothing to claim: the batch's owner ended its round only once every task was
-//!   claimed.
+//! - The work a stand-in takes over is counted as a round by the stand-in itself, before
+//!   its first claim, until it finished it, so a shutdown from outside waits for it as
+//!   for any round. A stand-in that counts itself after shutdown saw no round left finds
+//!   nothing to claim: the batch's owner (counted in its round) ended its round only once
+//!   every task was claimed, and every claimer counted itself before claiming.
+//! - Work posted to a slot is taken by its stand-in: the watchdog posts to a slot it
+//!   took, whose thread it then starts, or to a parked one it claimed from `PARKED`; a
+//!   parked stand-in leaves only by moving its slot out of `PARKED` itself, so a claim and
+//!   a leave cannot both succeed (the loom model below checks it).
 //! - The watchdog never runs user code and never waits for it: it reads atomics, the
 //!   slots' batch locks (held only to swap a pointer) and the core's clock only if it is
 //!   this crate's (a user clock's last reading stands in, `TimerCore::overdue_nanos`); its
@@ -83,10 +89,11 @@
 //!   user code. Its reports (the limit reached, a thread that could not start, stand-ins
 //!   started) go to a reporter thread of their own ([`Reports`]), so a slow or blocked
 //!   subscriber delays neither relief nor shutdown.
-//! - No stand-in is started after shutdown stopped the watchdog: a stand-in is spawned
-//!   under the control lock, after checking `Control::stopped` there, and its handle kept
-//!   under the same hold; shutdown sets `stopped` and takes the handles under that lock.
-//!   A stand-in running then stops after its round, and an outside shutdown joins it.
+//! - No stand-in is started or handed work after shutdown stopped the watchdog: work is
+//!   handed (and a stand-in spawned, its handle kept) under the control lock, after
+//!   checking `Control::stopped` there; shutdown sets `stopped` and takes the handles
+//!   under that lock, and wakes every parked stand-in, which leaves. A stand-in running
+//!   then stops after its round, and an outside shutdown joins it.
 //! - No work goes unwatched past its time: the watchdog publishes its plan and then reads
 //!   every slot; a thread beginning work publishes its phase and batch and then reads the
 //!   plan, waking the watchdog if it would look too late. `SeqCst` on both sides, so one
@@ -128,6 +135,18 @@ const IN_CORE: usize = 0;
 const IN_BATCH: usize = 1;
 /// A driving thread in a round's hook.
 const IN_HOOK: usize = 2;
+/// A stand-in with nothing to do, waiting (up to [`LINGER`]) for the watchdog's next
+/// relief rather than leaving at once.
+const PARKED: usize = 3;
+
+/// How long a stand-in with nothing to do waits for more before it leaves: relief that
+/// comes again soon (callbacks slow for a while) wakes a thread rather than starting one.
+#[cfg(not(loom))]
+const LINGER: Duration = Duration::from_secs(1);
+/// Under loom (no time) a parked stand-in tries to leave at once, and the models explore
+/// that against the watchdog's hand-over.
+#[cfg(loom)]
+const LINGER: Duration = Duration::ZERO;
 
 /// The watchdog's periods, from the bound.
 #[derive(Clone, Copy, Debug)]
@@ -170,6 +189,10 @@ pub(crate) struct DrivingSlot<T> {
     phase: AtomicUsize,
     steps: AtomicU64,
     batch: Mutex<Option<Arc<SharedBatch<T>>>>,
+    /// The work the watchdog hands the stand-in of this slot (started for it, or woken
+    /// from `PARKED`), and where that stand-in waits for it.
+    mailbox: Mutex<Option<Work<T>>>,
+    doorbell: Condvar,
 }
 
 impl<T> DrivingSlot<T> {
@@ -179,6 +202,8 @@ impl<T> DrivingSlot<T> {
             phase: AtomicUsize::new(IN_CORE),
             steps: AtomicU64::new(0),
             batch: Mutex::new(None),
+            mailbox: Mutex::new(None),
+            doorbell: Condvar::default(),
         }
     }
 
@@ -229,6 +254,9 @@ pub(crate) struct StandIn<T> {
     /// Every slot was taken at the last attempt to relieve (counted and warned once per
     /// time the limit is reached).
     saturated: AtomicBool,
+    /// Shutdown stopped the watchdog (`Control::stopped`, readable without the lock by
+    /// parked stand-ins).
+    stopping: AtomicBool,
     reports: Arc<Reports>,
     /// The name of the driver's threads, for the stand-ins'.
     name: String,
@@ -253,6 +281,7 @@ impl<T> StandIn<T> {
             planned: AtomicU64::new(IDLE),
             epoch: Instant::now(),
             saturated: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
             reports: Arc::default(),
             name,
         }
@@ -268,7 +297,6 @@ impl<T> StandIn<T> {
     pub(crate) fn begin(&self, index: usize, batch: &Arc<SharedBatch<T>>) {
         let slot = &self.slots[index];
         *slot.batch.lock() = Some(Arc::clone(batch));
-        slot.step();
         slot.phase.store(IN_BATCH, SeqCst);
         // A batch fired late may be late before the watchdog's next look: then it looks
         // as soon as it is, or a ramp from now if it is late already (see `sleep_until`
@@ -308,9 +336,7 @@ impl<T> StandIn<T> {
     /// A batch or a hook begins on slot `index`: watched from now on.
     #[inline]
     fn begin_work(&self, index: usize, phase: usize) {
-        let slot = &self.slots[index];
-        slot.step();
-        slot.phase.store(phase, SeqCst);
+        self.slots[index].phase.store(phase, SeqCst);
         if self.planned_look() == IDLE {
             self.wake_watchdog();
         }
@@ -369,10 +395,51 @@ impl<T> StandIn<T> {
         slot.in_use.store(false, SeqCst);
     }
 
-    /// Stops the watchdog: no stand-in starts after this.
+    /// Stops the watchdog: no stand-in starts or is woken with work after this, and
+    /// those parked leave.
     pub(crate) fn stop(&self) {
         self.control.lock().stopped = true;
+        self.stopping.store(true, SeqCst);
         self.wake.notify_all();
+        for slot in self.slots.iter() {
+            // Under its lock: a stand-in that has just seen no stop is in its wait.
+            let _mailbox = slot.mailbox.lock();
+            slot.doorbell.notify_all();
+        }
+    }
+
+    /// The next work of the stand-in in slot `index`: what the watchdog handed it, or, if
+    /// nothing is there, what it hands it while it waits parked (up to [`LINGER`]).
+    /// `None`: nothing came, or shutdown began; the stand-in leaves.
+    pub(crate) fn next_work(&self, index: usize) -> Option<Work<T>> {
+        let slot = &self.slots[index];
+        let mut mailbox = slot.mailbox.lock();
+        if let Some(work) = mailbox.take() {
+            return Some(work);
+        }
+        // Parked under the mailbox lock: the watchdog hands work to a parked slot only
+        // after claiming it (a compare-and-swap away from `PARKED`), then posts it here
+        // under this lock.
+        drop(slot.batch.lock().take());
+        slot.phase.store(PARKED, SeqCst);
+        let deadline = Instant::now() + LINGER;
+        loop {
+            if let Some(work) = mailbox.take() {
+                return Some(work);
+            }
+            let leaving = self.stopping.load(SeqCst) || Instant::now() >= deadline;
+            if leaving
+                && slot
+                    .phase
+                    .compare_exchange(PARKED, IN_CORE, SeqCst, Relaxed)
+                    .is_ok()
+            {
+                return None;
+            }
+            // Not leaving, or claimed by the watchdog meanwhile: its work is on the way.
+            let until = (!leaving).then_some(deadline);
+            mailbox = slot.doorbell.wait_until(mailbox, until);
+        }
     }
 
     /// Gives back every thread to join, once: the watchdog's first, then the
@@ -436,7 +503,7 @@ impl<T> StandIn<T> {
     pub(crate) fn watch(
         &self,
         core: &TimerCore<T>,
-        mut relieve: impl FnMut(Work<T>, usize) -> Option<JoinHandle<()>>,
+        mut relieve: impl FnMut(usize) -> Option<JoinHandle<()>>,
     ) {
         let mut eyes = Eyes::new(self.slots.len());
         // After a look: the next one (`None`: nothing under way for a while, sleep
@@ -555,10 +622,11 @@ impl<T> StandIn<T> {
     /// Whether any driving thread is in a batch or a hook.
     fn under_way(&self) -> bool {
         self.slots.iter().any(|slot| {
-            handshake_read(
+            let phase = handshake_read(
                 || slot.phase.load(SeqCst),
                 || slot.phase.fetch_add(0, SeqCst),
-            ) != IN_CORE
+            );
+            phase == IN_BATCH || phase == IN_HOOK
         })
     }
 
@@ -569,7 +637,7 @@ impl<T> StandIn<T> {
         core: &TimerCore<T>,
         now: Instant,
         eyes: &mut Eyes,
-        relieve: &mut impl FnMut(Work<T>, usize) -> Option<JoinHandle<()>>,
+        relieve: &mut impl FnMut(usize) -> Option<JoinHandle<()>>,
     ) -> Seen {
         let Timing { late, look, ramp } = self.timing;
         // The batches under way, each with the threads on it and how many of them made
@@ -584,10 +652,11 @@ impl<T> StandIn<T> {
                 continue;
             }
             let steps = slot.steps.load(Relaxed);
-            // Moving: more steps since the last look than a batch's begin and the one
-            // claim that may have led into the task it is held in now.
-            // A stand-in counts from its steps when it was started (not started yet: not
-            // moving); a slot seen for the first time (after an idle sleep) as moving.
+            // Moving: two claims or more since the last look (one may be the claim that
+            // led it into the task it is held in now, so it finished at least one). A
+            // stand-in counts from its steps when it was started (no claim yet: not
+            // running, not moving); a slot seen for the first time (after an idle
+            // sleep) as moving.
             let mut started = true;
             let base = match eyes.unstarted[i] {
                 Some(at_start) if at_start == steps => {
@@ -600,10 +669,11 @@ impl<T> StandIn<T> {
                 }
                 None => eyes.seen[i],
             };
-            let moved = base == FRESH || steps.wrapping_sub(base) > 2;
+            let moved = base == FRESH || steps.wrapping_sub(base) >= 2;
             eyes.seen[i] = steps;
             match slot.phase.load(SeqCst) {
                 IN_CORE => in_core = true,
+                PARKED => {}
                 IN_BATCH => {
                     busy = true;
                     if let Some(batch) = slot.batch.lock().clone() {
@@ -654,7 +724,7 @@ impl<T> StandIn<T> {
             let held = threads - starting;
             let wanted = if moving == 0 {
                 held.max(2)
-            } else if eyes.steady_due(now, late) {
+            } else if eyes.steady_due(now, ramp) {
                 1
             } else {
                 0
@@ -687,26 +757,62 @@ impl<T> StandIn<T> {
         }
     }
 
-    /// Takes a free slot, marks it as on `work`, and starts a stand-in there; returns
-    /// the slot and its steps before the start, or `None` (every slot taken: the limit;
-    /// shutdown; or no thread).
+    /// Hands `work` to a stand-in: a parked one if there is one, else a new one in a free
+    /// slot (`spawn` starts its thread, or returns `None`). Returns the slot and its
+    /// steps before the hand-over, or `None` (every slot taken: the limit; shutdown; or
+    /// no thread could start).
     fn start(
         &self,
         core: &TimerCore<T>,
         work: Work<T>,
-        relieve: &mut impl FnMut(Work<T>, usize) -> Option<JoinHandle<()>>,
+        spawn: &mut impl FnMut(usize) -> Option<JoinHandle<()>>,
     ) -> Option<(usize, u64)> {
-        let Some(free) = self.take_slot() else {
-            if !self.saturated.swap(true, Relaxed) {
-                core.relief().limit_reached.fetch_add(1, Relaxed);
-                self.report(|pending| pending.limit_reached += 1);
-            }
+        // Under the control lock, which shutdown takes to stop the watchdog: a stand-in
+        // is handed work (and started) before the stop, and joined, or not at all.
+        let mut control = self.control.lock();
+        if control.stopped {
             return None;
+        }
+        let (index, spawned) = match self.take_parked() {
+            Some(parked) => (parked, false),
+            None => match self.take_slot() {
+                Some(free) => (free, true),
+                None => {
+                    drop(control);
+                    if !self.saturated.swap(true, Relaxed) {
+                        core.relief().limit_reached.fetch_add(1, Relaxed);
+                        self.report(|pending| pending.limit_reached += 1);
+                    }
+                    return None;
+                }
+            },
         };
         self.saturated.store(false, Relaxed);
-        let slot = &self.slots[free];
+        let slot = &self.slots[index];
         // Read before the thread can step (only it writes them).
         let steps = slot.steps.load(Relaxed);
+        self.post(index, work);
+        if spawned {
+            match spawn(index) {
+                Some(thread) => control.keep(thread),
+                None => {
+                    drop(control);
+                    drop(slot.mailbox.lock().take());
+                    self.leave(index);
+                    return None;
+                }
+            }
+        }
+        drop(control);
+        core.relief().started.fetch_add(1, Relaxed);
+        self.report(|pending| pending.started += 1);
+        Some((index, steps))
+    }
+
+    /// Posts `work` to slot `index` (taken, or claimed from `PARKED`), marking the slot as
+    /// on it, so that the next look counts its thread there.
+    fn post(&self, index: usize, work: Work<T>) {
+        let slot = &self.slots[index];
         match &work {
             Work::Batch(batch) => {
                 *slot.batch.lock() = Some(Arc::clone(batch));
@@ -714,27 +820,19 @@ impl<T> StandIn<T> {
             }
             Work::Rounds => slot.phase.store(IN_CORE, SeqCst),
         }
-        // Started under the control lock, which shutdown takes to stop the watchdog: a
-        // stand-in either starts before the stop, and is joined, or not at all.
-        let mut control = self.control.lock();
-        if control.stopped {
-            self.leave(free);
-            return None;
-        }
-        match relieve(work, free) {
-            Some(thread) => {
-                control.keep(thread);
-                drop(control);
-                core.relief().started.fetch_add(1, Relaxed);
-                self.report(|pending| pending.started += 1);
-                Some((free, steps))
-            }
-            None => {
-                drop(control);
-                self.leave(free);
-                None
-            }
-        }
+        let mut mailbox = slot.mailbox.lock();
+        *mailbox = Some(work);
+        slot.doorbell.notify_all();
+    }
+
+    /// Claims a parked stand-in's slot for work (it stays in use).
+    fn take_parked(&self) -> Option<usize> {
+        (1..self.slots.len()).find(|&i| {
+            self.slots[i]
+                .phase
+                .compare_exchange(PARKED, IN_CORE, SeqCst, Relaxed)
+                .is_ok()
+        })
     }
 
     /// Takes a free slot for a stand-in.
@@ -978,6 +1076,33 @@ mod loom_models {
                 second.join().unwrap();
             }
             assert_eq!(emitted.load(Std), 2, "each report emitted once");
+        });
+    }
+
+    /// The hand-over to a parked stand-in: the watchdog claims the slot and posts work
+    /// while the stand-in, having waited its while, tries to leave. Either it gets the
+    /// work, or the claim fails and it leaves; never a claim whose work nobody takes, nor
+    /// a stand-in waiting for work that never comes (a deadlock in the model).
+    #[test]
+    fn a_parked_stand_in_takes_the_work_or_leaves_unclaimed() {
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(3);
+        builder.check(|| {
+            let stand_in: Arc<StandIn<()>> =
+                Arc::new(StandIn::new(Duration::from_millis(20), 1, "m".into()));
+            stand_in.slots[1].in_use.store(true, SeqCst);
+            let parked = {
+                let stand_in = Arc::clone(&stand_in);
+                loom::thread::spawn(move || stand_in.next_work(1).is_some())
+            };
+            let handed = match stand_in.take_parked() {
+                Some(index) => {
+                    stand_in.post(index, Work::Rounds);
+                    true
+                }
+                None => false,
+            };
+            assert_eq!(parked.join().unwrap(), handed, "the work handed was taken");
         });
     }
 
