@@ -624,18 +624,19 @@ impl<E: Expire> Shared<E> {
                 driving.batch = Arc::new(fresh);
             }
         }
-        self.help(stand_in, driving.slot, &driving.batch.clone());
+        self.help(stand_in, driving.slot, &driving.batch, now);
     }
 
     /// Expires what is left of `batch` on driving slot `slot`, watched (its own batch, or
-    /// one a stand-in takes over).
+    /// one a stand-in takes over), beginning `now`.
     fn help(
         self: &Arc<Self>,
         stand_in: &StandIn<E::Task>,
         slot: usize,
         batch: &Arc<SharedBatch<E::Task>>,
+        now: std::time::Instant,
     ) {
-        stand_in.begin(slot, batch);
+        stand_in.begin(slot, batch, now);
         self.expire_claimed(batch, stand_in, slot);
         stand_in.end(slot);
     }
@@ -699,7 +700,7 @@ impl<E: Expire> Shared<E> {
                         // claimed (`stand_in.rs`).
                         *shared.rounds.lock() += 1;
                         let _done = RoundDone(&shared);
-                        shared.help(stand_in, free, &batch);
+                        shared.help(stand_in, free, &batch, std::time::Instant::now());
                     }
                     shared.stand_in_rounds(stand_in, free);
                     if shared.target.core().is_shutdown() {
@@ -738,7 +739,7 @@ impl<E: Expire> Shared<E> {
                 // left finds its owner done with it, every task claimed (`stand_in.rs`).
                 *self.rounds.lock() += 1;
                 let _done = RoundDone(self);
-                self.help(stand_in, slot, &batch);
+                self.help(stand_in, slot, &batch, std::time::Instant::now());
                 continue;
             }
             if stand_in.rounds_covered(slot) {

@@ -99,7 +99,7 @@
 //!   plan, waking the watchdog if it would look too late. `SeqCst` on both sides, so one
 //!   sees the other (`sleep_until`; the loom models below check it).
 
-use std::sync::atomic::Ordering::{Relaxed, SeqCst};
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -257,6 +257,9 @@ pub(crate) struct StandIn<T> {
     /// Shutdown stopped the watchdog (`Control::stopped`, readable without the lock by
     /// parked stand-ins).
     stopping: AtomicBool,
+    /// Slots ever taken (the highest index taken, plus one): the ones looks read, so a
+    /// timer whose reaper never needed relief scans one slot, not the limit's worth.
+    used: AtomicUsize,
     reports: Arc<Reports>,
     /// The name of the driver's threads, for the stand-ins'.
     name: String,
@@ -282,6 +285,7 @@ impl<T> StandIn<T> {
             epoch: Instant::now(),
             saturated: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
+            used: AtomicUsize::new(1),
             reports: Arc::default(),
             name,
         }
@@ -293,15 +297,15 @@ impl<T> StandIn<T> {
         self.timing.look
     }
 
-    /// Slot `index`'s thread begins expiring `batch`.
-    pub(crate) fn begin(&self, index: usize, batch: &Arc<SharedBatch<T>>) {
+    /// Slot `index`'s thread begins expiring `batch`, `now`.
+    pub(crate) fn begin(&self, index: usize, batch: &Arc<SharedBatch<T>>, now: Instant) {
         let slot = &self.slots[index];
         *slot.batch.lock() = Some(Arc::clone(batch));
         slot.phase.store(IN_BATCH, SeqCst);
         // A batch fired late may be late before the watchdog's next look: then it looks
         // as soon as it is, or a ramp from now if it is late already (see `sleep_until`
         // for the other side of this handshake).
-        let relief_at = (batch.due_at() + self.timing.late).max(Instant::now() + self.timing.ramp);
+        let relief_at = (batch.due_at() + self.timing.late).max(now + self.timing.ramp);
         if self.nanos_at(relief_at) < self.planned_look() {
             self.wake_watchdog();
         }
@@ -351,10 +355,11 @@ impl<T> StandIn<T> {
         )
     }
 
-    /// `at` in nanoseconds since `epoch` (0 before it).
+    /// `at` in nanoseconds since `epoch` (0 before it; `epoch` is the watchdog's start,
+    /// and a `u64` of nanoseconds lasts 584 years from there).
+    #[inline]
     fn nanos_at(&self, at: Instant) -> u64 {
-        let since = at.saturating_duration_since(self.epoch).as_nanos();
-        u64::try_from(since).unwrap_or(IDLE - 1)
+        at.saturating_duration_since(self.epoch).as_nanos() as u64
     }
 
     /// Makes the watchdog look at once.
@@ -368,7 +373,7 @@ impl<T> StandIn<T> {
     /// A late batch with tasks left to claim, for a stand-in looking for work.
     pub(crate) fn late_batch(&self) -> Option<Arc<SharedBatch<T>>> {
         let now = Instant::now();
-        self.slots
+        self.live()
             .iter()
             .filter(|slot| slot.in_use.load(SeqCst))
             .filter_map(DrivingSlot::batch)
@@ -605,7 +610,7 @@ impl<T> StandIn<T> {
     /// When the earliest batch under way with unclaimed tasks becomes late (for the
     /// watchdog's side of the handshake).
     fn first_relief(&self) -> Option<Instant> {
-        self.slots
+        self.live()
             .iter()
             .filter(|slot| {
                 handshake_read(
@@ -621,7 +626,7 @@ impl<T> StandIn<T> {
 
     /// Whether any driving thread is in a batch or a hook.
     fn under_way(&self) -> bool {
-        self.slots.iter().any(|slot| {
+        self.live().iter().any(|slot| {
             let phase = handshake_read(
                 || slot.phase.load(SeqCst),
                 || slot.phase.fetch_add(0, SeqCst),
@@ -645,7 +650,8 @@ impl<T> StandIn<T> {
         let mut batches: Vec<OnBatch<T>> = Vec::new();
         let mut in_core = false;
         let mut busy = false;
-        for (i, slot) in self.slots.iter().enumerate() {
+        let mut stepped = false;
+        for (i, slot) in self.live().iter().enumerate() {
             if !slot.in_use.load(SeqCst) {
                 eyes.seen[i] = FRESH;
                 eyes.unstarted[i] = None;
@@ -670,6 +676,7 @@ impl<T> StandIn<T> {
                 None => eyes.seen[i],
             };
             let moved = base == FRESH || steps.wrapping_sub(base) >= 2;
+            stepped |= eyes.seen[i] != steps;
             eyes.seen[i] = steps;
             match slot.phase.load(SeqCst) {
                 IN_CORE => in_core = true,
@@ -696,7 +703,14 @@ impl<T> StandIn<T> {
             }
         }
         if !busy {
-            return Seen::Quiet;
+            // Quiet only when nothing was claimed since the last look either: under a
+            // steady load it keeps looking every `look` rather than sleeping and being
+            // woken by the next batch.
+            return if stepped {
+                Seen::UnderWay(now + look)
+            } else {
+                Seen::Quiet
+            };
         }
         let mut is_late = false;
         let mut due = now + look;
@@ -835,14 +849,22 @@ impl<T> StandIn<T> {
         })
     }
 
-    /// Takes a free slot for a stand-in.
+    /// Takes a free slot for a stand-in (the watchdog alone takes slots).
     fn take_slot(&self) -> Option<usize> {
-        (1..self.slots.len()).find(|&i| {
+        let free = (1..self.slots.len()).find(|&i| {
             self.slots[i]
                 .in_use
                 .compare_exchange(false, true, SeqCst, Relaxed)
                 .is_ok()
-        })
+        })?;
+        self.used.fetch_max(free + 1, Release);
+        Some(free)
+    }
+
+    /// The slots ever taken (see `used`).
+    #[inline]
+    fn live(&self) -> &[DrivingSlot<T>] {
+        &self.slots[..self.used.load(Acquire)]
     }
 }
 
@@ -1146,7 +1168,7 @@ mod loom_models {
             let batch = std::sync::Arc::new(batch);
             let worker = {
                 let stand_in = Arc::clone(&stand_in);
-                loom::thread::spawn(move || stand_in.begin(0, &batch))
+                loom::thread::spawn(move || stand_in.begin(0, &batch, Instant::now()))
             };
             let mut eyes = Eyes::new(2);
             let far = Instant::now() + Duration::from_secs(3600);
