@@ -93,7 +93,8 @@ impl TimerBuilder {
     /// With the inline executor and a reaper thread: the bound on how late a due task is
     /// started because of other code on the driving threads (default 20 ms,
     /// [`DEFAULT_STAND_IN_BOUND`](crate::DEFAULT_STAND_IN_BOUND)): a stand-in thread
-    /// takes over work that has waited half of it. `None`: never. See
+    /// takes over work that has waited half of it. At least 1 ms
+    /// ([`BuildError::InvalidStandInBound`] otherwise). `None`: never. See
     /// [`DriverConfig::stand_in`].
     pub fn stand_in(mut self, bound: Option<Duration>) -> Self {
         self.driver = self.driver.stand_in(bound);
@@ -146,6 +147,11 @@ impl TimerBuilder {
         let stand_ins = self.driver.max_stand_ins_setting();
         if !(1..=crate::MAX_STAND_INS_LIMIT).contains(&stand_ins) {
             return Err(BuildError::InvalidStandIns(stand_ins));
+        }
+        if let Some(bound) = self.driver.stand_in_setting() {
+            if bound < Duration::from_millis(1) {
+                return Err(BuildError::InvalidStandInBound(bound));
+            }
         }
         let clock = TimerClock::new(
             self.clock

@@ -195,6 +195,17 @@ pub(crate) struct TimerClock {
     last: AtomicU64,
     /// A user clock's reads that panicked.
     panics: AtomicU64,
+    /// When a user clock was last read well, on the real monotonic clock
+    /// ([`real_nanos`]): the watchdog's estimate of the clock between reads.
+    last_at: AtomicU64,
+}
+
+/// The real monotonic clock in nanoseconds from a process-wide origin, for estimates
+/// that run no user code.
+pub(crate) fn real_nanos() -> u64 {
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let origin = *ORIGIN.get_or_init(std::time::Instant::now);
+    saturating_nanos(origin.elapsed())
 }
 
 impl TimerClock {
@@ -203,6 +214,7 @@ impl TimerClock {
             choice,
             last: AtomicU64::new(0),
             panics: AtomicU64::new(0),
+            last_at: AtomicU64::new(real_nanos()),
         }
     }
 
@@ -216,14 +228,26 @@ impl TimerClock {
         }
     }
 
-    /// A reading that runs no user code: this crate's clocks are read, a user clock's
-    /// last good reading stands in (for the watchdog, which never runs user code).
+    /// A reading that runs no user code: this crate's clocks are read; for a user clock,
+    /// its last good reading plus the real time since (an estimate, for the watchdog,
+    /// which never runs user code: adds and rounds read the clock, but while the reaper
+    /// is held and nothing is added, nothing else would move it).
     pub(crate) fn peek_nanos(&self) -> u64 {
         match &self.choice {
             ClockChoice::System(clock) => clock.now_nanos(),
             ClockChoice::Manual(clock) => clock.now_nanos(),
-            ClockChoice::User(_) => self.last.load(Ordering::Relaxed),
+            ClockChoice::User(_) => {
+                let since = real_nanos().saturating_sub(self.last_at.load(Ordering::Relaxed));
+                self.last.load(Ordering::Relaxed).saturating_add(since)
+            }
         }
+    }
+
+    /// Whether this clock is the real one, so that how late a bucket is on it is how
+    /// late it is in real time ([`SystemClock`]; a manual or user clock need not move
+    /// with real time).
+    pub(crate) fn is_real_time(&self) -> bool {
+        matches!(self.choice, ClockChoice::System(_))
     }
 
     /// Reads of a user clock that panicked (0 for this crate's clocks).
@@ -241,6 +265,7 @@ impl TimerClock {
             || clock.now_nanos(),
         ) {
             Some(now) => {
+                self.last_at.store(real_nanos(), Ordering::Relaxed);
                 let seen = self.last.load(Ordering::Relaxed);
                 if now <= seen {
                     seen

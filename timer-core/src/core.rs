@@ -95,8 +95,8 @@ pub struct TimerStats {
 }
 
 /// What one advance fired: how many tasks, and how long before the advance read the
-/// clock the earliest of their buckets came due (on the timer's clock): how late the
-/// oldest of them already is.
+/// clock the earliest of their buckets came due: how late the oldest of them already is
+/// (on the real clock; 0 on any other, see `fire_due`).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Fired {
     pub(crate) count: usize,
@@ -332,7 +332,10 @@ impl<T> TimerCore<T> {
             drop(state);
             fired += n;
         }
-        let overdue = if fired == 0 {
+        // How late in real time: known on the real clock only (a manual clock moved 30 s
+        // at once, or a user clock, need not move with real time: their batches count
+        // as late from the moment they fired).
+        let overdue = if fired == 0 || !self.clock.is_real_time() {
             0
         } else {
             now_nanos.saturating_sub(oldest.saturating_mul(self.tick_nanos))

@@ -238,6 +238,11 @@ impl DriverConfig {
         self.max_stand_ins
     }
 
+    /// The configured stand-in bound, for a builder's checks.
+    pub(crate) fn stand_in_setting(&self) -> Option<Duration> {
+        self.stand_in
+    }
+
     /// Starts a driver for `target` (and its reaper thread, named `default_name` unless a
     /// name was set).
     pub fn start<E: Expire>(self, target: E, default_name: &str) -> std::io::Result<Driver<E>> {
@@ -657,7 +662,11 @@ impl<E: Expire> Shared<E> {
             task
         };
         let all = || self.target.expire_claimed(claim);
-        while caught("expiry handler panicked; the batch goes on", all).is_none() {}
+        // Again after a panic only while something is left: a target that panics after
+        // its last claim would otherwise be called without end.
+        while caught("expiry handler panicked; the batch goes on", all).is_none()
+            && batch.has_unclaimed()
+        {}
     }
 
     /// Starts the watchdog thread, with the reaper. If it cannot start, the reaper runs
@@ -668,7 +677,17 @@ impl<E: Expire> Shared<E> {
             .name(stand_in.watchdog_name())
             .spawn(move || {
                 let stand_in = shared.stand_in.as_ref().expect("started with one");
+                let dropper = format!("{}-drop", stand_in.name());
                 stand_in.watch(shared.target.core(), |free| shared.relieve(stand_in, free));
+                // The last reference (a driver dropped from inside its own expiry work,
+                // which does not join the watchdog) drops the target: user code, which
+                // the watchdog never runs. It goes to a thread of its own (or, if none
+                // can start, is dropped here after all, the watchdog stopped).
+                if let Some(last) = Arc::into_inner(shared) {
+                    let _ = std::thread::Builder::new()
+                        .name(dropper)
+                        .spawn(move || drop(last));
+                }
             });
         match spawned {
             Ok(thread) => stand_in.keep_watchdog(thread),
@@ -693,6 +712,7 @@ impl<E: Expire> Shared<E> {
             .name(stand_in.thread_name())
             .spawn(move || {
                 let stand_in = shared.stand_in.as_ref().expect("started with one");
+                stand_in.register(free);
                 while let Some(work) = stand_in.next_work(free) {
                     if let Work::Batch(batch) = work {
                         // Counted before its first claim: a shutdown that already saw no
@@ -827,6 +847,9 @@ fn reaper_loop<E: Expire>(shared: &Arc<Shared<E>>) {
     // The first round waits for nothing; its `after_round` (watched, like every hook of
     // a round, see `Shared::hook`) says how long the next may wait.
     let mut wait = NextRound::at_most(Duration::ZERO);
+    if let Some(stand_in) = &shared.stand_in {
+        stand_in.register(0);
+    }
     while !shared.target.core().is_shutdown() {
         (_, wait) = shared.round(wait, &mut batch, Some(&mut driving));
     }

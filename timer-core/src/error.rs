@@ -15,6 +15,10 @@ pub enum BuildError {
     /// The limit of stand-ins must be between 1 and 1,024
     /// ([`TimerBuilder::max_stand_ins`](crate::TimerBuilder::max_stand_ins)).
     InvalidStandIns(usize),
+    /// The stand-in bound must be at least 1 millisecond
+    /// ([`TimerBuilder::stand_in`](crate::TimerBuilder::stand_in)): below that the
+    /// watchdog would look thousands of times a second.
+    InvalidStandInBound(std::time::Duration),
     /// The reaper thread could not be spawned.
     Spawn(std::io::Error),
 }
@@ -33,6 +37,9 @@ impl fmt::Display for BuildError {
             }
             BuildError::InvalidStandIns(n) => {
                 write!(f, "stand-in limit {n} is out of range (1 ..= 1024)")
+            }
+            BuildError::InvalidStandInBound(bound) => {
+                write!(f, "stand-in bound {bound:?} is below 1 ms")
             }
             BuildError::Spawn(e) => write!(f, "could not spawn the reaper thread: {e}"),
         }

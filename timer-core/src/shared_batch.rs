@@ -103,6 +103,12 @@ impl<T> SharedBatch<T> {
         Some(unsafe { cell.with_mut(|task| task.assume_init_read()) })
     }
 
+    /// Tasks claimed so far (a moment later there may be more).
+    #[inline]
+    pub(crate) fn claims(&self) -> usize {
+        self.next.load(Relaxed).min(self.tasks.len())
+    }
+
     /// Whether some task is not claimed yet (a moment later it may be).
     #[inline]
     pub(crate) fn has_unclaimed(&self) -> bool {
