@@ -31,6 +31,8 @@
 //!   fired is a timeout (`Completion::Expired`), whenever it is answered, shutdown or
 //!   not: its deadline had passed.
 
+use std::mem::ManuallyDrop;
+
 use smallvec::SmallVec;
 use timer_core::TimerHandle;
 
@@ -231,13 +233,24 @@ impl<K, O: DelayedOperation> State<K, O> {
     /// then drops the operation, each through the door (a panic of one skips none of the
     /// others), all three in the span the operation was watched in (`span.rs`), which is
     /// closed after.
-    fn run_callbacks(&self, mut op: O, span: CarriedSpan, how: Completion) {
-        span.enter_around(&self.user, || {
-            self.user.call(Site::OnComplete, || op.on_complete(how));
-            if how.is_expiry() {
-                self.user.call(Site::OnExpiration, || op.on_expiration());
-            }
-            self.user.drop(Site::OperationDrop, op);
+    ///
+    /// The operation is moved once, into the closure around the callbacks, and dropped
+    /// there where it lies: moved on into the catch of its drop, it was copied twice.
+    fn run_callbacks(&self, op: O, span: CarriedSpan, how: Completion) {
+        let mut op = ManuallyDrop::new(op);
+        span.enter_around(&self.user, move || {
+            self.callbacks(&mut op, how);
+            // SAFETY: `op` is dropped here, once, and not used after.
+            unsafe { self.user.drop_manually(Site::OperationDrop, &mut op) };
         });
+    }
+
+    /// `on_complete`, and `on_expiration` for an expiry, each through the door.
+    #[inline(always)]
+    fn callbacks(&self, op: &mut O, how: Completion) {
+        self.user.call(Site::OnComplete, || op.on_complete(how));
+        if how.is_expiry() {
+            self.user.call(Site::OnExpiration, || op.on_expiration());
+        }
     }
 }

@@ -341,7 +341,11 @@ where
 
     /// Answers an expiry that an unlock handed over: tells the driver first (a shutdown
     /// that begins once the operation is out of its slot waits for this answer), then
-    /// takes the operation and expires it, here and now.
+    /// takes the operation and expires it, here and now. Out of line (rare: the timeout
+    /// fired while a watch or a check held the slot), so that the frames it is called
+    /// from, a single watch's [`settle`](Self::settle) above all, do not keep its locals.
+    #[cold]
+    #[inline(never)]
     pub(crate) fn answer_handed_over(&self, handed_over: HandedOver<'_, O>, driver: &Driver<Self>) {
         let _work = driver.work();
         self.complete_expiry(handed_over.take());
