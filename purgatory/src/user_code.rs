@@ -104,6 +104,20 @@ impl UserCode {
         }
     }
 
+    /// Drops the value in `slot` where it lies, leaving `None` (its `Drop` is user code of
+    /// kind `site`), catching a panic: [`drop`](Self::drop) without first moving the
+    /// value into the catch.
+    #[inline]
+    pub(crate) fn drop_placed<T>(&self, site: Site, slot: &mut Option<T>) {
+        if std::mem::needs_drop::<T>() {
+            // The assignment drops the old value where it lies; should that drop panic,
+            // the `None` is written all the same, so the value is never dropped twice.
+            self.call(site, || *slot = None);
+        } else {
+            *slot = None;
+        }
+    }
+
     /// [`drop`](Self::drop) of the value in `value`, where it lies.
     ///
     /// # Safety
