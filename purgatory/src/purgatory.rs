@@ -230,7 +230,10 @@ where
     /// the publish, it was a second copy in this frame; mapped after
     /// (`try_complete_else_watch` as `watch(..).map(..)`), a second one in the caller's.
     /// Each was 88 bytes for an 80-byte operation, on every level of a re-entrant chain
-    /// (`tests/reentrant_depth.rs`).
+    /// (`tests/reentrant_depth.rs`). Inlined (a hint): a frame less a level (656 -> 480
+    /// bytes there, release), and a call less a watch (callgrind, `expiring_watches`: a
+    /// watch and its expiry 1,967 -> 1,919 instructions).
+    #[inline]
     fn watch_then<I, R>(
         &self,
         op: O,
