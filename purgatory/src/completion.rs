@@ -31,6 +31,8 @@
 //!   fired is a timeout (`Completion::Expired`), whenever it is answered, shutdown or
 //!   not: its deadline had passed.
 
+use std::mem::ManuallyDrop;
+
 use smallvec::SmallVec;
 use timer_core::TimerHandle;
 
@@ -51,6 +53,32 @@ fn count_of(how: Completion) -> Count {
         Completion::Forced => Count::Forced,
         Completion::Expired => Count::Expired,
         Completion::Shutdown => Count::ShutdownExpired,
+    }
+}
+
+/// A taken operation without the operation: what completing it needs besides (its span,
+/// its armed timer, its key count). Apart so that the operation can stay where its
+/// taker keeps it while its callbacks run ([`State::complete_placed`]).
+pub(crate) struct Receipt {
+    span: CarriedSpan,
+    timer: Option<TimerHandle>,
+    keys: u32,
+    #[cfg(feature = "metrics")]
+    since: u64,
+}
+
+impl Receipt {
+    /// `taken` as its operation and the rest.
+    #[inline(always)]
+    pub(crate) fn split<O>(taken: Taken<O>) -> (O, Receipt) {
+        let receipt = Receipt {
+            span: taken.span,
+            timer: taken.timer,
+            keys: taken.keys,
+            #[cfg(feature = "metrics")]
+            since: taken.since,
+        };
+        (taken.op, receipt)
     }
 }
 
@@ -140,15 +168,42 @@ impl<K, O: DelayedOperation> State<K, O> {
     }
 
     /// [`complete_one`](Self::complete_one), counted as `count`.
-    fn complete_one_as(&self, mut taken: Taken<O>, how: Completion, count: Count) {
-        if let Some(timer) = taken.timer.take() {
+    fn complete_one_as(&self, taken: Taken<O>, how: Completion, count: Count) {
+        let (op, receipt) = Receipt::split(taken);
+        let span = self.account_one(receipt, how, count);
+        let _runtime = self.runtime.enter();
+        self.run_callbacks(op, span, how);
+    }
+
+    /// Completes one taken operation that lies in `placed` (its [`Receipt`] the rest of
+    /// it), counted as `count`: its callbacks run on it there, and it is dropped there,
+    /// leaving `None`. A single watch completes what it took this way, in its caller's
+    /// frame (`watch.rs`).
+    #[inline(always)]
+    pub(crate) fn complete_placed(
+        &self,
+        placed: &mut Option<O>,
+        receipt: Receipt,
+        how: Completion,
+        count: Count,
+    ) {
+        let span = self.account_one(receipt, how, count);
+        let _runtime = self.runtime.enter();
+        self.run_callbacks_placed(placed, span, how);
+    }
+
+    /// What completing one operation does before its callbacks: queues its timer's
+    /// cancel, marks its entries stale, counts it (and with the feature `metrics`,
+    /// samples its wait). Gives its span back, to enter around the callbacks.
+    #[inline(always)]
+    fn account_one(&self, receipt: Receipt, how: Completion, count: Count) -> CarriedSpan {
+        if let Some(timer) = receipt.timer {
             self.cancels.push_many(&[timer], &self.timer);
         }
-        self.record(1, taken.keys, how, count);
+        self.record(1, receipt.keys, how, count);
         #[cfg(feature = "metrics")]
-        self.record_waits([taken.since], count);
-        let _runtime = self.runtime.enter();
-        self.run_callbacks(taken.op, taken.span, how);
+        self.record_waits([receipt.since], count);
+        receipt.span
     }
 
     /// Marks the entries of `n` completed operations (`keys` in all) stale and counts
@@ -231,13 +286,36 @@ impl<K, O: DelayedOperation> State<K, O> {
     /// then drops the operation, each through the door (a panic of one skips none of the
     /// others), all three in the span the operation was watched in (`span.rs`), which is
     /// closed after.
-    fn run_callbacks(&self, mut op: O, span: CarriedSpan, how: Completion) {
-        span.enter_around(&self.user, || {
-            self.user.call(Site::OnComplete, || op.on_complete(how));
-            if how.is_expiry() {
-                self.user.call(Site::OnExpiration, || op.on_expiration());
-            }
-            self.user.drop(Site::OperationDrop, op);
+    ///
+    /// The operation is moved once, into the closure around the callbacks, and dropped
+    /// there where it lies: moved on into the catch of its drop, it was copied twice.
+    fn run_callbacks(&self, op: O, span: CarriedSpan, how: Completion) {
+        let mut op = ManuallyDrop::new(op);
+        span.enter_around(&self.user, move || {
+            self.callbacks(&mut op, how);
+            // SAFETY: `op` is dropped here, once, and not used after.
+            unsafe { self.user.drop_manually(Site::OperationDrop, &mut op) };
         });
+    }
+
+    /// [`run_callbacks`](Self::run_callbacks) on the operation where it lies, in
+    /// `placed` (left `None`): a single watch's, in its caller's frame, so that a chain
+    /// of re-entrant watches keeps one copy of each operation on the stack.
+    fn run_callbacks_placed(&self, placed: &mut Option<O>, span: CarriedSpan, how: Completion) {
+        span.enter_around(&self.user, || {
+            if let Some(op) = placed.as_mut() {
+                self.callbacks(op, how);
+            }
+            self.user.drop_placed(Site::OperationDrop, placed);
+        });
+    }
+
+    /// `on_complete`, and `on_expiration` for an expiry, each through the door.
+    #[inline(always)]
+    fn callbacks(&self, op: &mut O, how: Completion) {
+        self.user.call(Site::OnComplete, || op.on_complete(how));
+        if how.is_expiry() {
+            self.user.call(Site::OnExpiration, || op.on_expiration());
+        }
     }
 }

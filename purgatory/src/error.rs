@@ -90,6 +90,16 @@ impl<O> WatchError<O> {
             | WatchError::TimeoutPanicked(op) => (op, kind),
         }
     }
+
+    /// The error of `kind` refusing `op`: [`into_parts`](Self::into_parts) undone.
+    pub(crate) fn from_parts(op: O, kind: WatchErrorKind) -> Self {
+        match kind {
+            WatchErrorKind::NoKeys => WatchError::NoKeys(op),
+            WatchErrorKind::Shutdown => WatchError::Shutdown(op),
+            WatchErrorKind::KeyPanicked => WatchError::KeyPanicked(op),
+            WatchErrorKind::TimeoutPanicked => WatchError::TimeoutPanicked(op),
+        }
+    }
 }
 
 /// Why a watch was refused, without the operation: what [`WatchError::kind`] and

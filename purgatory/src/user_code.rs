@@ -35,6 +35,7 @@
 //! - A caught payload is dropped through `timer_core::drop_panic_payload`, which catches
 //!   a payload whose own `Drop` panics.
 
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -100,6 +101,33 @@ impl UserCode {
     pub(crate) fn drop<T>(&self, site: Site, value: T) {
         if std::mem::needs_drop::<T>() {
             self.call(site, move || drop(value));
+        }
+    }
+
+    /// Drops the value in `slot` where it lies, leaving `None` (its `Drop` is user code of
+    /// kind `site`), catching a panic: [`drop`](Self::drop) without first moving the
+    /// value into the catch.
+    #[inline]
+    pub(crate) fn drop_placed<T>(&self, site: Site, slot: &mut Option<T>) {
+        if std::mem::needs_drop::<T>() {
+            // The assignment drops the old value where it lies; should that drop panic,
+            // the `None` is written all the same, so the value is never dropped twice.
+            self.call(site, || *slot = None);
+        } else {
+            *slot = None;
+        }
+    }
+
+    /// [`drop`](Self::drop) of the value in `value`, where it lies.
+    ///
+    /// # Safety
+    /// The value in `value` is not used after (not read, not dropped again), even if
+    /// its `Drop` panics (caught here), which leaves it dropped in part.
+    #[inline]
+    pub(crate) unsafe fn drop_manually<T>(&self, site: Site, value: &mut ManuallyDrop<T>) {
+        if std::mem::needs_drop::<T>() {
+            // SAFETY: the caller's promise.
+            self.call(site, || unsafe { ManuallyDrop::drop(value) });
         }
     }
 
