@@ -62,14 +62,14 @@
 //!   out again only from there: one occupant per slot at a time.
 //! - Slots live in segments that never move (segment `k` holds `FIRST_SEGMENT << k`
 //!   slots, from index `FIRST_SEGMENT * (2^k - 1)`); they are made as new slots reach
-//!   them and given back once a burst has drained (`op_table/give_back.rs`, "Giving
-//!   memory back").
+//!   them and given back, a bounded step at a time, once a burst has drained
+//!   (`op_table/give_back.rs`, with its state tables).
 //! - The free lists' indices are all below `high_water`, and every slot below it
 //!   exists.
 //! - No slot is waited for ([`OpTable::lock`]) while another is held (a batch watch
 //!   tries its operations one slot at a time, after releasing them all, see `watch.rs`);
-//!   the free-list locks are leaves, taken with slots held and never the other way
-//!   round.
+//!   the free-list locks (and the lock of the slots set aside, taken under one by a
+//!   vacate) are leaves, taken with slots held and never the other way round.
 
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, AtomicU32 as StdAtomicU32, AtomicU8, Ordering};
@@ -87,7 +87,7 @@ use crate::sync::{AtomicPtr, Mutex, Parker};
 use crate::user_code::{Site, UserCode};
 
 mod give_back;
-use give_back::Growth;
+use give_back::{Aside, Growth, Pending};
 
 /// Slots in the first segment (each next segment doubles).
 #[cfg(not(loom))]
@@ -213,11 +213,16 @@ impl<O> TableSlot<O> {
     }
 }
 
+/// Free lists: one per stripe of threads; under loom two, so that the models' steps over
+/// every list (the give-back's) stay within loom's bound on branches (the models run
+/// three or four threads, which then share lists as more than `STRIPES` threads do).
+const FREE_LISTS: usize = if cfg!(loom) { 2 } else { STRIPES };
+
 /// Free slot indices of one stripe of threads.
 #[repr(align(128))]
 #[derive(Default)]
 struct FreeList {
-    indices: parking_lot::Mutex<Vec<u32>>,
+    indices: Mutex<Vec<u32>>,
     /// `indices.len()` as of its last change (written under the lock), so an allocation
     /// skips empty lists without locking them.
     available: std::sync::atomic::AtomicUsize,
@@ -336,26 +341,12 @@ pub(crate) struct OpTable<O> {
     /// Held by the one thread that makes a segment, outside `growth` (see
     /// [`new_slots`](Self::new_slots)).
     making: Mutex<()>,
-    /// Segments given back and not freed yet (`growth.unlinked` is not empty).
-    has_unlinked: AtomicBool,
-    /// Slots at or above this index, once freed, are set aside (`aside`) rather than
-    /// put back in a free list, so that allocation prefers the slots below and the top
-    /// segment empties under a steady load; `u32::MAX` while no segment is being
-    /// emptied. Set and cleared by [`give_back`](Self::give_back).
-    aside_from: StdAtomicU32,
-    /// Free slots set aside (see `aside_from`), handed out only when every free list is
-    /// empty; their number, for estimates without the lock.
-    aside: parking_lot::Mutex<Vec<u32>>,
-    aside_len: std::sync::atomic::AtomicUsize,
-    /// [`give_back`](Self::give_back) calls left after one that gave something back,
-    /// during which [`wants_a_look`](Self::wants_a_look) stays true: what else a burst
-    /// grew (the timer's slots, freed up to a round later) is looked at meanwhile.
-    after_give_back: AtomicU8,
-    /// [`give_back`](Self::give_back) calls to skip before its next attempt, after one
-    /// that found the top segment in use (or aged, see [`MAX_FLOOR`](give_back::MAX_FLOOR)). Written under
-    /// `growth`; read without it by [`wants_a_look`](Self::wants_a_look).
-    skip: StdAtomicU32,
-    free: [FreeList; STRIPES],
+    /// The free slots of the top segment while it is being emptied, handed out only
+    /// when every free list is empty (`give_back.rs`, "Setting aside").
+    aside: Aside,
+    /// What the give-back's steps left pending, readable without `growth`.
+    giving_back: Pending,
+    free: [FreeList; FREE_LISTS],
     /// Where threads wait for a slot held by another.
     parker: Parker,
     /// Operations whose expiry came while a [`Locked`] that was dropped unconsumed held
@@ -410,20 +401,10 @@ impl<O: DelayedOperation> OpTable<O> {
             pins: Pins::default(),
             gone: TableSlot::gone(),
             gone_tag: AtomicU8::new(tag_of(RETIRED)),
-            growth: Mutex::new(Growth {
-                floors: [0; SEGMENTS],
-                unlinked: Vec::new(),
-                backoff: 1,
-                #[cfg(loom)]
-                dead: Vec::new(),
-            }),
+            growth: Mutex::new(Growth::new()),
             making: Mutex::new(()),
-            has_unlinked: AtomicBool::new(false),
-            after_give_back: AtomicU8::new(0),
-            skip: StdAtomicU32::new(0),
-            aside_from: StdAtomicU32::new(u32::MAX),
-            aside: parking_lot::Mutex::new(Vec::new()),
-            aside_len: std::sync::atomic::AtomicUsize::new(0),
+            aside: Aside::default(),
+            giving_back: Pending::default(),
             free: std::array::from_fn(|_| FreeList::default()),
             parker: Parker::default(),
             orphans: parking_lot::Mutex::new(Vec::new()),
@@ -449,7 +430,8 @@ impl<O: DelayedOperation> OpTable<O> {
     /// (allocated and not yet free again), or has taken and not yet vacated
     /// ([`vacate`](Self::vacate) stores its tag after `release_taken`, holding neither
     /// a pin nor the slot): its segment cannot be given back meanwhile, since only a
-    /// segment whose every slot is in the free lists is, and such a slot is in none.
+    /// segment whose every slot handed out is free (set aside) is, and such a slot is
+    /// not.
     #[inline]
     fn slot_and_tag(&self, index: u32) -> (&TableSlot<O>, &AtomicU8) {
         let (k, offset) = locate(index);
@@ -511,8 +493,8 @@ impl<O: DelayedOperation> OpTable<O> {
         }
         let mine = stripe_index();
         let mut missing = n;
-        for i in 0..STRIPES {
-            let list = &self.free[(mine + i) % STRIPES];
+        for i in 0..FREE_LISTS {
+            let list = &self.free[(mine + i) % FREE_LISTS];
             // A stale "empty" only costs a new slot; a stale "not empty" one lock.
             if list.available.load(Ordering::Relaxed) == 0 {
                 continue;
@@ -527,16 +509,9 @@ impl<O: DelayedOperation> OpTable<O> {
                 return;
             }
         }
-        if self.aside_len.load(Ordering::Relaxed) > 0 {
-            let mut aside = self.aside.lock();
-            let take = missing.min(aside.len());
-            let from = aside.len() - take;
-            out.extend(aside.drain(from..));
-            self.aside_len.store(aside.len(), Ordering::Relaxed);
-            missing -= take;
-            if missing == 0 {
-                return;
-            }
+        missing -= self.aside.take(missing, out);
+        if missing == 0 {
+            return;
         }
         let count = u32::try_from(missing).expect("batch fits in u32");
         out.extend(self.new_slots(count));
@@ -600,12 +575,18 @@ impl<O: DelayedOperation> OpTable<O> {
         }
     }
 
+    /// The free list of the calling thread's stripe.
+    #[inline]
+    fn own_free_list(&self) -> &FreeList {
+        &self.free[stripe_index() % FREE_LISTS]
+    }
+
     /// [`allocate`](Self::allocate) of one slot, without a buffer.
     #[inline]
     fn allocate_one(&self) -> u32 {
         let mine = stripe_index();
-        for i in 0..STRIPES {
-            let list = &self.free[(mine + i) % STRIPES];
+        for i in 0..FREE_LISTS {
+            let list = &self.free[(mine + i) % FREE_LISTS];
             if list.available.load(Ordering::Relaxed) == 0 {
                 continue;
             }
@@ -615,12 +596,8 @@ impl<O: DelayedOperation> OpTable<O> {
                 return index;
             }
         }
-        if self.aside_len.load(Ordering::Relaxed) > 0 {
-            let mut aside = self.aside.lock();
-            if let Some(index) = aside.pop() {
-                self.aside_len.store(aside.len(), Ordering::Relaxed);
-                return index;
-            }
+        if let Some(index) = self.aside.take_one() {
+            return index;
         }
         *self.new_slots(1).start()
     }
@@ -642,14 +619,23 @@ impl<O: DelayedOperation> OpTable<O> {
     /// updates their slots' tags, then frees the slots.
     pub(crate) fn vacate(&self, vacated: &[Vacated]) {
         for v in vacated {
-            self.tag(v.index).store(v.tag, Ordering::Release);
+            let tag = self.tag(v.index);
+            if cfg!(any(loom, debug_assertions)) {
+                assert!(
+                    !std::ptr::eq(tag, &self.gone_tag),
+                    "slot {} vacated after its segment was given back",
+                    v.index
+                );
+            }
+            tag.store(v.tag, Ordering::Release);
         }
-        let aside_from = self.aside_from.load(Ordering::Relaxed);
-        if aside_from != u32::MAX {
-            return self.vacate_setting_aside(vacated, aside_from);
-        }
-        let list = &self.free[stripe_index()];
+        let list = self.own_free_list();
         let mut free = list.indices.lock();
+        // Read under the list's lock (`give_back.rs`, "Setting aside").
+        let aside_from = self.aside.from();
+        if aside_from != u32::MAX {
+            return self.vacate_setting_aside(list, free, vacated, aside_from);
+        }
         free.extend(vacated.iter().filter(|v| !v.retired).map(|v| v.index));
         list.available.store(free.len(), Ordering::Relaxed);
     }
@@ -664,6 +650,12 @@ impl<O: DelayedOperation> OpTable<O> {
     #[inline]
     fn occupy(&self, index: u32, (op, span): (O, CarriedSpan)) -> Locked<'_, O> {
         let slot = &self.slot(index).slot;
+        if cfg!(any(loom, debug_assertions)) {
+            assert!(
+                !std::ptr::eq(slot, &self.gone.slot),
+                "slot {index} handed out from a segment given back"
+            );
+        }
         let generation = slot.occupy();
         // SAFETY: `occupy` locked the slot for this thread.
         unsafe {
