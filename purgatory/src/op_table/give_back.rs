@@ -7,23 +7,27 @@
 //! one; the reaper's housekeeping (`housekeeping.rs`) calls it again while it does and no
 //! timer bucket is due, so a timeout waits for one step at most. No step's work grows with
 //! the burst or the table. Times per step while a forced burst of 2,000,000 went back
-//! (release build, this shared 2-core machine, three runs with the steps timed; the
-//! longest, up to a few milliseconds, were the machine's: the thread was descheduled
-//! mid-step):
+//! (release build, this shared 2-core machine, three runs of
+//! `purgatory/tests/housekeeping_lateness.rs` with the steps timed; the longest, up to a
+//! few milliseconds, were the machine's: the thread was descheduled mid-step):
 //!
 //! | step | its work, at most | median | 90th percentile |
 //! |---|---|---|---|
-//! | look | a few loads (the free lists' counts), no lock; when it starts setting aside, the room for the segment's slots allocated | 1.6 us | 12 us |
-//! | sweep | [`SWEEP_STEP`] entries of one free list under its lock, then those of the segment appended to `aside` | 19 us | 56 us |
-//! | unlink | a few stores under `growth` and `aside`'s lock; `aside`'s room handed over to be freed | 4.8 us | 51 us |
-//! | scan | [`SCAN_STEP`] slots' generations of a segment unlinked, under `growth` | 97 us | 131 us |
-//! | free | the segments whose grace passed handed to the thread that drops things (`discard.rs`: their drop and unmapping took up to 47 ms on the reaper); that thread started, once a process | 1.7 us | 104 us |
-//! | shrink | one free list of at most [`SHRINK_COPY_UP_TO`] entries copied to a buffer twice its length, the old one handed over to be freed | 0.1 us | 0.4 us |
+//! | look | a few loads (the free lists' counts), no lock; when it starts setting aside, the room for the segment's slots allocated | 1.9 us | 19 us |
+//! | sweep | [`SWEEP_STEP`] entries of one free list under its lock, then those of the segment appended to `aside` | 22 us | 108 us |
+//! | unlink | a few stores under `growth` and `aside`'s lock; `aside`'s room handed over to be freed | 5.9 us | 70 us |
+//! | scan | [`SCAN_STEP`] slots' generations of a segment unlinked, under `growth` | 124 us | 188 us |
+//! | free | the segments whose grace passed handed to the thread that drops things (`discard.rs`: their drop and unmapping took up to 47 ms on the reaper); that thread started, once a process | 3.0 us | 94 us |
+//! | shrink | one free list of at most [`SHRINK_COPY_UP_TO`] entries copied to a buffer twice its length, the old one handed over to be freed | 0.2 us | 0.4 us |
 //! | stop setting aside | each free list's lock taken once, then `aside`'s slots moved to one list | - | - |
 //!
-//! Steps that allocate or free a large block (starting to set aside, shrinking) wait
-//! while the thread that drops things is at it: a change to the process's mappings would
-//! wait for its unmapping.
+//! The timer's slabs give back in steps too (`TimerCore::give_back_elsewhere`, 32,768
+//! entry slots a step, 279 us median, 416 us at the 90th percentile), the memory of a
+//! slab handed to the same thread when its give-back ends. Steps that allocate or free a
+//! large block (starting to set aside, shrinking) wait while that thread is at it: a
+//! change to the process's mappings would wait for its unmapping (and on this virtual
+//! machine an unmapping on the reaper itself, a slab shrunk in place, took up to 18 ms
+//! when a TLB flush had to reach the other, idle, CPU).
 //!
 //! # The top segment
 //! Only the top segment is a candidate, never the first, and only while what is in use
