@@ -7,19 +7,18 @@
 //!   of its slot if it is still there (exactly once, see `op_table.rs`) and completes it
 //!   as expired; if an event, a force or a cancel took it first, firing does nothing.
 //! - Every round starts by applying the queued timer cancels of completed operations
-//!   (`cancels.rs`), and ends with a purge step if one is due (`purge.rs`), which also
+//!   (`cancels.rs`), and ends with the housekeeping (`housekeeping.rs`): giving back what
+//!   a drained burst left unused (the op table's segments, `op_table/give_back.rs`, and
+//!   the timer's entry slots, `TimerCore::give_back`) and purging (`purge.rs`), in bounded
+//!   steps between which the timer fires whatever comes due, with no pin held. It also
 //!   says how long the next round may sleep: `REAPER_WAIT` at most while the timer holds
-//!   anything (Kafka's reaper wait) or a purge is due, without limit when neither. The
-//!   timer applies the bound that holds when the round starts to wait, and the first add
-//!   wakes a reaper sleeping without limit, so operations watched just after a round
-//!   found the purgatory idle still get their purges and cancels within `REAPER_WAIT`.
-//! - After every round, with no pin held, the op table gives back what a drained burst
-//!   left unused (`op_table.rs`, "Giving memory back"), and, in the rounds where it gave
-//!   back or may, the timer too (`TimerCore::give_back`). While the op table has a segment
-//!   unlinked and not freed, or may have one to give back (and is not backing off after
-//!   finding its top segment in use), the next round waits `REAPER_WAIT` at most, so
-//!   memory comes back even when nothing else would wake the reaper. A pin held long
-//!   delays the free of what was unlinked, not its reuse (`op_table.rs`).
+//!   anything (Kafka's reaper wait), a purge is due or a give-back is pending (longer,
+//!   up to 1.6 s, while the segment being emptied stays in use), without limit when none
+//!   is. The timer applies the bound that holds when the round starts to wait, and the
+//!   first add wakes a reaper sleeping without limit, so operations watched just after a
+//!   round found the purgatory idle still get their purges and cancels within
+//!   `REAPER_WAIT`, and memory comes back even when nothing else would wake the reaper. A
+//!   pin held long delays the free of what was unlinked, not its reuse.
 //! - With the cargo feature `metrics`, a round ends by publishing the figures if the last
 //!   publish is a second old (`metrics.rs`), which may shorten the next sleep.
 //! - Pending operations still there at shutdown (or when the last handle is dropped) are
@@ -76,26 +75,9 @@ where
     }
 
     fn after_round(&self) -> NextRound {
-        // Between rounds, with no pin held: the op table's segments and the timer's
-        // entry slots a burst left unused go back. The timer holds an entry per
-        // operation (for a round at most after it completed): it is looked at only when
-        // the op table gives back or may (or did in the last few rounds), so a steady
-        // load locks no timer shard for it.
-        if self.table.give_back() > 0 || self.table.wants_a_look() {
-            self.timer.give_back();
-        }
-        let wait = if self.purge_some() {
-            NextRound::at_most(Duration::ZERO)
-        } else {
-            NextRound {
-                queued: REAPER_WAIT,
-                empty: if self.purge_due() || self.table.wants_a_look() {
-                    REAPER_WAIT
-                } else {
-                    Duration::MAX
-                },
-            }
-        };
+        // Giving memory back and purging, in bounded steps between which the timer
+        // fires what comes due (`housekeeping.rs`).
+        let wait = self.housekeep();
         #[cfg(feature = "metrics")]
         let wait = self.publish_if_due(wait);
         wait

@@ -77,10 +77,12 @@ mod builder;
 mod cancels;
 mod completion;
 mod counters;
+mod discard;
 mod error;
 mod expiry;
 mod guard;
 mod handle;
+mod housekeeping;
 #[cfg(feature = "tokio")]
 mod long_poll;
 #[cfg(feature = "metrics")]

@@ -565,6 +565,14 @@ where
         purged
     }
 
+    /// Under loom only, for the models: how many op-table slots exist (in segments made
+    /// and not given back).
+    #[cfg(loom)]
+    #[doc(hidden)]
+    pub fn op_table_capacity(&self) -> usize {
+        self.state().table.capacity()
+    }
+
     /// Counters for metrics.
     pub fn stats(&self) -> PurgatoryStats {
         self.state().stats()

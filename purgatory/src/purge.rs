@@ -12,8 +12,9 @@
 //!   shard's lock for about [`STEP`] list entries plus at most one segment of a long
 //!   list (`watchers.rs`, `op_list.rs`), so a check or a watch on that shard waits for
 //!   at most one step. Between steps it stops to let the timer run as soon as a bucket
-//!   is due, and resumes where it stopped (the cursor, which may be inside a list) on
-//!   its next round; after a full pass over every shard it stops even if the
+//!   is due, or while the thread that drops what the give-back frees is unmapping (the
+//!   frees of a step may wait for that, `discard.rs`), and resumes where it stopped (the
+//!   cursor, which may be inside a list) on its next round; after a full pass over every shard it stops even if the
 //!   (estimated) counts still say a purge is due, so a drifted estimate cannot make the
 //!   reaper spin.
 //! - A purge reads only the dense generation tags (`OpTable::may_be_waiting`), so it
@@ -104,11 +105,9 @@ impl<K: Hash + Eq, O: DelayedOperation> State<K, O> {
             if self.watchers.stale() < self.purge.interval / 2 {
                 break;
             }
-            if self
-                .timer
-                .next_expiration()
-                .is_some_and(|due| due <= self.timer.now())
-            {
+            // Stops for a bucket due, or for an unmapping under way (its frees may wait
+            // for it, `discard.rs`): the housekeeping comes back.
+            if self.bucket_due() || crate::discard::busy() {
                 yielded = finished_shards < shards;
                 break;
             }

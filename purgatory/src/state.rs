@@ -11,11 +11,13 @@
 //! timer shard lock, a cancel-queue lock or a free-list lock is taken, never waited for
 //! while one of them is held; the slots held together by one watch chunk are its own new
 //! slots, which nobody else can be waiting for. Watcher shard, timer shard and free-list
-//! locks are leaves: nothing is locked while one is held. A cancel-queue lock is held
-//! while its handles are applied, so a timer shard lock is taken under it (never the other
-//! way round; see `cancels.rs`). The op table's growth lock (making and giving back its
-//! segments, `op_table.rs`) is taken with no lock held but slots, and the free-list
-//! locks are taken under it (never the other way round). No lock but the
+//! locks are leaves: nothing is locked while one is held, but the op table's lock of the
+//! slots set aside under a free-list lock (a vacate while a segment is being emptied,
+//! `op_table/give_back.rs`), itself a leaf. A cancel-queue lock is held while its handles
+//! are applied, so a timer shard lock is taken under it (never the other way round; see
+//! `cancels.rs`). The op table's growth lock (making and giving back its segments,
+//! `op_table.rs`) is taken with no lock held but slots, and the free-list locks are taken
+//! under it (never the other way round). No lock but the
 //! operation's own slot is held while user code runs (its `try_complete`), except a
 //! key's `Eq` under a watcher shard lock.
 
@@ -56,6 +58,9 @@ pub(crate) struct State<K, O: DelayedOperation> {
     /// `WeakPurgatory` upgrades to): the last one's drop shuts the purgatory down
     /// (`purgatory.rs`, `weak.rs`).
     pub(crate) owners: std::sync::atomic::AtomicUsize,
+    /// Housekeeping passes left during which the timer's give-back is looked at
+    /// (`housekeeping.rs`).
+    pub(crate) timer_looks: std::sync::atomic::AtomicU8,
 }
 
 impl<K, O: DelayedOperation> State<K, O> {
@@ -84,6 +89,7 @@ impl<K, O: DelayedOperation> State<K, O> {
             metrics,
             // The handle `Purgatory::from_driver` makes of this state.
             owners: std::sync::atomic::AtomicUsize::new(1),
+            timer_looks: std::sync::atomic::AtomicU8::new(0),
         }
     }
 }

@@ -99,7 +99,7 @@ impl FreeSlots {
     }
 
     /// Forgets the slots at and above `slots`, which must all be free: the slab drops
-    /// them.
+    /// them. The room they took stays, until [`take_spare`](Self::take_spare).
     pub(crate) fn truncate(&mut self, slots: usize) {
         let words = slots.div_ceil(64);
         let dropped: usize = self.words[words.min(self.words.len())..]
@@ -129,8 +129,16 @@ impl FreeSlots {
             }
         }
         self.low = self.low.min(self.summary.len().saturating_sub(1));
-        self.words.shrink_to_fit();
-        self.summary.shrink_to_fit();
+    }
+
+    /// Moves the bitmaps to buffers of their length and returns the old ones, with their
+    /// room to spare (to be freed wherever the caller likes, see `slab.rs`).
+    pub(crate) fn take_spare(&mut self) -> [Vec<u64>; 2] {
+        let (words, summary) = (self.words.to_vec(), self.summary.to_vec());
+        [
+            std::mem::replace(&mut self.words, words),
+            std::mem::replace(&mut self.summary, summary),
+        ]
     }
 
     /// Calls `visit` on the (at most) `n` slots the next `n` pops would hand out, lowest

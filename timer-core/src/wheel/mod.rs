@@ -41,6 +41,7 @@ mod free_slots;
 mod slab;
 
 pub use self::slab::SlotKey;
+pub(crate) use self::slab::Spare;
 
 use self::bucket::{Bucket, NOT_QUEUED};
 use self::bucket_queue::BucketQueue;
@@ -339,10 +340,15 @@ impl<T> Wheel<T> {
         }
     }
 
-    /// Gives back the memory of the slots a burst left unused (see `slab.rs`); returns
-    /// how many slots it dropped.
+    /// Gives back the memory of the slots a burst left unused (see `slab.rs`), at most
+    /// 32,768 slots a call; returns how many slots it dropped.
     pub fn give_back(&mut self) -> usize {
         self.slab.give_back()
+    }
+
+    /// [`give_back`](Self::give_back), the memory it frees returned instead (`slab.rs`).
+    pub(crate) fn give_back_step(&mut self) -> (usize, Option<Spare<T>>) {
+        self.slab.give_back_step()
     }
 
     /// Takes every task out, in no particular order, leaving the wheel empty.

@@ -80,6 +80,19 @@ pub(crate) struct Slab<T> {
     /// The generation a slot created from now on starts with: above every generation of
     /// the slots given back ([`give_back`](Self::give_back)), so no key to them matches.
     floor: u32,
+    /// A give-back is under way: the next [`give_back`](Self::give_back) goes on down to
+    /// the last slot in use, without deciding again.
+    giving_back: bool,
+}
+
+/// The memory a give-back took out of a slab: dropping it frees it. Freeing a large
+/// block returns its pages to the system, which can take milliseconds (and, while it
+/// runs, every other change to the process's mappings waits): `TimerCore::give_back`
+/// drops it outside the shard's lock, and a caller that must not wait hands it elsewhere
+/// (`TimerCore::give_back_elsewhere`).
+pub(crate) struct Spare<T> {
+    _entries: Vec<Entry<T>>,
+    _free: [Vec<u64>; 2],
 }
 
 /// The highest generation among the slots [`Slab::give_back`] drops: above it they stay,
@@ -87,8 +100,13 @@ pub(crate) struct Slab<T> {
 /// slot would age them all). At most this, a slot made again has 2^31 tasks ahead.
 const MAX_FLOOR: u32 = RETIRED / 2;
 
-/// Fewest slots a slab gives back at once ([`Slab::give_back`]).
+/// Fewest slots a slab decides to give back ([`Slab::give_back`]).
 const GIVE_BACK_MIN: usize = 4096;
+
+/// Most slots one [`Slab::give_back`] drops (1 MiB of 32-byte entries): the read of
+/// their generations and their unmapping hold the shard's lock, and the caller (a
+/// purgatory's reaper, between rounds) busy, about 0.3 ms.
+const GIVE_BACK_STEP: usize = 1 << 15;
 
 impl<T> Slab<T> {
     pub(crate) fn new() -> Self {
@@ -98,6 +116,7 @@ impl<T> Slab<T> {
             occupied: 0,
             retired: 0,
             floor: 0,
+            giving_back: false,
         }
     }
 
@@ -245,37 +264,80 @@ impl<T> Slab<T> {
         tasks
     }
 
-    /// Drops the free slots above the last slot in use, and the memory they took, once
-    /// at most a quarter of the slots are occupied and at least half of them would go
-    /// (and [`GIVE_BACK_MIN`] at least), so a burst's slots do not stay allocated for
-    /// good while a steady load keeps at least four times its slots. The next
-    /// occupants of slots made again start above every generation dropped. Returns how
-    /// many slots it dropped.
+    /// [`give_back_step`](Self::give_back_step), its spare memory freed here.
     pub(crate) fn give_back(&mut self) -> usize {
+        self.give_back_step().0
+    }
+
+    /// Drops the free slots above the last slot in use, once at most a quarter of the
+    /// slots are occupied and at least half of them would go (and [`GIVE_BACK_MIN`] at
+    /// least), so a burst's slots do not stay allocated for good while a steady load
+    /// keeps at least four times its slots. At most [`GIVE_BACK_STEP`] slots a call: once
+    /// decided, the next calls go on down to the last slot in use. The next occupants of
+    /// slots made again start above every generation dropped. Returns how many slots it
+    /// dropped, and, from the call that ends a give-back, the memory they took
+    /// ([`Spare`]), for the caller to free where it likes.
+    pub(crate) fn give_back_step(&mut self) -> (usize, Option<Spare<T>>) {
         let len = self.entries.len();
-        if len < 2 * GIVE_BACK_MIN || self.occupied * 4 > len {
-            return 0;
+        if !self.giving_back && (len < 2 * GIVE_BACK_MIN || self.occupied * 4 > len) {
+            return (0, None);
         }
         let keep = self.free.free_above(len);
-        if len - keep < GIVE_BACK_MIN || keep * 2 > len {
-            return 0;
+        if !self.giving_back && (len - keep < GIVE_BACK_MIN || keep * 2 > len) {
+            return (0, None);
+        }
+        let mut to = keep.max(len.saturating_sub(GIVE_BACK_STEP));
+        // A slot above `MAX_FLOOR` stays, and so does every slot below it: dropped, it
+        // would raise `floor` to its generation, where every slot made from now on starts
+        // (one hot slot would age them all).
+        let hot = self.entries[to..]
+            .iter()
+            .rposition(|e| e.generation > MAX_FLOOR);
+        if let Some(at) = hot {
+            to += at + 1;
+        }
+        if to == len {
+            self.giving_back = false;
+            return (0, self.take_spare());
         }
         // Free slots only (retired ones are not free): below `RETIRED`.
-        let top = self.entries[keep..]
+        let top = self.entries[to..]
             .iter()
             .map(|e| e.generation)
             .max()
             .unwrap_or(0);
-        if top > MAX_FLOOR {
-            // Every slot made from now on would start at `top`: one hot slot would age
-            // them all. These slots stay.
-            return 0;
-        }
         self.floor = self.floor.max(top);
-        self.entries.truncate(keep);
-        self.entries.shrink_to(keep);
-        self.free.truncate(keep);
-        len - keep
+        self.entries.truncate(to);
+        self.free.truncate(to);
+        self.giving_back = hot.is_none() && to > keep;
+        let spare = if self.giving_back {
+            None
+        } else {
+            self.take_spare()
+        };
+        (len - to, spare)
+    }
+
+    /// The room the entries and the free set no longer need, once a give-back is over:
+    /// they move to buffers of their length, and the old ones come out. Entries longer
+    /// than a give-back step are not copied: their buffer shrinks in place instead.
+    fn take_spare(&mut self) -> Option<Spare<T>> {
+        let len = self.entries.len();
+        if self.entries.capacity() <= 2 * len {
+            return None;
+        }
+        let entries = if len <= GIVE_BACK_STEP {
+            let mut kept = Vec::with_capacity(len);
+            kept.append(&mut self.entries);
+            std::mem::replace(&mut self.entries, kept)
+        } else {
+            self.entries.shrink_to(len);
+            Vec::new()
+        };
+        Some(Spare {
+            _entries: entries,
+            _free: self.free.take_spare(),
+        })
     }
 
     #[inline]
@@ -379,12 +441,12 @@ mod tests {
             }
         }
         assert_eq!(
-            slab.give_back(),
+            give_back_all(&mut slab),
             100_000 - 40_001,
             "down to the last in use"
         );
         slab.remove(40_000);
-        assert_eq!(slab.give_back(), 40_001 - 1_000);
+        assert_eq!(give_back_all(&mut slab), 40_001 - 1_000);
         assert_eq!(slab.entries.len(), 1_000);
         assert!(slab.entries.capacity() < 2_000, "the memory went too");
         assert_eq!(slab.occupied(), 1_000);
@@ -404,8 +466,64 @@ mod tests {
         assert_eq!(slab.occupied(), 100_000);
     }
 
-    /// A hot slot among the free top ones keeps them: dropped, they would raise `floor`
-    /// to its generation, the one every slot made later starts with.
+    /// [`Slab::give_back`] until it gives nothing; how many slots went.
+    fn give_back_all<T>(slab: &mut Slab<T>) -> usize {
+        std::iter::from_fn(|| Some(slab.give_back()))
+            .take_while(|&slots| slots > 0)
+            .sum()
+    }
+
+    /// A large burst goes back [`GIVE_BACK_STEP`] slots a call (what one call holds the
+    /// shard's lock for stays bounded), down to the last slot in use, once decided:
+    /// the steps after the first go on although fewer than half the slots are left to go.
+    /// The memory comes out of the slab at the end, to be freed by the caller.
+    #[test]
+    fn a_large_burst_goes_back_a_bounded_step_a_call() {
+        let mut slab = Slab::new();
+        let keys: Vec<_> = (0..200_000u64).map(|i| slab.insert(i, i)).collect();
+        for key in &keys[1_000..] {
+            slab.remove(key.index);
+        }
+        let mut spares = Vec::new();
+        let mut steps = Vec::new();
+        loop {
+            let (slots, spare) = slab.give_back_step();
+            spares.push(spare.is_some());
+            if slots == 0 {
+                break;
+            }
+            steps.push(slots);
+        }
+        // The memory comes out once, from the step that ends the give-back, for the
+        // caller to free where it likes; the slab keeps room for what it holds only.
+        let last = spares.len() - 2;
+        assert!(
+            spares[last] && spares.iter().filter(|&&s| s).count() == 1,
+            "{spares:?}"
+        );
+        let (last, full) = steps.split_last().expect("steps");
+        assert!(
+            full.iter().all(|&slots| slots == GIVE_BACK_STEP),
+            "{steps:?}"
+        );
+        assert!(*last <= GIVE_BACK_STEP);
+        assert_eq!(
+            steps.iter().sum::<usize>(),
+            200_000 - 1_000,
+            "down to the last in use"
+        );
+        assert!(steps.len() > 3, "{steps:?}");
+        assert_eq!(slab.entries.len(), 1_000);
+        assert!(slab.entries.capacity() < 2_000, "the memory went too");
+        assert_eq!(slab.occupied(), 1_000);
+        assert_eq!(slab.give_back(), 0, "nothing more to give");
+        for key in &keys[1_000..] {
+            assert!(slab.lookup(*key).is_none());
+        }
+    }
+
+    /// A hot slot among the free top ones keeps itself and those below it: dropped, it
+    /// would raise `floor` to its generation, the one every slot made later starts with.
     #[test]
     fn a_hot_slot_keeps_the_slots_above_the_last_in_use() {
         let mut slab = Slab::new();
@@ -414,8 +532,12 @@ mod tests {
             slab.remove(key.index);
         }
         slab.entries[50_000].generation = RETIRED - 3;
-        assert_eq!(slab.give_back(), 0, "the hot slot keeps them");
-        assert_eq!(slab.floor, 0);
+        assert_eq!(
+            give_back_all(&mut slab),
+            100_000 - 50_001,
+            "the hot slot keeps itself and those below it"
+        );
+        assert_eq!(slab.floor, 1, "the slots dropped held one task each");
         let again = slab.insert(0, 0);
         assert!(again.generation < 8, "{again:?}");
         slab.entries[50_000].generation = 5;
