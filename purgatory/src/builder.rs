@@ -143,9 +143,10 @@ impl<K, O> PurgatoryBuilder<K, O> {
     /// The timer's settings: tick, wheel size, timer shards, clock (a
     /// [`ManualClock`](timer_core::ManualClock) for tests, with `reaper(false)`, driving
     /// expiry through `Purgatory::advance_clock`), executor (where expired operations'
-    /// callbacks run: inline on the reaper thread, the default, where an `on_complete`
-    /// that blocks gets a stand-in thread to run the expiries after it once it has run
-    /// 20 ms, see `TimerBuilder::stand_in`; or on a pool) and reaper.
+    /// callbacks run: inline on the reaper thread, the default, where expiries kept
+    /// waiting 10 ms by others go to stand-in threads, so each is answered within 20 ms,
+    /// see `TimerBuilder::stand_in` and `TimerBuilder::max_stand_ins`; or on a pool) and
+    /// reaper.
     pub fn timer(mut self, timer: TimerBuilder) -> Self {
         self.timer = timer;
         self

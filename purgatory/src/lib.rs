@@ -25,10 +25,12 @@
 //! `Drop`, the clock, the metrics recorder, the tracing subscriber) goes through one door
 //! that catches a panic, reports and counts it, and leaves nothing half done: the
 //! operation is answered, or handed back in an error, and the reaper goes on. With the
-//! default configuration, one operation's slow or blocked callback delays no other
-//! operation's timeout by much more than 20 ms (a stand-in thread takes over a reaper
-//! stuck in one callback). The table of every kind of user code, and where each promise
-//! stops, is in `docs/purgatory.md` ("User code that panics or stalls", "Isolation").
+//! default configuration, every due timeout is answered within 20 ms of its deadline
+//! whatever other callbacks do, up to 32 of them held at once: work that has waited
+//! 10 ms goes to stand-in threads ([`DEFAULT_STAND_IN_BOUND`],
+//! [`DEFAULT_MAX_STAND_INS`]). The table of every kind of user code, and where each
+//! promise stops, is in `docs/purgatory.md` ("User code that panics or stalls",
+//! "Isolation").
 //!
 //! # Example
 //! ```
