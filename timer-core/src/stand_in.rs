@@ -1178,6 +1178,8 @@ pub(crate) struct Pending {
 }
 
 impl Pending {
+    // (Under loom no reporter runs outside the models, which drive `Reports` themselves.)
+    #[cfg_attr(loom, allow(dead_code))]
     fn is_empty(&self) -> bool {
         self.started == 0 && self.limit_reached == 0 && self.failures == 0
     }
@@ -1198,6 +1200,7 @@ impl Reports {
     }
 
     /// The reporter's loop: emits what is pending until nothing is.
+    #[cfg_attr(loom, allow(dead_code))]
     pub(crate) fn run(&self, mut emit: impl FnMut(Pending)) {
         loop {
             let pending = std::mem::take(&mut *self.pending.lock());
