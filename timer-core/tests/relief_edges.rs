@@ -4,25 +4,20 @@
 //! its last claim, a bound too small to watch, and the watchdog's looks at the limit.
 //!
 //! CI runs this binary in a release build too (`cargo test --release -p purgatory-timer
-//! --test relief_edges`). Its tests take turns: several measure lateness or count
-//! threads on a 2-core machine.
+//! --test relief_edges`), where lateness is asserted at the bound (twice it in a debug
+//! build). Its tests take turns: several measure lateness or count threads on a 2-core
+//! machine; a scenario past its bound is run again before it fails
+//! (`support/on_time.rs`).
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use timer_core::{
-    BuildError, Clock, Driver, Expire, Timer, TimerBuilder, TimerCore, TimerTask,
-    DEFAULT_STAND_IN_BOUND,
-};
+use timer_core::{BuildError, Clock, Driver, Expire, Timer, TimerBuilder, TimerCore, TimerTask};
 
-const BOUND: Duration = DEFAULT_STAND_IN_BOUND;
-
-/// Serialises the tests of this binary.
-fn one_at_a_time() -> MutexGuard<'static, ()> {
-    static TURN: Mutex<()> = Mutex::new(());
-    TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+#[path = "support/on_time.rs"]
+mod support;
+use support::{in_one_of_three, on_time, one_at_a_time};
 
 /// What ran: each task's deadline and when it started.
 type Ran = Arc<Mutex<Vec<(Duration, Instant)>>>;
@@ -94,23 +89,25 @@ impl Clock for InstantClock {
 #[test]
 fn a_clock_of_the_users_own_gets_relief_too() {
     let _turn = one_at_a_time();
-    let timer: Timer<Rec> = TimerBuilder::new()
-        .clock(InstantClock(Instant::now()))
-        .build()
-        .unwrap();
-    let ran: Ran = Arc::default();
-    let start = Instant::now();
-    // Alone in its batch (nothing left to claim behind it), it blocks 400 ms.
-    add(
-        &timer,
-        &ran,
-        Duration::from_millis(10),
-        Duration::from_millis(400),
-    );
-    add(&timer, &ran, Duration::from_millis(30), Duration::ZERO);
-    wait_for(&ran, 2);
-    let late = lateness(&ran, start, Duration::from_millis(30));
-    assert!(late < BOUND, "{late:?} late with a clock of the user's own");
+    in_one_of_three(|| {
+        let timer: Timer<Rec> = TimerBuilder::new()
+            .clock(InstantClock(Instant::now()))
+            .build()
+            .unwrap();
+        let ran: Ran = Arc::default();
+        let start = Instant::now();
+        // Alone in its batch (nothing left to claim behind it), it blocks 400 ms.
+        add(
+            &timer,
+            &ran,
+            Duration::from_millis(10),
+            Duration::from_millis(400),
+        );
+        add(&timer, &ran, Duration::from_millis(30), Duration::ZERO);
+        wait_for(&ran, 2);
+        let late = lateness(&ran, start, Duration::from_millis(30));
+        on_time("with a clock of the user's own", late)
+    });
 }
 
 /// Where each target of `the_watchdog_never_drops_the_target` was dropped.
@@ -189,23 +186,22 @@ fn the_watchdog_never_drops_the_target() {
 #[test]
 fn one_held_within_a_limit_of_one_reaches_no_limit() {
     let _turn = one_at_a_time();
-    let timer: Timer<Rec> = TimerBuilder::new().max_stand_ins(1).build().unwrap();
-    let ran: Ran = Arc::default();
-    let start = Instant::now();
-    let at = Duration::from_millis(10);
-    let behind = at + Duration::from_micros(1);
-    for _ in 0..20 {
-        add(&timer, &ran, behind, Duration::ZERO);
-    }
-    add(&timer, &ran, at, Duration::from_millis(300));
-    wait_for(&ran, 21);
-    let late = lateness(&ran, start, behind);
-    let stats = timer.stats();
-    assert!(
-        late < BOUND,
-        "{late:?} late behind one held with one stand-in"
-    );
-    assert_eq!(stats.stand_in_limit_reached, 0, "{stats:?}");
+    in_one_of_three(|| {
+        let timer: Timer<Rec> = TimerBuilder::new().max_stand_ins(1).build().unwrap();
+        let ran: Ran = Arc::default();
+        let start = Instant::now();
+        let at = Duration::from_millis(10);
+        let behind = at + Duration::from_micros(1);
+        for _ in 0..20 {
+            add(&timer, &ran, behind, Duration::ZERO);
+        }
+        add(&timer, &ran, at, Duration::from_millis(300));
+        wait_for(&ran, 21);
+        let late = lateness(&ran, start, behind);
+        let stats = timer.stats();
+        assert_eq!(stats.stand_in_limit_reached, 0, "{stats:?}");
+        on_time("behind one held with one stand-in", late)
+    });
 }
 
 /// A batch of 100,000 tasks that compute 10 us each holds no thread: threads that take

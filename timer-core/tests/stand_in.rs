@@ -5,26 +5,21 @@
 //! limit the rest waits, counted and reported, and nothing is lost. Shutdown still waits
 //! for everything that fired, and never for the subscriber.
 //!
-//! The bounds are asserted at their edge (the bound itself): CI runs this binary in a
-//! release build too (`cargo test --release -p purgatory-timer --test stand_in`). Its
-//! tests take turns ([`one_at_a_time`]): each measures lateness on a 2-core machine, and
-//! they would measure each other.
+//! The bounds are asserted at their edge (the bound itself) in a release build, as CI's
+//! release step runs this binary (`cargo test --release -p purgatory-timer --test
+//! stand_in`); a debug build asserts twice the bound. Its tests take turns, and a scenario
+//! past its bound is run again before it fails (`support/on_time.rs` says why).
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use timer_core::{Timer, TimerBuilder, TimerTask, DEFAULT_STAND_IN_BOUND};
+use timer_core::{Timer, TimerBuilder, TimerTask};
 
-/// The promise under test: the default bound.
-const BOUND: Duration = DEFAULT_STAND_IN_BOUND;
-
-/// Serialises the tests of this binary (see the module doc).
-fn one_at_a_time() -> MutexGuard<'static, ()> {
-    static TURN: Mutex<()> = Mutex::new(());
-    TURN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
+#[path = "support/on_time.rs"]
+mod support;
+use support::{in_one_of_three, on_time, one_at_a_time, BOUND};
 
 /// What ran: each task's deadline and when it started.
 type Ran = Arc<Mutex<Vec<(Duration, Instant)>>>;
@@ -128,12 +123,11 @@ fn latest_lateness(
 #[test]
 fn a_blocked_task_delays_neither_its_batch_nor_later_tasks() {
     let _turn = one_at_a_time();
-    let timer = timer(Some(BOUND));
-    let late = latest_lateness(&timer, 1, Duration::from_millis(400), 30, 30);
-    assert!(
-        late < BOUND,
-        "a task ran {late:?} late behind a blocked one (bound {BOUND:?})"
-    );
+    in_one_of_three(|| {
+        let timer = timer(Some(BOUND));
+        let late = latest_lateness(&timer, 1, Duration::from_millis(400), 30, 30);
+        on_time("behind a blocked task", late)
+    });
 }
 
 /// Issue #36: sixteen tasks blocked at once (a broker's worth), and the others due with
@@ -142,15 +136,14 @@ fn a_blocked_task_delays_neither_its_batch_nor_later_tasks() {
 #[test]
 fn sixteen_blocked_tasks_delay_no_other() {
     let _turn = one_at_a_time();
-    let timer = timer(Some(BOUND));
-    let late = latest_lateness(&timer, 16, Duration::from_millis(500), 30, 30);
-    assert!(
-        late < BOUND,
-        "a task ran {late:?} late behind sixteen blocked ones (bound {BOUND:?})"
-    );
-    let stats = timer.stats();
-    assert!(stats.stand_ins >= 16, "{stats:?}");
-    assert_eq!(stats.stand_in_limit_reached, 0, "{stats:?}");
+    in_one_of_three(|| {
+        let timer = timer(Some(BOUND));
+        let late = latest_lateness(&timer, 16, Duration::from_millis(500), 30, 30);
+        let stats = timer.stats();
+        assert!(stats.stand_ins >= 16, "{stats:?}");
+        assert_eq!(stats.stand_in_limit_reached, 0, "{stats:?}");
+        on_time("behind sixteen blocked tasks", late)
+    });
 }
 
 /// Issue #36: fifty tasks that each run just under the bound (19 ms), one due every 2 ms,
@@ -160,27 +153,26 @@ fn sixteen_blocked_tasks_delay_no_other() {
 #[test]
 fn many_tasks_just_under_the_bound_delay_no_other() {
     let _turn = one_at_a_time();
-    let timer = timer(Some(BOUND));
-    let ran: Ran = Arc::default();
-    let start = Instant::now();
     let slow = BOUND - Duration::from_millis(1);
-    // Slow ones at whole milliseconds, quick ones 1 us after theirs.
-    for i in 0..50u64 {
-        add(&timer, &ran, Duration::from_millis(10 + 2 * i), slow);
-    }
-    let quick = 110u64;
-    for i in 0..quick {
-        let deadline = Duration::from_millis(10 + i) + Duration::from_micros(1);
-        add(&timer, &ran, deadline, Duration::ZERO);
-    }
-    wait_for(&ran, 50 + quick as usize);
-    let late = latest_quick(&ran.lock().unwrap(), start, |deadline| {
-        deadline.subsec_micros() % 1000 == 1
+    in_one_of_three(|| {
+        let timer = timer(Some(BOUND));
+        let ran: Ran = Arc::default();
+        let start = Instant::now();
+        // Slow ones at whole milliseconds, quick ones 1 us after theirs.
+        for i in 0..50u64 {
+            add(&timer, &ran, Duration::from_millis(10 + 2 * i), slow);
+        }
+        let quick = 110u64;
+        for i in 0..quick {
+            let deadline = Duration::from_millis(10 + i) + Duration::from_micros(1);
+            add(&timer, &ran, deadline, Duration::ZERO);
+        }
+        wait_for(&ran, 50 + quick as usize);
+        let late = latest_quick(&ran.lock().unwrap(), start, |deadline| {
+            deadline.subsec_micros() % 1000 == 1
+        });
+        on_time(&format!("among tasks of {slow:?} each"), late)
     });
-    assert!(
-        late < BOUND,
-        "a task ran {late:?} late among tasks of {slow:?} each (bound {BOUND:?})"
-    );
 }
 
 /// Without stand-ins the same blocked task delays the rest by its whole length: what the
@@ -201,33 +193,35 @@ fn without_a_stand_in_a_blocked_task_delays_the_rest() {
 #[test]
 fn a_stuck_stand_in_is_relieved_in_turn() {
     let _turn = one_at_a_time();
-    let timer = timer(Some(BOUND));
-    let ran: Ran = Arc::default();
-    let start = Instant::now();
-    let add = |at: u64, blocks: u64| {
-        add(
-            &timer,
-            &ran,
-            Duration::from_millis(at),
-            Duration::from_millis(blocks),
-        )
-    };
-    for at in [10, 60, 110] {
-        add(at, 500);
-    }
-    for at in (150..300).step_by(10) {
-        add(at, 0);
-    }
-    std::thread::sleep(Duration::from_millis(400));
-    let ran = ran.lock().unwrap().clone();
-    let quick: Vec<Duration> = ran
-        .iter()
-        .filter(|(deadline, _)| *deadline >= Duration::from_millis(150))
-        .map(|(deadline, at)| at.duration_since(start).saturating_sub(*deadline))
-        .collect();
-    assert_eq!(quick.len(), 15, "the quick tasks ran while three blocked");
-    let late = quick.iter().max().unwrap();
-    assert!(*late < BOUND, "{late:?} late (bound {BOUND:?})");
+    in_one_of_three(|| {
+        let timer = timer(Some(BOUND));
+        let ran: Ran = Arc::default();
+        let start = Instant::now();
+        let add = |at: u64, blocks: u64| {
+            add(
+                &timer,
+                &ran,
+                Duration::from_millis(at),
+                Duration::from_millis(blocks),
+            )
+        };
+        for at in [10, 60, 110] {
+            add(at, 500);
+        }
+        for at in (150..300).step_by(10) {
+            add(at, 0);
+        }
+        std::thread::sleep(Duration::from_millis(400));
+        let ran = ran.lock().unwrap().clone();
+        let quick: Vec<Duration> = ran
+            .iter()
+            .filter(|(deadline, _)| *deadline >= Duration::from_millis(150))
+            .map(|(deadline, at)| at.duration_since(start).saturating_sub(*deadline))
+            .collect();
+        assert_eq!(quick.len(), 15, "the quick tasks ran while three blocked");
+        let late = *quick.iter().max().unwrap();
+        on_time("behind three stand-ins stuck in turn", late)
+    });
 }
 
 /// A task that counts its run and blocks until released.
