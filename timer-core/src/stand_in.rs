@@ -32,8 +32,9 @@
 //! before the watchdog's next look, wakes it (see [`StandIn::begin`]), so relief of a
 //! batch or of the rounds begins about `late` after the work came due, and each further
 //! held thread is met within a `ramp` or two. Measured in a release build: one callback
-//! blocked, the others 10.5-11.5 ms late; sixteen at once, 11-16 ms; fifty of 19 ms due
-//! 2 ms apart, 11 ms (`purgatory/tests/on_time.rs`).
+//! blocked, the others 10.5-12 ms late; sixteen at once, 15-19 ms in most runs (some
+//! past the bound on a busy 2-core machine, up to 50 ms); fifty of 19 ms due 2 ms apart,
+//! 11-15.5 ms (`purgatory/tests/on_time.rs`).
 //!
 //! A stand-in takes the work it was handed (claims from the batch, or runs a round), then,
 //! until there is none: claims from any late batch, or runs rounds (each waiting at most
