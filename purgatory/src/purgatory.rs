@@ -208,7 +208,7 @@ where
     where
         I: IntoIterator<Item = K>,
     {
-        self.watch_then(op, keys, |outcome| {
+        self.watch_then(op, keys, false, |outcome| {
             matches!(outcome, WatchOutcome::Completed)
         })
     }
@@ -221,7 +221,49 @@ where
     where
         I: IntoIterator<Item = K>,
     {
-        self.watch_then(op, keys, |outcome| outcome)
+        self.watch_then(op, keys, false, |outcome| outcome)
+    }
+
+    /// Watches an operation on no key: a timer-only operation (a member's session, a
+    /// retry's backoff) that no event checks, and that costs no watcher entry. Like
+    /// [`watch`](Self::watch) otherwise: `try_complete` is tried once, here, and then
+    /// only its timeout ([`Completion::Expired`](crate::Completion)), a
+    /// [`force_complete`](Self::force_complete) (`Forced`) or shutdown (`Shutdown`)
+    /// answers it, or a [`cancel`](Self::cancel) or a
+    /// [`cancel_on_drop`](Self::cancel_on_drop) guard takes it back, exactly once as
+    /// any operation. [`check_and_complete`](Self::check_and_complete),
+    /// [`cancel_for_key`](Self::cancel_for_key) and purges never see it. Refused as
+    /// `watch` refuses, but for [`WatchError::NoKeys`], which it never returns.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use purgatory::{Completion, DelayedOperation, Purgatory, WatchOutcome};
+    ///
+    /// /// A member's session: answered by its timeout, or forced when the member leaves.
+    /// struct Session { member: u32, ended: std::sync::mpsc::Sender<(u32, Completion)> }
+    /// impl DelayedOperation for Session {
+    ///     fn timeout(&self) -> Duration { Duration::from_millis(10) }
+    ///     fn try_complete(&mut self) -> bool { false }
+    ///     fn on_complete(&mut self, how: Completion) {
+    ///         let _ = self.ended.send((self.member, how));
+    ///     }
+    /// }
+    ///
+    /// let sessions: Purgatory<u32, Session> = Purgatory::new("sessions");
+    /// let (ended, endings) = std::sync::mpsc::channel();
+    /// let Ok(WatchOutcome::Pending(leaves)) =
+    ///     sessions.watch_keyless(Session { member: 1, ended: ended.clone() })
+    /// else {
+    ///     unreachable!("never ready, the purgatory open")
+    /// };
+    /// sessions.watch_keyless(Session { member: 2, ended }).ok();
+    /// assert!(sessions.force_complete(&leaves)); // member 1 leaves
+    /// assert_eq!(endings.recv().unwrap(), (1, Completion::Forced));
+    /// assert_eq!(endings.recv().unwrap(), (2, Completion::Expired)); // member 2 times out
+    /// assert_eq!(sessions.stats().watched, 0); // no watcher entry, ever
+    /// ```
+    pub fn watch_keyless(&self, op: O) -> Result<WatchOutcome<O>, WatchError<O>> {
+        self.watch_then(op, std::iter::empty(), true, |outcome| outcome)
     }
 
     /// [`watch`](Self::watch), its outcome given as `outcome` makes it.
@@ -238,6 +280,7 @@ where
         &self,
         op: O,
         keys: I,
+        keyless: bool,
         outcome: impl FnOnce(WatchOutcome<O>) -> R,
     ) -> Result<R, WatchError<O>>
     where
@@ -248,7 +291,7 @@ where
         let state = self.state();
         // The operation's place while it is not in its slot (see `watch_one`).
         let mut placed = Some(op);
-        let watched = state.watch_one(&mut placed, keys, &self.driver);
+        let watched = state.watch_one(&mut placed, keys, keyless, &self.driver);
         let settled = state.settle(watched, &mut placed, &self.driver);
         if settled.is_err() {
             state.counters.add(Count::Refused, 1);
@@ -289,7 +332,7 @@ where
         if staged.len() < SMALL_BATCH {
             for (op, keys) in staged {
                 let mut placed = Some(op);
-                let watched = state.watch_one(&mut placed, keys, &self.driver);
+                let watched = state.watch_one(&mut placed, keys, false, &self.driver);
                 let settled = state.settle(watched, &mut placed, &self.driver);
                 results.push(settled.map_err(|kind| refusal(&mut placed, kind)));
             }

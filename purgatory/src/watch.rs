@@ -196,10 +196,11 @@ where
         closed: bool,
         op: O,
         keys: Keys<K>,
+        keyless: bool,
     ) -> Result<(O, Duration, Keys<K>), WatchError<O>> {
         let refused = if closed {
             WatchError::Shutdown(op)
-        } else if keys.is_empty() {
+        } else if keys.is_empty() && !keyless {
             WatchError::NoKeys(op)
         } else {
             match self.user.call(Site::Timeout, || op.timeout()) {
@@ -305,12 +306,13 @@ where
         &'a self,
         placed: &mut Option<O>,
         keys: Keys<K>,
+        keyless: bool,
         driver: &'a DriverOf<K, O>,
     ) -> Watched<'a, K, O> {
         let op = placed
             .take()
             .expect("the operation to watch lies in placed");
-        let (op, timeout, keys) = match self.admit(self.timer.is_shutdown(), op, keys) {
+        let (op, timeout, keys) = match self.admit(self.timer.is_shutdown(), op, keys, keyless) {
             Ok(admitted) => admitted,
             Err(refused) => return Self::refused(refused, placed),
         };
@@ -335,9 +337,12 @@ where
             let refusal = self.unlisted(&mut m, failures);
             return self.refuse_one(refusal, placed);
         }
-        if let Some((taken, vacated, work)) = self.try_member(&mut m, driver) {
-            vacate(vacated);
-            return Self::completed(taken, work, placed);
+        // A keyless operation has no key an event could check: nothing to try again for.
+        if count > 0 {
+            if let Some((taken, vacated, work)) = self.try_member(&mut m, driver) {
+                vacate(vacated);
+                return Self::completed(taken, work, placed);
+            }
         }
         let arming = self.timer.add(m.timeout, Expiry(m.op));
         match self.armed(&mut m, arming, self.armed_at()) {
@@ -451,7 +456,7 @@ where
         let closed = self.timer.is_shutdown();
         let mut ops: SmallVec<[(O, CarriedSpan); CHUNK]> = SmallVec::new();
         for (position, (op, keys)) in batch.enumerate() {
-            match self.admit(closed, op, keys) {
+            match self.admit(closed, op, keys, false) {
                 Ok((op, timeout, keys)) => {
                     ops.push((op, CarriedSpan::current(&self.user)));
                     chunk.positions.push(position);

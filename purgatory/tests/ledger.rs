@@ -1,5 +1,5 @@
-//! The randomized ledger: several threads make every call of the API at random (single
-//! and batch watches, events, checks, forces single and batched, cancels by handle, by
+//! The randomized ledger: several threads make every call of the API at random (single,
+//! keyless and batch watches, events, checks, forces single and batched, cancels by handle, by
 //! guard and by key, `is_completed`, purges), on handles that are often stale, with a
 //! fifth of the operations on keys nobody ever checks, guards dropped on another thread,
 //! clones of the purgatory made and dropped concurrently, and the purgatory shut down in
@@ -178,7 +178,12 @@ fn worker(
                     break;
                 };
                 let id = op.id;
-                let result = if rng.percent(50) {
+                let result = if rng.percent(10) {
+                    // Keyless: events on its keys never reach it; its timeout, a force,
+                    // a cancel, a guard or shutdown does.
+                    drop(keys);
+                    purgatory.watch_keyless(op)
+                } else if rng.percent(50) {
                     purgatory.watch(op, keys)
                 } else {
                     purgatory

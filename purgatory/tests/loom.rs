@@ -448,12 +448,26 @@ fn assert_expired_once(outcome: &Outcome, what: &str) {
 /// while the watch still holds the slot (between arming the timer and unlocking), and the
 /// watch's unlock must then expire it. Nothing else would ever answer it.
 fn watch_and_expiry_model() {
+    watch_and_expiry(false);
+}
+
+/// [`watch_and_expiry_model`] for a keyless watch, which lists nothing and tries once.
+fn keyless_watch_and_expiry_model() {
+    watch_and_expiry(true);
+}
+
+fn watch_and_expiry(keyless: bool) {
     EXPLORED.fetch_add(1, SeqCst);
     let clock = ManualClock::new();
     let purgatory = purgatory(&clock);
     let expiry = expire_on_a_thread(&purgatory, clock.clone());
     let (op, outcome) = never_ready(TIMEOUT);
-    let handle = match purgatory.watch(op, [KEY]).expect("accepted") {
+    let watched = if keyless {
+        purgatory.watch_keyless(op)
+    } else {
+        purgatory.watch(op, [KEY])
+    };
+    let handle = match watched.expect("accepted") {
         WatchOutcome::Pending(handle) => handle,
         WatchOutcome::Completed => panic!("never ready"),
     };
@@ -673,6 +687,43 @@ fn a_shutdown_waits_for_an_expiry_a_check_took_over_before_it_began() {
 #[test]
 fn a_watch_chunk_expires_what_timed_out_while_it_held_the_slots() {
     explore("watch chunk and expiry", watch_chunk_and_expiry_model);
+}
+
+/// A keyless operation, its force on one thread, its expiry on another: exactly one
+/// answer, forced or expired, and `on_expiration` only with the expiry.
+fn keyless_force_and_expiry_model() {
+    EXPLORED.fetch_add(1, SeqCst);
+    let clock = ManualClock::new();
+    let purgatory = purgatory(&clock);
+    let (op, outcome) = never_ready(TIMEOUT);
+    let WatchOutcome::Pending(handle) = purgatory.watch_keyless(op).expect("accepted") else {
+        panic!("never ready");
+    };
+    let force = {
+        let purgatory = purgatory.clone();
+        spawn(move || purgatory.force_complete(&handle))
+    };
+    expire_now(&purgatory, &clock);
+    let forced = force.join().unwrap();
+    assert_eq!(outcome.completions.load(SeqCst), 1, "answered exactly once");
+    let (how, expirations) = (outcome.how.load(SeqCst), outcome.expirations.load(SeqCst));
+    assert_eq!(
+        (how, expirations),
+        if forced { (2, 0) } else { (3, 1) },
+        "forced or expired"
+    );
+    let stats = purgatory.stats();
+    assert_eq!((stats.pending, stats.watched), (0, 0), "{stats:?}");
+}
+
+#[test]
+fn a_keyless_watch_that_holds_its_slot_when_its_timeout_fires_expires_it() {
+    explore("keyless watch vs expiry", keyless_watch_and_expiry_model);
+}
+
+#[test]
+fn a_keyless_operation_forced_as_it_expires_is_answered_once() {
+    explore("keyless force vs expiry", keyless_force_and_expiry_model);
 }
 
 #[test]

@@ -33,8 +33,9 @@ fn manual(name: String) -> World {
 }
 
 /// Single watches: ready at the first try, at the second, never; a refused one (no
-/// keys); a key listed twice; an event; a force; cancels by handle and by guard; an
-/// expiry; a purge; shutdown from outside; a watch after it.
+/// keys); a key listed twice; keyless ones (ready at once, expired, forced); an event; a
+/// force; cancels by handle and by guard; an expiry; a purge; shutdown from outside; a
+/// watch after it.
 fn watch(name: String) -> World {
     let mut w = manual(name);
     let a = w.op(LONG);
@@ -52,6 +53,15 @@ fn watch(name: String) -> World {
     w.watch(e, &[4, 4]);
     let f = w.op(MS);
     w.watch(f, &[5]);
+    let k = w.op(LONG);
+    w.ready_from(k.0.id, 1);
+    w.watch_keyless(k);
+    let k = w.op(MS);
+    w.watch_keyless(k);
+    let k = w.op(LONG);
+    if let Some(k) = w.watch_keyless(k) {
+        w.force(&[&k]);
+    }
     w.advance(MS);
     w.ready_from(a_id, 1);
     w.check(2);

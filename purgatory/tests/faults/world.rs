@@ -141,6 +141,13 @@ impl World {
         self.watched(id, outcome)
     }
 
+    /// `watch_keyless`: an operation on no key.
+    pub fn watch_keyless(&mut self, op: Faulty) -> Option<Handle> {
+        let id = op.0.id;
+        let outcome = self.call("watch_keyless", |p| p.watch_keyless(op));
+        self.watched(id, outcome)
+    }
+
     /// Records what a watch of operation `id` gave.
     fn watched(
         &mut self,
