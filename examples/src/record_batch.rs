@@ -25,8 +25,11 @@
 //!   CRC does not cover (it starts at the attributes field), so a stamped batch stays valid.
 //! - `offset_count >= 1`: a batch occupies `last_offset_delta + 1` offsets of the log, and
 //!   `last_offset_delta + 1` is its record count field, which is the number of records its
-//!   bytes hold (each record's length prefix walked to the batch's end). Records' own offset
-//!   deltas are not read (Kafka does not refuse an uncompressed batch for them either).
+//!   bytes hold (each record's length prefix walked to the batch's end), and each of those
+//!   records holds exactly a record's fields, its offset delta its place in the batch
+//!   ([`count_records`]): a record a consumer cannot read (a zero-length one, say, which
+//!   kafka-python's consumer met with `CorruptRecordError` at every poll, stuck at its
+//!   offset) is refused with INVALID_RECORD, as Kafka's `InvalidRecordException`.
 
 use std::fmt;
 
@@ -214,9 +217,14 @@ fn framed_length(rest: &[u8]) -> Result<usize, BatchError> {
         .ok_or_else(|| BatchError::Corrupt(format!("bad batch length {length}")))
 }
 
-/// How many records an uncompressed batch's record section holds: each record is its length
-/// (a zigzag varint) and that many bytes, and the last one ends where the batch ends (Kafka's
-/// record iterator refuses leftover or missing bytes the same way).
+/// How many records an uncompressed batch's record section holds, each checked whole as
+/// Kafka's `DefaultRecord.readFrom` reads it for `LogValidator`: its length (a zigzag
+/// varint) and that many bytes, which hold exactly the record's fields (attributes, a
+/// timestamp delta, an offset delta, a key and a value each null (-1) or of a length, and
+/// headers, each a key of a length and a value null or of a length); and the last record
+/// ends where the batch ends. A record's offset delta must be its place in the batch: a
+/// consumer takes the record's offset from it (Kafka checks this for compressed batches;
+/// every client writes it so in both).
 fn count_records(mut records: &[u8]) -> Result<i64, BatchError> {
     let mut count = 0i64;
     while !records.is_empty() {
@@ -227,10 +235,77 @@ fn count_records(mut records: &[u8]) -> Result<i64, BatchError> {
             .and_then(|l| l.checked_add(prefix))
             .filter(|&end| end <= records.len())
             .ok_or_else(|| BatchError::Invalid(format!("bad record length {length}")))?;
+        check_record(&records[prefix..end], count).map_err(|why| {
+            BatchError::Invalid(format!("record {count} of {length} bytes: {why}"))
+        })?;
         records = &records[end..];
         count += 1;
     }
     Ok(count)
+}
+
+/// Checks that `body` (a record without its length) holds exactly a record's fields, and
+/// that its offset delta is `index`.
+fn check_record(body: &[u8], index: i64) -> Result<(), &'static str> {
+    let mut fields = Fields(body);
+    fields.take(1).ok_or("no attributes")?;
+    fields.varlong().ok_or("bad timestamp delta")?;
+    let offset_delta = fields.varint().ok_or("bad offset delta")?;
+    if offset_delta != index {
+        return Err("offset delta is not the record's place in its batch");
+    }
+    fields.nullable_bytes().ok_or("bad key")?;
+    fields.nullable_bytes().ok_or("bad value")?;
+    let headers = fields.varint().ok_or("bad header count")?;
+    if headers < 0 {
+        return Err("negative header count");
+    }
+    for _ in 0..headers {
+        let key = fields.varint().ok_or("bad header key length")?;
+        let key = usize::try_from(key).map_err(|_| "negative header key length")?;
+        fields.take(key).ok_or("header key past the record's end")?;
+        fields.nullable_bytes().ok_or("bad header value")?;
+    }
+    if !fields.0.is_empty() {
+        return Err("bytes left after the record's fields");
+    }
+    Ok(())
+}
+
+/// The fields of one record, read from the front.
+struct Fields<'a>(&'a [u8]);
+
+impl Fields<'_> {
+    fn take(&mut self, n: usize) -> Option<()> {
+        self.0 = self.0.get(n..)?;
+        Some(())
+    }
+
+    fn varint(&mut self) -> Option<i64> {
+        let (value, used) = read_varint(self.0)?;
+        self.take(used)?;
+        Some(value)
+    }
+
+    fn varlong(&mut self) -> Option<i64> {
+        let mut raw = 0u64;
+        for (i, &byte) in self.0.iter().take(10).enumerate() {
+            raw |= u64::from(byte & 0x7f) << (7 * i);
+            if byte & 0x80 == 0 {
+                self.take(i + 1)?;
+                return Some((raw >> 1) as i64 ^ -((raw & 1) as i64));
+            }
+        }
+        None
+    }
+
+    /// A length (-1 for null) and that many bytes.
+    fn nullable_bytes(&mut self) -> Option<()> {
+        match self.varint()? {
+            -1 => Some(()),
+            length => self.take(usize::try_from(length).ok()?),
+        }
+    }
 }
 
 /// A zigzag-encoded varint of at most 5 bytes (an i32) and how many bytes it took.
@@ -385,6 +460,55 @@ mod tests {
             ProducedBatch::parse_all(&old.freeze()).unwrap_err(),
             BatchError::UnsupportedFormat
         );
+    }
+
+    /// `body` behind its length, as a record section holds it (lengths under 64 bytes).
+    fn record(body: &[u8]) -> Vec<u8> {
+        assert!(body.len() < 64);
+        let mut out = vec![(body.len() as u8) << 1];
+        out.extend_from_slice(body);
+        out
+    }
+
+    /// A record's fields: attributes, timestamp delta 0, offset delta `index`, a null key,
+    /// the value `x`, and `headers` (already encoded, count first).
+    fn fields(index: u8, headers: &[u8]) -> Vec<u8> {
+        let mut body = vec![0, 0, index << 1, 1, 2, b'x'];
+        body.extend_from_slice(headers);
+        body
+    }
+
+    #[test]
+    fn counts_the_records_the_encoder_writes_and_hand_made_ones() {
+        let raw = encode_batch(&values(3), 1);
+        assert_eq!(count_records(&raw[header::SIZE..]), Ok(3));
+        let mut section = record(&fields(0, &[0]));
+        // One header: key "k" (length 1, zigzag 2), a null value.
+        section.extend(record(&fields(1, &[2, 2, b'k', 1])));
+        assert_eq!(count_records(&section), Ok(2));
+    }
+
+    #[test]
+    fn refuses_records_a_consumer_cannot_read() {
+        let cases: [(&str, Vec<u8>); 8] = [
+            ("zero-length record", record(&[])),
+            ("zero-length records", [record(&[]), record(&[])].concat()),
+            ("fields cut short", record(&fields(0, &[0])[..4])),
+            ("no header count", record(&fields(0, &[]))),
+            ("bytes after the fields", record(&[fields(0, &[0]), vec![7]].concat())),
+            ("offset delta not its place", record(&fields(1, &[0]))),
+            ("negative header count", record(&fields(0, &[1]))),
+            ("negative header key length", record(&fields(0, &[2, 1, 1]))),
+        ];
+        for (what, section) in cases {
+            assert!(
+                matches!(count_records(&section), Err(BatchError::Invalid(_))),
+                "{what}: {:?}",
+                count_records(&section)
+            );
+        }
+        // A value longer than its record.
+        assert!(count_records(&record(&[0, 0, 0, 1, 40, b'x', 0])).is_err());
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //!   (UNSUPPORTED_COMPRESSION_TYPE) rather than take their count on trust.
 //! - Review of issue #29, finding 2: asking for ids is cheap, so a flood of InitProducerId retires only
 //!   ids nobody produced under, and one address may take ids at a bounded rate.
+//! - Issue #38, finding 7: a record whose batch's count and CRC are right but which a
+//!   consumer cannot read (zero-length, bytes past its fields) is refused.
 //! - Second review of issue #29, finding 2: an address retires only its own producer ids; a
 //!   table full of ids that produced throttles InitProducerId instead.
 
@@ -131,6 +133,59 @@ async fn finding_8_a_batch_claiming_more_offsets_than_it_holds_records_is_refuse
     // An honest batch is still appended, at the offset the forged ones did not move.
     assert_eq!(produce(&mut client, 7, three).await, (0, 0));
     assert_eq!(log_end_offset(&mut client).await, 3);
+    broker.shutdown().await;
+}
+
+/// `batch`'s header over `records` (a record section, `count` records): its batch length,
+/// count and last offset delta made to agree, and a valid CRC.
+fn over_records(batch: &Bytes, records: &[u8], count: i32) -> Bytes {
+    let mut forged = BytesMut::from(&batch[..61]);
+    forged.extend_from_slice(records);
+    let length = (forged.len() - 12) as i32;
+    forged[8..12].copy_from_slice(&length.to_be_bytes());
+    forge(&forged.freeze(), count - 1, count)
+}
+
+/// Issue #38, finding 7: records whose count and CRC are right but that a consumer cannot
+/// read. Before, a batch of one zero-length record was appended (error 0), and
+/// kafka-python's consumer then raised `CorruptRecordError` at every poll, stuck at its
+/// offset. Now each is refused with INVALID_RECORD, as Kafka's `LogValidator` refuses
+/// what `DefaultRecord.readFrom` cannot read, and the log does not move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issue_38_finding_7_records_a_consumer_cannot_read_are_refused() {
+    let broker = start(config(1)).await;
+    let mut client = connect(broker.local_addr()).await;
+    let one = encode_batch(&[Bytes::from_static(b"x")], 1_000);
+    // The honest record's section: its length (zigzag), then its fields.
+    let honest = &one[61..];
+    let poisoned = [
+        ("one zero-length record", over_records(&one, &[0], 1)),
+        (
+            "three zero-length records",
+            over_records(&one, &[0, 0, 0], 3),
+        ),
+        (
+            "a record with a byte past its fields",
+            over_records(&one, &[&[honest[0] + 2], &honest[1..], &[0]].concat(), 1),
+        ),
+    ];
+    for version in [3, 7, 9] {
+        for (what, records) in &poisoned {
+            let (error, _) = produce(&mut client, version, records.clone()).await;
+            assert_eq!(error, INVALID_RECORD, "Produce v{version}, {what}");
+            assert_eq!(
+                log_end_offset(&mut client).await,
+                0,
+                "Produce v{version}, {what}: the log end offset moved"
+            );
+        }
+    }
+    // The honest batch, rebuilt the same way, is appended and read back.
+    assert_eq!(
+        produce(&mut client, 9, over_records(&one, honest, 1)).await,
+        (0, 0)
+    );
+    assert_eq!(values(&mut client).await, vec![Bytes::from_static(b"x")]);
     broker.shutdown().await;
 }
 
