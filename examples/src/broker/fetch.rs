@@ -35,6 +35,7 @@ use kafka_protocol::messages::{FetchRequest, FetchResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::ResponseError;
 
+use super::topic_ids::topic_ids;
 use super::BrokerState;
 use crate::delayed_fetch::BytesWait;
 use crate::partition::{Partition, PartitionKey};
@@ -42,6 +43,8 @@ use crate::partition::{Partition, PartitionKey};
 /// A partition of the request, named once, checked.
 struct Wanted {
     topic: TopicName,
+    /// The topic's id in this request (`topic_ids.rs`): compared instead of the name.
+    topic_id: u32,
     partition_index: i32,
     fetch_offset: i64,
     max_bytes: usize,
@@ -60,7 +63,7 @@ pub async fn handle(state: &BrokerState, request: FetchRequest, version: i16) ->
     let own_name = TopicName(StrBytes::from_string(state.config.topic.clone()));
     let wanted: Vec<Wanted> = distinct_partitions(request)
         .into_iter()
-        .map(|(topic, partition_index, fetch_offset, max_bytes)| {
+        .map(|(topic, topic_id, partition_index, fetch_offset, max_bytes)| {
             let found = locate(state, &topic.0, partition_index, fetch_offset);
             // A known name is the broker's topic: keep the broker's copy, not the frame's.
             let topic = if *topic.0 == *own_name.0 {
@@ -71,6 +74,7 @@ pub async fn handle(state: &BrokerState, request: FetchRequest, version: i16) ->
             Wanted {
                 found,
                 topic,
+                topic_id,
                 partition_index,
                 fetch_offset,
                 max_bytes: max_bytes.min(budget),
@@ -115,20 +119,23 @@ pub fn echoes_unknown_names(state: &BrokerState, request: &FetchRequest) -> bool
         .any(|topic| *topic.topic.0 != *state.config.topic)
 }
 
-/// The request's partitions, each once: `(topic, partition, fetch offset, max bytes)` at the
-/// place of its first mention, with the values of its last.
-fn distinct_partitions(request: FetchRequest) -> Vec<(TopicName, i32, i64, usize)> {
-    let mut places: HashMap<(TopicName, i32), usize> = HashMap::new();
+/// The request's partitions, each once: `(topic, its id, partition, fetch offset, max bytes)`
+/// at the place of its first mention, with the values of its last.
+fn distinct_partitions(request: FetchRequest) -> Vec<(TopicName, u32, i32, i64, usize)> {
+    // Keyed by the name's id, not the name: each name hashed once (`topic_ids.rs`).
+    let ids = topic_ids(request.topics.iter().map(|topic| &*topic.topic.0));
+    let mut places: HashMap<(u32, i32), usize> = HashMap::new();
     let mut distinct = Vec::new();
-    for topic in request.topics {
+    for (topic, id) in request.topics.into_iter().zip(ids) {
         for p in topic.partitions {
             let entry = (
                 topic.topic.clone(),
+                id,
                 p.partition,
                 p.fetch_offset,
                 p.partition_max_bytes.max(0) as usize,
             );
-            match places.entry((topic.topic.clone(), p.partition)) {
+            match places.entry((id, p.partition)) {
                 Entry::Occupied(place) => distinct[*place.get()] = entry,
                 Entry::Vacant(place) => {
                     place.insert(distinct.len());
@@ -159,6 +166,8 @@ fn locate(
 /// The answer: partitions of one topic named one after the other share a topic entry.
 fn response(wanted: Vec<Wanted>, mut budget: usize, version: i16) -> FetchResponse {
     let mut topics: Vec<FetchableTopicResponse> = Vec::new();
+    // The id of the last topic entry's name.
+    let mut last_id = None;
     let mut first = true;
     for w in wanted {
         let mut data = PartitionData::default();
@@ -185,8 +194,9 @@ fn response(wanted: Vec<Wanted>, mut budget: usize, version: i16) -> FetchRespon
             }
         }
         match topics.last_mut() {
-            Some(last) if last.topic == w.topic => last.partitions.push(data),
+            Some(last) if last_id == Some(w.topic_id) => last.partitions.push(data),
             _ => {
+                last_id = Some(w.topic_id);
                 let mut answer = FetchableTopicResponse::default();
                 answer.topic = w.topic;
                 answer.partitions.push(data);

@@ -22,6 +22,7 @@ use kafka_protocol::messages::list_offsets_response::{
 use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse};
 use kafka_protocol::ResponseError;
 
+use super::topic_ids::topic_ids;
 use super::BrokerState;
 
 /// Kafka's special timestamps.
@@ -34,19 +35,20 @@ pub fn handle(
     request: &ListOffsetsRequest,
     version: i16,
 ) -> ListOffsetsResponse {
-    let mut mentions: HashMap<(&str, i32), u32> = HashMap::new();
-    for topic in &request.topics {
+    // Keyed by the name's id, not the name: each name hashed once (`topic_ids.rs`).
+    let ids = topic_ids(request.topics.iter().map(|topic| &*topic.name.0));
+    let mut mentions: HashMap<(u32, i32), u32> = HashMap::new();
+    for (topic, &id) in request.topics.iter().zip(&ids) {
         for p in &topic.partitions {
-            *mentions
-                .entry((&topic.name.0, p.partition_index))
-                .or_default() += 1;
+            *mentions.entry((id, p.partition_index)).or_default() += 1;
         }
     }
     let mut response = ListOffsetsResponse::default();
     response.topics = request
         .topics
         .iter()
-        .map(|topic| {
+        .zip(ids)
+        .map(|(topic, id)| {
             let mut answer = ListOffsetsTopicResponse::default();
             answer.name = topic.name.clone();
             answer.partitions = topic
@@ -60,7 +62,7 @@ pub fn handle(
                     if version >= 4 {
                         out.leader_epoch = 0;
                     }
-                    if mentions[&(&*topic.name.0, p.partition_index)] > 1 {
+                    if mentions[&(id, p.partition_index)] > 1 {
                         out.error_code = ResponseError::InvalidRequest.code();
                         return out;
                     }

@@ -46,6 +46,7 @@ mod reply;
 mod request_budget;
 mod request_entries;
 mod stalled_read;
+mod topic_ids;
 
 use std::io;
 use std::net::SocketAddr;
