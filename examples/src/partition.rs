@@ -69,8 +69,8 @@ pub enum AppendError {
 pub struct Appended {
     /// Offset of the first record of the request's records.
     pub base_offset: i64,
-    /// Offset after the request's last record: acks=all waits for the high watermark to
-    /// reach it.
+    /// Offset after the request's furthest record (a retry's original counts where it lies
+    /// in the log): acks=all waits for the high watermark to reach it.
     pub end_offset: i64,
     /// The new log end offset (what followers will copy up to).
     pub log_end_offset: i64,
@@ -165,7 +165,10 @@ impl Partition {
             }
         }
         let mut base_offset = None;
-        let mut end_offset = state.log.end_offset();
+        // The end of the furthest batch, new or a retry's original: a request whose last
+        // batch retries an earlier one waits for its new batches too (issue #38, finding 8;
+        // the last batch's end acknowledged them before they were replicated).
+        let mut end_offset = None;
         for batch in batches {
             let sequence = sequence_of(&batch);
             let (base, end) = match state.producers.duplicate_of(&sequence) {
@@ -182,8 +185,9 @@ impl Partition {
                 }
             };
             base_offset.get_or_insert(base);
-            end_offset = end;
+            end_offset = end_offset.max(Some(end));
         }
+        let end_offset = end_offset.unwrap_or_else(|| state.log.end_offset());
         let log_end_offset = state.log.end_offset();
         state.replicas.leader_appended(log_end_offset);
         let high_watermark_advanced = self.publish_high_watermark(&mut state);
@@ -353,6 +357,30 @@ mod tests {
         assert_eq!((first.base_offset, first.end_offset), (0, 1));
         assert_eq!((retry.base_offset, retry.end_offset), (0, 1));
         assert_eq!(partition.log_end_offset(), 1);
+    }
+
+    /// Issue #38, finding 8: a request whose batches end with a retry of an earlier batch
+    /// waits for its new batch. Before, its end was the retry's original end, so acks=all
+    /// answered at once while the new batch was not yet replicated.
+    #[test]
+    fn a_request_ending_with_a_retry_ends_after_its_new_batches() {
+        let partition = Partition::new(0);
+        let idempotent = |sequence: i32| {
+            let mut one = batch(1);
+            one[0].producer_id = 9;
+            one[0].base_sequence = sequence;
+            one
+        };
+        assert_eq!(partition.append(idempotent(0)).unwrap().end_offset, 1);
+        let appended = partition
+            .append([idempotent(1), idempotent(0)].concat())
+            .unwrap();
+        assert_eq!(partition.log_end_offset(), 2, "the retry appended nothing");
+        assert_eq!(
+            (appended.base_offset, appended.end_offset),
+            (1, 2),
+            "from the request's first batch to its furthest"
+        );
     }
 
     #[test]
