@@ -27,7 +27,7 @@
 //!   `last_offset_delta + 1` is its record count field, which is the number of records its
 //!   bytes hold (each record's length prefix walked to the batch's end), and each of those
 //!   records holds exactly a record's fields, its offset delta its place in the batch
-//!   ([`count_records`]): a record a consumer cannot read (a zero-length one, say, which
+//!   (`count_records`): a record a consumer cannot read (a zero-length one, say, which
 //!   kafka-python's consumer met with `CorruptRecordError` at every poll, stuck at its
 //!   offset) is refused with INVALID_RECORD, as Kafka's `InvalidRecordException`.
 
