@@ -454,6 +454,47 @@ impl<T> TimerCore<T> {
         Some(task)
     }
 
+    /// Moves the deadline of the pending task `handle` names to `delay` from now (rounded
+    /// up to a tick, clamped as by [`add`](Self::add); a zero delay makes it due at the
+    /// next tick boundary). Returns `false`, and changes nothing, when the handle is
+    /// stale: the task already expired (it has run, is running, or was handed to the
+    /// advancing thread), was cancelled, or the timer was shut down. Exactly one of a
+    /// reset and an expiry that race wins; a task never fires at a deadline a won reset
+    /// replaced. O(1), and the handle stays valid: the task keeps its entry.
+    ///
+    /// A deadline already passed but not yet fired (no advance has reached it) can still
+    /// be moved: until an advance takes the task out, it is pending.
+    pub fn reset(&self, handle: TimerHandle, delay: Duration) -> bool {
+        let now = self.now_nanos();
+        self.reset_at_nanos(handle, now, now.saturating_add(saturating_nanos(delay)))
+    }
+
+    /// [`reset`](Self::reset) to `deadline`, a time on this timer's clock (see
+    /// [`now`](Self::now)).
+    pub fn reset_at(&self, handle: TimerHandle, deadline: Duration) -> bool {
+        let now = self.now_nanos();
+        self.reset_at_nanos(handle, now, saturating_nanos(deadline))
+    }
+
+    fn reset_at_nanos(&self, handle: TimerHandle, now: u64, deadline: u64) -> bool {
+        let Some(shard) = self.shard_of(handle) else {
+            return false;
+        };
+        let expiration = deadline.div_ceil(self.tick_nanos);
+        let mut state = shard.state.lock();
+        // A drained shard holds nothing; the key finds no task there anyway.
+        self.catch_up(&mut state, now);
+        if !state.wheel.reset(handle.key, expiration) {
+            return false;
+        }
+        let earlier = publish_earlier(shard, &state);
+        drop(state);
+        if let Some(next) = earlier {
+            self.sleeper.wake_if_later_than(next);
+        }
+        true
+    }
+
     /// Cancels every task `handles` names, like [`cancel`](Self::cancel) on each, and
     /// appends the tasks whose cancel won to `cancelled`; returns how many that was.
     /// Handles that are stale or from another timer cancel nothing.

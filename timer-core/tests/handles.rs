@@ -44,3 +44,56 @@ fn a_second_driver_does_not_blind_the_reaper() {
         "the reaper missed the add's wake-up"
     );
 }
+
+#[test]
+fn a_handle_of_another_timer_resets_nothing() {
+    let clock = ManualClock::new();
+    let build = || {
+        TimerBuilder::new()
+            .clock(clock.clone())
+            .reaper(false)
+            .shards(1)
+            .build::<Task>()
+            .unwrap()
+    };
+    let (a, b) = (build(), build());
+    let from_a = a.add(Duration::from_secs(1), Box::new(|| {})).unwrap();
+    let from_b = b.add(Duration::from_secs(1), Box::new(|| {})).unwrap();
+    assert!(!b.reset(from_a, Duration::ZERO), "b must refuse a's handle");
+    clock.advance(Duration::from_millis(1));
+    assert_eq!(
+        b.advance_clock(Duration::ZERO),
+        0,
+        "b's own task keeps its deadline"
+    );
+    assert_eq!(
+        a.advance_clock(Duration::ZERO),
+        0,
+        "a's task was not moved either"
+    );
+    assert!(b.is_pending(from_b) && a.is_pending(from_a));
+}
+
+#[test]
+fn a_reset_to_an_earlier_deadline_wakes_the_reaper_sleeping_toward_the_old_one() {
+    // The reaper of a plain timer sleeps until the earliest bucket, without any other
+    // bound: an hour here, unless the reset wakes it.
+    let timer = TimerBuilder::new().build::<Task>().unwrap();
+    let (tx, rx) = mpsc::channel();
+    let handle = timer
+        .add(
+            Duration::from_secs(3_600),
+            Box::new(move || tx.send(()).unwrap()),
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(timer.reset(handle, Duration::from_millis(20)));
+    assert!(
+        rx.recv_timeout(Duration::from_secs(10)).is_ok(),
+        "the reaper missed the reset's wake-up"
+    );
+    assert!(
+        !timer.reset(handle, Duration::ZERO),
+        "fired: the handle is stale"
+    );
+}

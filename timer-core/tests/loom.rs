@@ -10,6 +10,11 @@
 //!   sleep: once everything has finished, the task has run exactly once or was handed back
 //!   by `shutdown`, never neither, never both.
 //!
+//! - **Reset racing expiry** of the same task: exactly one wins; the task runs if and only
+//!   if `reset` returned `false`, and a won reset leaves it pending under its handle.
+//! - **A reset to now racing the driver's sleep**: the moved task is never lost or run
+//!   twice (run, or handed back by the `shutdown` that ends the wait).
+//!
 //! - **A wake after an add**: `wake` is never lost (even when it comes before the driver
 //!   sleeps), and the woken driver runs the task that became due.
 //! - **An add racing a driver that waits elsewhere** (an async task, woken through
@@ -95,6 +100,61 @@ fn cancel_racing_expiry_has_exactly_one_winner() {
         assert!(timer.cancel(handle).is_none());
         assert!(timer.shutdown().is_empty());
         drop(cancelled);
+    });
+}
+
+#[test]
+fn reset_racing_expiry_has_exactly_one_winner() {
+    loom::model(|| {
+        let clock = ManualClock::new();
+        let timer = Arc::new(manual_timer(&clock));
+        let runs = std::sync::Arc::new(AtomicUsize::new(0));
+        let handle = timer
+            .add(Duration::from_millis(1), Counted(runs.clone()))
+            .expect("timer is open");
+        // Due: the driver's next advance expires it, unless the reset moves it first.
+        clock.advance(Duration::from_millis(1));
+
+        let driver = {
+            let timer = Arc::clone(&timer);
+            thread::spawn(move || timer.advance_clock(Duration::ZERO))
+        };
+        let moved = timer.reset(handle, Duration::from_secs(3_600));
+        let fired = driver.join().unwrap();
+
+        let ran = runs.load(Ordering::SeqCst);
+        assert_eq!(ran, usize::from(!moved), "runs iff the reset lost");
+        assert_eq!(fired, ran);
+        // A won reset leaves the task pending under the same handle, for shutdown to hand
+        // back; a lost one leaves the handle stale.
+        assert_eq!(timer.is_pending(handle), moved);
+        assert_eq!(timer.shutdown().len(), usize::from(moved));
+        assert_eq!(runs.load(Ordering::SeqCst), ran, "nothing ran after");
+    });
+}
+
+#[test]
+fn a_reset_to_now_racing_the_drivers_sleep_is_never_lost() {
+    loom::model(|| {
+        let clock = ManualClock::new();
+        let timer = Arc::new(manual_timer(&clock));
+        let runs = std::sync::Arc::new(AtomicUsize::new(0));
+        let handle = timer
+            .add(Duration::from_secs(3_600), Counted(runs.clone()))
+            .expect("timer is open");
+
+        // The driver finds nothing due and sleeps toward the far deadline unless woken.
+        let driver = {
+            let timer = Arc::clone(&timer);
+            thread::spawn(move || timer.advance_clock(Duration::from_secs(3_600)))
+        };
+        assert!(timer.reset(handle, Duration::ZERO), "nothing fired it yet");
+        let handed_back = timer.shutdown().len();
+        let fired = driver.join().unwrap();
+
+        let ran = runs.load(Ordering::SeqCst);
+        assert_eq!(ran + handed_back, 1, "ran {ran}, handed back {handed_back}");
+        assert_eq!(fired, ran);
     });
 }
 

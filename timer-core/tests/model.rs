@@ -59,6 +59,13 @@ enum TimerOp {
     },
     /// Cancel the handle returned by the `pick`-th add (modulo the adds so far).
     Cancel { pick: usize },
+    /// Move the deadline of the `pick`-th add's task to `delay` from now (`reset`), or,
+    /// when `at`, to the time `delay` (`reset_at`, in the past once the clock passed it).
+    Reset {
+        pick: usize,
+        delay: Duration,
+        at: bool,
+    },
     /// Move the clock, then call `advance_clock(ZERO)` if `drive`.
     Move { by: Duration, drive: bool },
 }
@@ -91,6 +98,8 @@ fn timer_op_strategy() -> impl Strategy<Value = TimerOp> {
         2 => (delay_strategy(), any::<bool>(), 0usize..8)
             .prop_map(|(offset, past, via)| TimerOp::AddAt { offset, past, via }),
         3 => any::<usize>().prop_map(|pick| TimerOp::Cancel { pick }),
+        3 => (any::<usize>(), delay_strategy(), prop::bool::weighted(0.2))
+            .prop_map(|(pick, delay, at)| TimerOp::Reset { pick, delay, at }),
         4 => (move_strategy(), prop::bool::weighted(0.8))
             .prop_map(|(by, drive)| TimerOp::Move { by, drive }),
     ]
@@ -251,6 +260,28 @@ fn check_timer_against_model(
                     }
                     prop_assert!(!timer.is_pending(handle));
                 }
+                TimerOp::Reset { pick, delay, at } => {
+                    if handles.is_empty() {
+                        continue;
+                    }
+                    let (id, handle) = handles[pick % handles.len()];
+                    let pending = model.pending.contains_key(&id);
+                    let moved = if at {
+                        timer.reset_at(handle, delay)
+                    } else {
+                        timer.reset(handle, delay)
+                    };
+                    prop_assert_eq!(moved, pending, "reset of task {}", id);
+                    if pending {
+                        let deadline = if at {
+                            nanos(delay)
+                        } else {
+                            model.now.saturating_add(nanos(delay))
+                        };
+                        model.pending.insert(id, model.expect(deadline));
+                    }
+                    prop_assert_eq!(timer.is_pending(handle), pending, "reset keeps the handle");
+                }
                 TimerOp::Move { by, drive } => {
                     clock.advance(by);
                     model.now = model.now.saturating_add(nanos(by));
@@ -353,6 +384,13 @@ enum WheelOp {
     Cancel {
         pick: usize,
     },
+    /// Move the `pick`-th insert's task to `current + delta` (`current - delta` when
+    /// `past`).
+    Reset {
+        pick: usize,
+        delta: u64,
+        past: bool,
+    },
     /// Advance to `current + delta`, or to `current - delta` (a no-op) when `back`.
     Advance {
         delta: u64,
@@ -370,9 +408,17 @@ fn ticks_strategy() -> impl Strategy<Value = u64> {
     ]
 }
 
-/// Inserts, cancels and advances in the proportions `insert : cancel : advance`.
-fn wheel_op_strategy(insert: u32, cancel: u32, advance: u32) -> impl Strategy<Value = WheelOp> {
+/// Inserts, cancels, advances and resets in the proportions
+/// `insert : cancel : advance : reset`.
+fn wheel_op_strategy(
+    insert: u32,
+    cancel: u32,
+    advance: u32,
+    reset: u32,
+) -> impl Strategy<Value = WheelOp> {
     prop_oneof![
+        reset => (any::<usize>(), ticks_strategy(), prop::bool::weighted(0.1))
+            .prop_map(|(pick, delta, past)| WheelOp::Reset { pick, delta, past }),
         insert => (ticks_strategy(), prop::bool::weighted(0.1))
             .prop_map(|(delta, past)| WheelOp::Insert { delta, past }),
         cancel => any::<usize>().prop_map(|pick| WheelOp::Cancel { pick }),
@@ -452,6 +498,25 @@ fn check_wheel_against_model(
                 prop_assert!(!wheel.contains(key));
                 prop_assert_eq!(wheel.location(key), None);
             }
+            WheelOp::Reset { pick, delta, past } => {
+                if keys.is_empty() {
+                    continue;
+                }
+                let (id, key) = keys[pick % keys.len()];
+                let e = if past {
+                    current.saturating_sub(delta)
+                } else {
+                    current.saturating_add(delta)
+                };
+                let was_pending = pending.contains_key(&id);
+                prop_assert_eq!(wheel.reset(key, e), was_pending);
+                if was_pending {
+                    let effective = e.min(LAST_TICK).max(current);
+                    pending.insert(id, effective);
+                    latest = latest.max(effective);
+                }
+                prop_assert_eq!(wheel.contains(key), was_pending);
+            }
             WheelOp::Advance { delta, back } => {
                 let now = if back {
                     current.saturating_sub(delta)
@@ -525,7 +590,7 @@ proptest! {
             2 => 0u64..1_000_000,
             1 => (u64::MAX - (1 << 41))..=u64::MAX,
         ],
-        ops in prop::collection::vec(wheel_op_strategy(5, 2, 3), 1..150),
+        ops in prop::collection::vec(wheel_op_strategy(5, 2, 3, 2), 1..150),
     ) {
         check_wheel_against_model(wheel_size, start, &ops)?;
     }
@@ -537,7 +602,7 @@ proptest! {
     fn wheel_matches_the_model_under_cancel_bursts(
         wheel_size in prop_oneof![2u32..=5, Just(20)],
         start in prop_oneof![Just(0u64), 0u64..1_000_000],
-        ops in prop::collection::vec(wheel_op_strategy(6, 6, 1), 1..200),
+        ops in prop::collection::vec(wheel_op_strategy(6, 6, 1, 3), 1..200),
     ) {
         check_wheel_against_model(wheel_size, start, &ops)?;
     }

@@ -283,6 +283,37 @@ impl<T> Wheel<T> {
         }
     }
 
+    /// Moves the pending task `key` names to expire at tick `expiration` (clamped as by
+    /// [`insert`](Self::insert): at or before the current tick means due now). Returns
+    /// `false`, and changes nothing, when the key is stale: the task already expired or
+    /// was cancelled. O(1): the entry keeps its slot and key; it changes bucket only if
+    /// the new expiration belongs to another one (a deadline moved within its bucket's
+    /// range costs one write).
+    ///
+    /// A bucket the entry leaves may be left empty; it stays queued until `advance`
+    /// pops it (as after a cancel).
+    pub fn reset(&mut self, key: SlotKey, expiration: u64) -> bool {
+        let expiration = expiration.min(LAST_TICK).max(self.levels[0].current);
+        let Some(entry) = self.slab.lookup(key) else {
+            return false;
+        };
+        let (bucket, prev, next) = (entry.bucket, entry.prev, entry.next);
+        debug_assert_ne!(bucket, NIL, "a live entry is linked");
+        let stays = self.locate(expiration).is_some_and(|(id, start)| {
+            id == bucket && self.buckets[id as usize].expiration == start
+        });
+        let entry = self.slab.get_mut(key.index);
+        entry.expiration = expiration;
+        if !stays {
+            entry.prev = NIL;
+            entry.next = NIL;
+            entry.bucket = NIL;
+            self.buckets[bucket as usize].unlink_between(prev, next, &mut self.slab);
+            self.place(key.index, expiration);
+        }
+        true
+    }
+
     /// Whether `key` still names a pending task.
     pub fn contains(&self, key: SlotKey) -> bool {
         self.slab.lookup(key).is_some()
@@ -380,9 +411,23 @@ impl<T> Wheel<T> {
     /// `% wheel_size`. Expirations beyond every existing level go the slow way.
     #[inline]
     fn place(&mut self, index: u32, expiration: u64) {
-        let Some(level) = self.levels.iter().position(|lvl| expiration < lvl.end) else {
+        let Some((id, start)) = self.locate(expiration) else {
             return self.place_beyond_levels(index, expiration);
         };
+        let bucket = &mut self.buckets[id as usize];
+        bucket.push(id, index, &mut self.slab);
+        if bucket.expiration != start {
+            debug_assert_eq!(bucket.expiration, NOT_QUEUED, "bucket holds two rounds");
+            bucket.expiration = start;
+            self.queue.push(start, id);
+        }
+    }
+
+    /// The bucket an expiration (not before the level-0 time) belongs in now, and that
+    /// bucket's start: `None` when it is beyond every existing level.
+    #[inline]
+    fn locate(&self, expiration: u64) -> Option<(u32, u64)> {
+        let level = self.levels.iter().position(|lvl| expiration < lvl.end)?;
         let lvl = &self.levels[level];
         debug_assert!(expiration >= lvl.current, "placing an entry in the past");
         let offset = expiration - lvl.current;
@@ -396,14 +441,7 @@ impl<T> Wheel<T> {
             slot -= u64::from(self.wheel_size);
         }
         let start = lvl.current + steps * lvl.tick;
-        let id = level as u32 * self.wheel_size + slot as u32;
-        let bucket = &mut self.buckets[id as usize];
-        bucket.push(id, index, &mut self.slab);
-        if bucket.expiration != start {
-            debug_assert_eq!(bucket.expiration, NOT_QUEUED, "bucket holds two rounds");
-            bucket.expiration = start;
-            self.queue.push(start, id);
-        }
+        Some((level as u32 * self.wheel_size + slot as u32, start))
     }
 
     /// [`place`](Self::place) for an expiration beyond the top existing level: adds levels
