@@ -745,13 +745,16 @@ mod serde_tests {
             expired: 4,
             panicked: 5,
             clock_panics: 6,
+            stand_ins: 7,
+            stand_in_limit_reached: 8,
         };
         let json = serde_json::to_value(stats).unwrap();
         assert_eq!(
             json,
             serde_json::json!({
                 "pending": 1, "added": 2, "cancelled": 3, "expired": 4,
-                "panicked": 5, "clock_panics": 6,
+                "panicked": 5, "clock_panics": 6, "stand_ins": 7,
+                "stand_in_limit_reached": 8,
             })
         );
         assert_eq!(serde_json::from_value::<TimerStats>(json).unwrap(), stats);
