@@ -852,6 +852,12 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
         self.state(|state| state.timer = Some(timer));
     }
 
+    /// The armed timeout, if any (every waiting operation another thread can lock has
+    /// one: a watch arms it before it first unlocks).
+    pub(crate) fn timer(&mut self) -> Option<TimerHandle> {
+        self.state(|state| state.timer)
+    }
+
     /// Records when the operation started waiting (ns on the timer's clock).
     #[cfg(feature = "metrics")]
     pub(crate) fn set_since(&mut self, since: u64) {

@@ -63,11 +63,11 @@ const SMALL_BATCH: usize = 2;
 /// # The locking rule
 /// `try_complete` runs under the operation's own lock. So:
 /// - do not call `check_and_complete` (or `watch`, `force_complete`, `cancel`,
-///   `cancel_for_key`) while holding a lock that your `try_complete` also takes: the two
+///   `cancel_for_key`, `reset_timeout`) while holding a lock that your `try_complete` also takes: the two
 ///   would wait for each other (Kafka's rule);
 /// - from inside `try_complete`, never call a method that waits for another operation's
 ///   lock: `check_and_complete`, `force_complete` and `force_complete_batch`, `cancel`,
-///   `cancel_for_key`, `watch_batch`, or drop a waiting `Parked` or an armed
+///   `cancel_for_key`, `reset_timeout`, `watch_batch`, or drop a waiting `Parked` or an armed
 ///   `CancelOnDrop`. Two `try_complete`s that check each other's key would wait for each
 ///   other forever; one that checks its own key waits for itself. `watch`,
 ///   `try_complete_else_watch`, `is_completed`, `stats`, `advance_clock` and `purge`
@@ -499,6 +499,46 @@ where
         }
         state.table.vacate(&vacated);
         state.complete(&mut taken, Completion::Forced)
+    }
+
+    /// Moves the timeout of the operation `handle` names: it now expires `timeout` from
+    /// now (the same rounding as at the watch: at most one tick late, never early),
+    /// unless an event, a force, a cancel or shutdown answers it first. What a session's
+    /// heartbeat does (Kafka's `DelayedHeartbeat`): O(1), the operation stays in its slot
+    /// and its watcher entries, the handle stays valid, and its `timeout()` is not asked
+    /// again. A zero `timeout` makes it expire at the next tick.
+    ///
+    /// Returns `true` if the deadline was moved. `false` if nothing was: the operation was
+    /// already answered, taken back, or its timeout had already fired (its expiry is
+    /// under way, and answers it as expired), the purgatory is shut down, or the handle
+    /// is another purgatory's. A reset and the operation's expiry never both win: after
+    /// `true` the old deadline fires nothing; after `false` the operation is (or is
+    /// being) answered, so a caller that wants it waiting again watches a new one.
+    ///
+    /// Waits for the operation's lock, like [`force_complete`](Self::force_complete):
+    /// not from inside a `try_complete` (see the locking rule above). If the new
+    /// deadline comes while the lock is held (a zero `timeout`), the expiry is answered
+    /// on this thread before the call returns (`on_complete`, `on_expiration`), as a
+    /// watch does, and the call still returns `true`.
+    pub fn reset_timeout(&self, handle: &OperationHandle<O>, timeout: Duration) -> bool {
+        let state = self.state();
+        if handle.purgatory != state.id {
+            return false;
+        }
+        let pin = state.table.pin();
+        let Some(mut locked) = state.table.lock(&pin, handle.op) else {
+            return false;
+        };
+        let moved = locked
+            .timer()
+            .is_some_and(|timer| state.timer.reset(timer, timeout));
+        if let Err(handed_over) = locked.unlock() {
+            // Its timeout fired (the new one, or the old one before the reset could move
+            // it) or shutdown drained it while this call held the slot.
+            state.answer_handed_over(handed_over, &self.driver);
+        }
+        state.after_call();
+        moved
     }
 
     /// Takes the operation `handle` names back, uncompleted: its timeout is disarmed at

@@ -1,6 +1,6 @@
 //! The randomized ledger: several threads make every call of the API at random (single,
 //! keyless and batch watches, events, checks, forces single and batched, cancels by handle, by
-//! guard and by key, `is_completed`, purges), on handles that are often stale, with a
+//! guard and by key, timeouts reset to short or long deadlines, `is_completed`, purges), on handles that are often stale, with a
 //! fifth of the operations on keys nobody ever checks, guards dropped on another thread,
 //! clones of the purgatory made and dropped concurrently, and the purgatory shut down in
 //! the middle of the run (or by the drop of its last handle). Epoch after epoch, each on a
@@ -12,7 +12,8 @@
 //! (`on_complete`, once), handed back by a cancel, or refused (given back in the error).
 //! The probe's ledger (`probe/mod.rs`) flags on the fly a `try_complete` run concurrently
 //! or after completion, a second `on_complete`, an `on_expiration` without an expiry, a
-//! second drop. Nothing is answered after a successful cancel (the operation came back:
+//! second drop. An operation whose timeout a reset moved to 60 s (and never back) is not
+//! answered as timed out. Nothing is answered after a successful cancel (the operation came back:
 //! its ledger shows no `on_complete`). The purgatory's counters equal the ledger's.
 //!
 //! The budget is 15 s by default (about ten epochs on two cores), `LEDGER_SECS` for more;
@@ -50,8 +51,16 @@ struct Epoch {
     /// Per operation: a guard was made for it (it may have been cancelled by the guard's
     /// drop, which hands the operation to no one).
     guarded: Vec<AtomicBool>,
-    /// Per operation: its timeout was short (it may expire before shutdown).
+    /// Per operation: its timeout was short (it may expire before shutdown), at the
+    /// watch or by a reset.
     short: Vec<AtomicBool>,
+    /// Per operation: a reset to 60 s won (its timer had not fired). Unless a reset to a
+    /// short timeout came too, it can no longer expire by its timeout in an epoch.
+    moved_long: Vec<AtomicBool>,
+    /// Per operation: a reset to a short timeout was tried.
+    reset_short: Vec<AtomicBool>,
+    /// Resets that moved a deadline, and resets that found nothing to move.
+    resets: [AtomicU64; 2],
     /// Calls made into the purgatory.
     calls: AtomicU64,
     shut_down: AtomicBool,
@@ -70,6 +79,9 @@ impl Epoch {
             refused: (0..OPS).map(|_| AtomicU32::new(0)).collect(),
             guarded: (0..OPS).map(|_| AtomicBool::new(false)).collect(),
             short: (0..OPS).map(|_| AtomicBool::new(false)).collect(),
+            moved_long: (0..OPS).map(|_| AtomicBool::new(false)).collect(),
+            reset_short: (0..OPS).map(|_| AtomicBool::new(false)).collect(),
+            resets: [AtomicU64::new(0), AtomicU64::new(0)],
             calls: AtomicU64::new(0),
             shut_down: AtomicBool::new(false),
             stalls,
@@ -267,7 +279,26 @@ fn worker(
                     }
                 }
             }
-            88..=96 => {
+            88..=91 => {
+                // A heartbeat: the deadline moved, to a short timeout (it may then expire
+                // in this epoch) or to 60 s (it may not, unless moved back again).
+                if let Some((id, handle)) = recent.pick(&mut rng) {
+                    let short = rng.percent(30);
+                    let timeout = if short {
+                        epoch.short[id].store(true, SeqCst);
+                        epoch.reset_short[id].store(true, SeqCst);
+                        Duration::from_micros(rng.below(3_000))
+                    } else {
+                        Duration::from_secs(60)
+                    };
+                    let moved = purgatory.reset_timeout(&handle, timeout);
+                    if moved && !short {
+                        epoch.moved_long[id].store(true, SeqCst);
+                    }
+                    epoch.resets[usize::from(!moved)].fetch_add(1, SeqCst);
+                }
+            }
+            92..=96 => {
                 if let Some((id, handle)) = recent.pick(&mut rng) {
                     if !purgatory.is_completed(&handle) {
                         // Still waiting a moment ago: it cannot have been answered before
@@ -340,6 +371,8 @@ struct Totals {
     expired: u64,
     cancelled: u64,
     refused: u64,
+    /// Resets that moved a deadline, and those that found nothing to move.
+    resets: [u64; 2],
 }
 
 fn run_epoch(number: u64, budget: Duration, totals: &mut Totals) {
@@ -450,6 +483,14 @@ fn run_epoch(number: u64, budget: Duration, totals: &mut Totals) {
         {
             breaches.push(format!("op {id}: a 60 s timeout expired before shutdown"));
         }
+        if ledger.how(id) == Some(Completion::Expired)
+            && epoch.moved_long[id].load(SeqCst)
+            && !epoch.reset_short[id].load(SeqCst)
+        {
+            breaches.push(format!(
+                "op {id}: expired by a deadline a reset had replaced"
+            ));
+        }
     }
     assert!(
         breaches.is_empty(),
@@ -527,6 +568,8 @@ fn run_epoch(number: u64, budget: Duration, totals: &mut Totals) {
     totals.expired += ledger.count(Completion::Expired) + ledger.count(Completion::Shutdown);
     totals.cancelled += stats.cancelled;
     totals.refused += refused_total;
+    totals.resets[0] += epoch.resets[0].load(SeqCst);
+    totals.resets[1] += epoch.resets[1].load(SeqCst);
 }
 
 /// Stand-ins started over every epoch (the purgatories' `stats().stand_ins`).
@@ -547,7 +590,7 @@ fn every_operation_is_answered_exactly_once_under_every_call_at_random() {
     }
     let stand_ins = STAND_INS.load(SeqCst);
     eprintln!(
-        "ledger: {} epochs, {} operations, {} calls, in {:?}: {} answered ({} expired), {} cancelled, {} refused after shutdown, {stand_ins} stand-ins; 0 unanswered, 0 answered twice",
+        "ledger: {} epochs, {} operations, {} calls, in {:?}: {} answered ({} expired), {} cancelled, {} refused after shutdown, {stand_ins} stand-ins, resets {} moved and {} too late; 0 unanswered, 0 answered twice",
         totals.epochs,
         totals.operations,
         totals.calls,
@@ -555,7 +598,14 @@ fn every_operation_is_answered_exactly_once_under_every_call_at_random() {
         totals.answered,
         totals.expired,
         totals.cancelled,
-        totals.refused
+        totals.refused,
+        totals.resets[0],
+        totals.resets[1]
+    );
+    assert!(
+        totals.resets[0] > 0 && totals.resets[1] > 0,
+        "resets must both win and lose: {:?}",
+        totals.resets
     );
     assert!(
         stand_ins > 0,

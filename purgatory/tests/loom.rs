@@ -291,6 +291,8 @@ enum StaleAction {
     /// collides, so the check looks at the slot behind it, as it does in a real run once
     /// the slot was reused a multiple of 256 times.
     Check,
+    /// A reset of A's timeout to an hour: had it moved B's, B would never expire.
+    Reset,
 }
 
 /// Operation A (60 s) is watched and forced; B (1 ms) reuses A's slot. One thread acts
@@ -329,6 +331,9 @@ fn stale_name_model(action: StaleAction) {
             StaleAction::DropGuard => drop(guard),
             StaleAction::CancelForKey => assert!(purgatory.cancel_for_key(&KEY).is_empty()),
             StaleAction::Check => assert_eq!(purgatory.check_and_complete(&KEY), 0),
+            StaleAction::Reset => {
+                assert!(!purgatory.reset_timeout(&a, Duration::from_secs(3_600)))
+            }
         })
     };
     // B waits on another key, so a cancel of A's key never takes it.
@@ -398,6 +403,142 @@ fn a_stale_cancel_for_key_never_takes_away_the_next_occupants_expiry() {
 #[test]
 fn a_stale_check_never_takes_away_the_next_occupants_expiry() {
     explore("stale check", || stale_name_model(StaleAction::Check));
+}
+
+#[test]
+fn a_stale_reset_never_moves_the_next_occupants_deadline() {
+    explore("stale reset", || stale_name_model(StaleAction::Reset));
+}
+
+/// A reset of a waiting operation's timeout (1 ms) to an hour on one thread, while the
+/// clock passes the old deadline and the timer is driven on another; then shutdown. The
+/// reset and the old deadline have one winner: a reset that returned `true` left it
+/// waiting (shutdown answers it), one that returned `false` found its timeout fired (the
+/// round, or the reset's own unlock, expired it). Answered exactly once either way.
+fn reset_and_expiry_model(keyless: bool) {
+    EXPLORED.fetch_add(1, SeqCst);
+    let clock = ManualClock::new();
+    let purgatory = purgatory(&clock);
+    let (op, outcome) = never_ready(TIMEOUT);
+    let watched = if keyless {
+        purgatory.watch_keyless(op)
+    } else {
+        purgatory.watch(op, [KEY])
+    };
+    let WatchOutcome::Pending(handle) = watched.expect("accepted") else {
+        panic!("never ready");
+    };
+    let reset = {
+        let purgatory = purgatory.clone();
+        spawn(move || purgatory.reset_timeout(&handle, Duration::from_secs(3_600)))
+    };
+    let expiry = expire_on_a_thread(&purgatory, clock);
+    let moved = reset.join().unwrap();
+    expiry.join().unwrap();
+    assert_eq!(
+        outcome.completions.load(SeqCst),
+        usize::from(!moved),
+        "expired iff the reset lost"
+    );
+    purgatory.shutdown();
+    assert_eq!(outcome.completions.load(SeqCst), 1, "answered exactly once");
+    let stats = purgatory.stats();
+    assert_eq!(
+        (stats.expired, stats.expired_at_shutdown),
+        if moved { (0, 1) } else { (1, 0) },
+        "{stats:?}"
+    );
+}
+
+#[test]
+fn a_reset_racing_its_old_deadline_has_one_winner() {
+    explore("reset vs expiry", || reset_and_expiry_model(false));
+}
+
+#[test]
+fn a_keyless_reset_racing_its_old_deadline_has_one_winner() {
+    explore("keyless reset vs expiry", || reset_and_expiry_model(true));
+}
+
+/// A waiting operation (60 s) reset to expire now on one thread, made ready and its key
+/// checked on another, the timer driven on this one: the new deadline may come while
+/// the reset still holds the slot (its unlock then answers the expiry), or while the
+/// check does. Answered exactly once, ready or expired; a reset that found it answered
+/// already (`false`) can only have lost to the event.
+fn reset_and_completion_model() {
+    EXPLORED.fetch_add(1, SeqCst);
+    let clock = ManualClock::new();
+    let purgatory = purgatory(&clock);
+    let (op, outcome) = never_ready(Duration::from_secs(60));
+    let ready = Arc::clone(&op.ready);
+    let WatchOutcome::Pending(handle) = purgatory.watch(op, [KEY]).expect("accepted") else {
+        panic!("not ready yet");
+    };
+    let reset = {
+        let purgatory = purgatory.clone();
+        spawn(move || purgatory.reset_timeout(&handle, Duration::ZERO))
+    };
+    let event = {
+        let purgatory = purgatory.clone();
+        spawn(move || {
+            ready.store(true, SeqCst);
+            purgatory.check_and_complete(&KEY)
+        })
+    };
+    purgatory.advance_clock(Duration::ZERO);
+    let moved = reset.join().unwrap();
+    let checked = event.join().unwrap();
+    // A reset to now that won is due at once: this round, or the next one, fires it
+    // unless the event completed it first.
+    purgatory.advance_clock(Duration::ZERO);
+    assert_eq!(outcome.completions.load(SeqCst), 1, "answered exactly once");
+    let how = outcome.how.load(SeqCst);
+    assert!(how == 1 || how == 3, "ready or expired, not {how}");
+    assert_eq!(
+        checked == 1,
+        how == 1,
+        "the check reports its own completion"
+    );
+    if !moved {
+        assert_eq!(
+            how, 1,
+            "only the event can have answered it before the reset"
+        );
+    }
+    let stats = purgatory.stats();
+    assert_eq!((stats.pending, stats.completed + stats.expired), (0, 1));
+}
+
+#[test]
+fn a_reset_racing_an_event_and_its_new_deadline_answers_once() {
+    explore("reset vs event vs expiry", reset_and_completion_model);
+}
+
+/// A reset (to now) on one thread, shutdown on another: answered once, and told
+/// `Shutdown` (no round runs: its new deadline never fires); a reset after the shutdown
+/// drained it moves nothing.
+fn reset_and_shutdown_model() {
+    EXPLORED.fetch_add(1, SeqCst);
+    let clock = ManualClock::new();
+    let purgatory = purgatory(&clock);
+    let (op, outcome) = never_ready(Duration::from_secs(60));
+    let WatchOutcome::Pending(handle) = purgatory.watch_keyless(op).expect("accepted") else {
+        panic!("never ready");
+    };
+    let reset = {
+        let purgatory = purgatory.clone();
+        spawn(move || purgatory.reset_timeout(&handle, Duration::ZERO))
+    };
+    purgatory.shutdown();
+    reset.join().unwrap();
+    assert_eq!(outcome.completions.load(SeqCst), 1, "answered exactly once");
+    assert_eq!(outcome.how.load(SeqCst), 4, "told Shutdown");
+    assert_eq!(purgatory.stats().expired_at_shutdown, 1);
+}
+
+#[test]
+fn a_reset_racing_shutdown_leaves_one_answer() {
+    explore("reset vs shutdown", reset_and_shutdown_model);
 }
 
 /// An operation that is never ready; its outcome.

@@ -33,9 +33,9 @@ fn manual(name: String) -> World {
 }
 
 /// Single watches: ready at the first try, at the second, never; a refused one (no
-/// keys); a key listed twice; keyless ones (ready at once, expired, forced); an event; a
-/// force; cancels by handle and by guard; an expiry; a purge; shutdown from outside; a
-/// watch after it.
+/// keys); a key listed twice; keyless ones (ready at once, expired, forced); deadlines
+/// reset (earlier, later, then forced, stale); an event; a force; cancels by handle and
+/// by guard; an expiry; a purge; shutdown from outside; a watch after it.
 fn watch(name: String) -> World {
     let mut w = manual(name);
     let a = w.op(LONG);
@@ -61,6 +61,22 @@ fn watch(name: String) -> World {
     let k = w.op(LONG);
     if let Some(k) = w.watch_keyless(k) {
         w.force(&[&k]);
+    }
+    // Deadlines moved: a long one brought in (it expires below), a short one pushed out
+    // (answered at shutdown), one moved and then forced, a stale handle's.
+    let r = w.op(LONG);
+    if let Some(r) = w.watch(r, &[9]) {
+        w.reset(&r, Duration::ZERO);
+    }
+    let r = w.op(MS);
+    if let Some(r) = w.watch_keyless(r) {
+        w.reset(&r, LONG);
+    }
+    let r = w.op(LONG);
+    if let Some(r) = w.watch(r, &[9]) {
+        w.reset(&r, MS);
+        w.force(&[&r]);
+        w.reset(&r, MS);
     }
     w.advance(MS);
     w.ready_from(a_id, 1);

@@ -210,6 +210,11 @@ impl World {
         });
     }
 
+    /// `reset_timeout`: the operation's deadline moved to `timeout` from now.
+    pub fn reset(&mut self, handle: &Handle, timeout: Duration) {
+        self.call("reset_timeout", |p| p.reset_timeout(handle, timeout));
+    }
+
     pub fn cancel(&mut self, handle: &Handle) {
         if let Some(Some(op)) = self.call("cancel", |p| p.cancel(handle)) {
             self.handed_back(op);
