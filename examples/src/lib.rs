@@ -7,6 +7,10 @@
 //! - [`axum_service`]: an axum service (binary `axum_service`) with a long poll, a produce
 //!   waiting for acks and Prometheus metrics, whose graceful shutdown answers every
 //!   parked request at once: the purgatory as a tokio HTTP service uses it.
+//! - [`coordinator`]: a group coordinator's sessions (binary `coordinator`): each member's
+//!   session a keyless operation whose deadline each heartbeat moves, joins parked at
+//!   their group's barrier, loaded against the same coordinator on a tokio-util
+//!   `DelayQueue`.
 //! - [`load`]: the broker's load and measurement tool (binary `broker_load`), over
 //!   [`wire_client`], a raw Kafka-protocol client also used by the tests.
 //!
@@ -31,6 +35,7 @@ not_under_loom! {
     pub mod batch_index;
     pub mod broker;
     pub mod cli;
+    pub mod coordinator;
     pub mod delayed_fetch;
     pub mod delayed_produce;
     pub mod demo_fetch;
