@@ -12,6 +12,8 @@
 //!   ids nobody produced under, and one address may take ids at a bounded rate.
 //! - Issue #38, finding 7: a record whose batch's count and CRC are right but which a
 //!   consumer cannot read (zero-length, bytes past its fields) is refused.
+//! - Issue #38, finding 8: an acks=all produce whose batches end with a retry of an
+//!   earlier batch is acknowledged only once its new batches are replicated too.
 //! - Second review of issue #29, finding 2: an address retires only its own producer ids; a
 //!   table full of ids that produced throttles InitProducerId instead.
 
@@ -446,6 +448,51 @@ async fn second_review_finding_2_a_full_table_throttles_rather_than_retire_a_pro
             .0,
         0,
         "the good producer's id was retired for another address's new id"
+    );
+    broker.shutdown().await;
+}
+
+/// Issue #38, finding 8: a produce whose last batch is a retry of an earlier (already
+/// replicated) batch, after a new one. Before, acks=all waited only for the last batch's
+/// offsets, the retry's original ones, and answered at once (0.2 ms in the finding) while
+/// the new batch was not yet on the follower; now it waits for the furthest of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issue_38_finding_8_an_ack_waits_for_every_new_batch_of_the_request() {
+    const LAG: std::time::Duration = std::time::Duration::from_millis(400);
+    let mut config = config(1);
+    config.followers = purgatory_examples::followers::FollowerConfig {
+        count: 1,
+        lag: LAG,
+        stalled: false,
+    };
+    let broker = start(config).await;
+    let mut client = connect(broker.local_addr()).await;
+    let producer = support::producer::init_producer_id(&mut client).await;
+    let acks_all = |records: Bytes| requests::produce("demo", 0, -1, 10_000, records);
+    let first = idempotent_batch(producer, 0, b"first");
+    let answer = timeout(LIMIT, client.call(7, &acks_all(first.clone())))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(answer.responses[0].partition_responses[0].error_code, 0);
+    // The new batch (sequence 1), then the retry of the first.
+    let second = idempotent_batch(producer, 1, b"second");
+    let both = Bytes::from([second, first].concat());
+    let started = std::time::Instant::now();
+    let answer = timeout(LIMIT, client.call(7, &acks_all(both)))
+        .await
+        .unwrap()
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(answer.responses[0].partition_responses[0].error_code, 0);
+    assert!(
+        took >= LAG * 3 / 4,
+        "acknowledged after {took:?}, before the follower (lag {LAG:?}) had the new batch"
+    );
+    assert_eq!(
+        log_end_offset(&mut client).await,
+        2,
+        "the retry was not appended twice"
     );
     broker.shutdown().await;
 }
