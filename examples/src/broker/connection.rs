@@ -29,8 +29,11 @@
 //!   a second (`stalled_read.rs`), or while it is a Fetch that has waited a second or more
 //!   (a long poll is not a claim on a place: evicted, it is cancelled as when the client
 //!   leaves, and the consumer polls again on a new connection); never any other request
-//!   once it is whole. An answer already chosen is written whole before an eviction
-//!   closes the connection.
+//!   once it is whole. An evicted connection no longer counts against the cap, so it
+//!   closes at once, its descriptor with it, even in the middle of writing a long poll's
+//!   answer (issue #38, finding 2: a client that stops reading held it up to
+//!   `write_timeout`); any other answer is written while its connection is busy, never
+//!   evictable.
 //! - Bad input ends only its own connection: a frame size outside the limit, a header that
 //!   does not decode, an unknown API, an unsupported version (except ApiVersions, answered
 //!   with UNSUPPORTED_VERSION as KIP-511 asks), a body that does not decode, or a request
@@ -176,7 +179,19 @@ pub async fn serve(
                     }
                 };
                 let limit = config.write_timeout;
-                match timeout(limit, write_answer(&mut writer, &answer)).await {
+                // A long poll's connection stays evictable while its answer is written
+                // (issue #38, finding 2): evicted, it no longer counts against the cap,
+                // so its descriptor must go now, not when a client that does not read
+                // lets the write end (up to `write_timeout` later).
+                let written = tokio::select! {
+                    biased;
+                    written = timeout(limit, write_answer(&mut writer, &answer)) => written,
+                    _ = slot.evicted() => {
+                        state.log(&format!("closing {peer}: {EVICTED_WRITING}"));
+                        return;
+                    }
+                };
+                match written {
                     Ok(Ok(())) => {}
                     Ok(Err(_)) => return,
                     Err(_) => {
@@ -206,6 +221,10 @@ const EVICTED: &str =
 /// Why a connection whose long poll was waiting was closed to make room.
 const EVICTED_POLL: &str = "its fetch waiting, closed to make room for a new connection \
      (--max-connections, --max-connections-per-ip)";
+
+/// Why a connection whose fetch answer was being written was closed to make room.
+const EVICTED_WRITING: &str = "its fetch answer being written, closed to make room for a new \
+     connection (--max-connections, --max-connections-per-ip)";
 
 /// How long a Fetch waits before its connection may be evicted at a connection cap: a
 /// fetch answered at once (data there) never touches the connection table for it.
