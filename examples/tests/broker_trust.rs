@@ -12,6 +12,7 @@
 //!   ids nobody produced under, and one address may take ids at a bounded rate.
 //! - Issue #38, finding 7: a record whose batch's count and CRC are right but which a
 //!   consumer cannot read (zero-length, bytes past its fields) is refused.
+//! - Issue #38, finding 3: a producer id produces only from the address it was handed to.
 //! - Issue #38, finding 8: an acks=all produce whose batches end with a retry of an
 //!   earlier batch is acknowledged only once its new batches are replicated too.
 //! - Second review of issue #29, finding 2: an address retires only its own producer ids; a
@@ -416,28 +417,33 @@ async fn second_review_finding_2_a_full_table_throttles_rather_than_retire_a_pro
         produce(&mut good, 7, idempotent_batch(id, 0, b"first")).await,
         (0, 0)
     );
-    // Fill the table from other addresses, each within its quota's burst.
-    let mut theirs = Vec::with_capacity(LIVE_IDS);
+    // Fill the table from other addresses, each within its quota's burst, and produce
+    // under every one of those ids (each from the address it was handed to: issue #38,
+    // finding 3), so the good producer's is the least recently used (in requests of 250
+    // batches).
+    let mut filled = 0;
     for i in 0..LIVE_IDS / BURST {
         let (a, b) = (1 + (i / 250) as u8, 1 + (i % 250) as u8);
         let mut filler = connect_from(a, b, addr).await;
-        let want = (LIVE_IDS - 1 - theirs.len()).min(BURST);
+        let want = (LIVE_IDS - 1 - filled).min(BURST);
         let answers = init_producer_ids(&mut filler, want).await;
         assert!(answers.iter().all(|&(error, ..)| error == 0));
-        theirs.extend(answers.iter().map(|&(_, producer_id, _)| producer_id));
+        filled += answers.len();
+        let ids: Vec<i64> = answers
+            .iter()
+            .map(|&(_, producer_id, _)| producer_id)
+            .collect();
+        for chunk in ids.chunks(250) {
+            let mut records = BytesMut::new();
+            for &producer_id in chunk {
+                records.extend_from_slice(&idempotent_batch(producer_id, 0, b"x"));
+            }
+            let (error, _) = produce(&mut filler, 7, records.freeze()).await;
+            assert_eq!(error, 0);
+        }
     }
     assert_eq!(broker.stats().producer_ids, LIVE_IDS);
-    // One address produces under every other id, so the good producer's is the least
-    // recently used (in requests of 250 batches).
     let mut attacker = connect_from(0, 9, addr).await;
-    for chunk in theirs.chunks(250) {
-        let mut records = BytesMut::new();
-        for &producer_id in chunk {
-            records.extend_from_slice(&idempotent_batch(producer_id, 0, b"x"));
-        }
-        let (error, _) = produce(&mut attacker, 7, records.freeze()).await;
-        assert_eq!(error, 0);
-    }
     // Its next InitProducerId is throttled: no id that produced is retired for it.
     let answers = init_producer_ids(&mut attacker, 1).await;
     assert_eq!(answers[0].0, THROTTLING_QUOTA_EXCEEDED, "{answers:?}");
@@ -493,6 +499,60 @@ async fn issue_38_finding_8_an_ack_waits_for_every_new_batch_of_the_request() {
         log_end_offset(&mut client).await,
         2,
         "the retry was not appended twice"
+    );
+    broker.shutdown().await;
+}
+
+/// Issue #38, finding 3: every fetched batch shows its producer id, epoch and sequence,
+/// so a consumer could produce the next sequences under a producer's id first; the
+/// producer's own batches were then acknowledged as retries (error 0) at offsets holding
+/// the claimer's records, and never appended (25 of 30 acks=all records in the finding).
+/// An id now produces only from the address it was handed to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn issue_38_finding_3_a_producer_id_produces_only_from_the_address_it_was_handed_to() {
+    let broker = start(config(1)).await;
+    let addr = broker.local_addr();
+    let mut producer = connect_from(2, 2, addr).await;
+    let id = init_producer_id(&mut producer).await;
+    assert_eq!(
+        produce(&mut producer, 7, idempotent_batch(id, 0, b"mine-0")).await,
+        (0, 0)
+    );
+    // A consumer elsewhere reads the batch: the id and the next sequence are in it.
+    let mut claimer = connect_from(3, 3, addr).await;
+    let answer = timeout(
+        LIMIT,
+        claimer.call(11, &requests::fetch("demo", 0, 0, 1, 0)),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    let mut records = answer.responses[0].partitions[0].records.clone().unwrap();
+    let seen = RecordBatchDecoder::decode(&mut records).unwrap();
+    let record = &seen.records[0];
+    assert_eq!((record.producer_id, record.sequence), (id, 0));
+    for sequence in 1..4 {
+        let claim = idempotent_batch(id, sequence, b"theirs");
+        let (error, _) = produce(&mut claimer, 7, claim).await;
+        assert_eq!(error, UNKNOWN_PRODUCER_ID, "sequence {sequence} claimed");
+    }
+    assert_eq!(
+        log_end_offset(&mut claimer).await,
+        1,
+        "a claim was appended"
+    );
+    // The producer's next batches are appended where they belong, not taken for retries.
+    assert_eq!(
+        produce(&mut producer, 7, idempotent_batch(id, 1, b"mine-1")).await,
+        (0, 1)
+    );
+    assert_eq!(
+        produce(&mut producer, 7, idempotent_batch(id, 2, b"mine-2")).await,
+        (0, 2)
+    );
+    assert_eq!(
+        values(&mut producer).await,
+        [&b"mine-0"[..], b"mine-1", b"mine-2"].map(Bytes::from_static)
     );
     broker.shutdown().await;
 }

@@ -358,7 +358,7 @@ async fn dispatch(
             Err(reason) => Reply::Close(reason),
         },
         ApiKey::Produce => match decode::<ProduceRequest>(body.clone(), version, cap) {
-            Ok(request) => match produce::handle(state, request, version).await {
+            Ok(request) => match produce::handle(state, request, version, peer).await {
                 Some(response) => respond_sharing(api, version, id, &response, &[body]),
                 None => Reply::Nothing,
             },

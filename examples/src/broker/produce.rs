@@ -17,6 +17,7 @@
 //! in their answer and are not waited on; the others are appended.
 
 use std::collections::HashSet;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
@@ -45,6 +46,7 @@ pub async fn handle(
     state: &BrokerState,
     mut request: ProduceRequest,
     version: i16,
+    peer: IpAddr,
 ) -> Option<ProduceResponse> {
     let acks = request.acks;
     let refuse_all = if request.transactional_id.is_some() {
@@ -72,6 +74,7 @@ pub async fn handle(
             if result.error.is_none() {
                 match append(
                     state,
+                    peer,
                     &mut named_ids,
                     &topic.name.0,
                     data.index,
@@ -119,6 +122,7 @@ pub async fn handle(
 /// Appends one partition's records; returns what acks=all must wait for and the base offset.
 fn append(
     state: &BrokerState,
+    peer: IpAddr,
     named_ids: &mut HashSet<i64>,
     topic: &str,
     partition_index: i32,
@@ -135,14 +139,15 @@ fn append(
         BatchError::Compressed(_) => ResponseError::UnsupportedCompressionType,
         BatchError::Empty | BatchError::Corrupt(_) => ResponseError::CorruptMessage,
     })?;
-    // An idempotent batch names its producer id; only ids handed out may be named, or a
-    // client could take another's next batches for retries of its own. Naming it counts as
+    // An idempotent batch names its producer id; only ids handed out, to this client's
+    // address, may be named, or a client could take another's next batches for retries
+    // of its own. Naming it counts as
     // a use, once per request: ids used recently are retired last (`producer_ids.rs`).
     let now = Instant::now();
     for batch in &batches {
         let id = batch.producer_id;
         if id >= 0 && !named_ids.contains(&id) {
-            if !state.producer_ids.produces(id, now) {
+            if !state.producer_ids.produces(id, peer, now) {
                 return Err(ResponseError::UnknownProducerId);
             }
             named_ids.insert(id);

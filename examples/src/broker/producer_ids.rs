@@ -10,7 +10,13 @@
 //!   a counter, masked to 63 bits: positive, never 0, and not predictable from the ids seen
 //!   before without the keys. It is never one already live (drawn again on a collision).
 //! - Each id belongs to the address it was handed to, an address being a network prefix
-//!   (`address_prefix.rs`). An address holds at most `per_address` live ids
+//!   (`address_prefix.rs`), and only that address may produce under it (issue #38,
+//!   finding 3: every fetched batch shows its producer id, epoch and sequence, so any
+//!   consumer could otherwise claim a producer's next sequences first, and the producer's
+//!   own batches were then acknowledged as retries at offsets holding the claimer's
+//!   records). A claim from another address is refused with UNKNOWN_PRODUCER_ID and
+//!   changes nothing of the id. Kafka without ACLs takes such claims; with ACLs it
+//!   checks the `IdempotentWrite` right, not who was handed the id. An address holds at most `per_address` live ids
 //!   ([`MAX_IDS_PER_ADDRESS`]); at that cap a new id for it retires one of **its own**: the
 //!   least recently handed out of its ids never produced under, or else its least recently
 //!   used one. A retired id's producer is refused with UNKNOWN_PRODUCER_ID and asks for a
@@ -220,10 +226,18 @@ impl ProducerIds {
         Ok(id)
     }
 
-    /// Whether a produce may name `id` at `now`: it was handed out and is still live (not
-    /// expired). If so it counts as used now (the last of its address to be retired).
-    pub fn produces(&self, id: i64, now: Instant) -> bool {
+    /// Whether a produce from a client at `ip` may name `id` at `now`: it was handed out
+    /// to `ip`'s address and is still live (not expired). If so it counts as used now (the
+    /// last of its address to be retired). A claim from another address changes nothing.
+    pub fn produces(&self, id: i64, ip: IpAddr, now: Instant) -> bool {
         let mut issued = self.issued.lock();
+        if issued
+            .live
+            .get(&id)
+            .is_none_or(|live| live.owner != Prefix::of(ip))
+        {
+            return false;
+        }
         let Some(live) = issued.remove(id) else {
             return false;
         };
@@ -286,7 +300,7 @@ mod tests {
         let now = Instant::now();
         let other = ids.hand_out(ip(9, 1), now).unwrap();
         let good = ids.hand_out(ip(1, 1), now).unwrap();
-        assert!(ids.produces(good, now));
+        assert!(ids.produces(good, ip(1, 1), now));
         // A flood from the same /24 retires only its own, and never the one that produced.
         let flood: Vec<i64> = (0..1000)
             .map(|i| ids.hand_out(ip(1, i as u8), now).unwrap())
@@ -303,15 +317,15 @@ mod tests {
         let now = Instant::now();
         let me = ip(1, 1);
         let [a, b, c] = [(); 3].map(|_| ids.hand_out(me, now).unwrap());
-        assert!(ids.produces(a, now) && ids.produces(b, now) && ids.produces(c, now));
+        assert!(ids.produces(a, me, now) && ids.produces(b, me, now) && ids.produces(c, me, now));
         // a produces again: b is now the least recently used.
-        assert!(ids.produces(a, now));
+        assert!(ids.produces(a, me, now));
         let d = ids.hand_out(me, now).unwrap();
         assert!(ids.is_live(a) && !ids.is_live(b) && ids.is_live(c) && ids.is_live(d));
         // d never produced: it goes before any that did.
         let e = ids.hand_out(me, now).unwrap();
         assert!(!ids.is_live(d) && ids.is_live(e) && ids.is_live(a) && ids.is_live(c));
-        assert!(!ids.produces(b, now) && !ids.produces(d, now));
+        assert!(!ids.produces(b, me, now) && !ids.produces(d, me, now));
         assert_eq!(ids.live(), 3);
     }
 
@@ -320,16 +334,20 @@ mod tests {
         let ids = ProducerIds::with_limits(4, 2, Duration::from_secs(60));
         let start = Instant::now();
         let good = ids.hand_out(ip(1, 1), start).unwrap();
-        assert!(ids.produces(good, start));
+        assert!(ids.produces(good, ip(1, 1), start));
         // Other addresses fill the table and produce under every id, later than good.
         let later = start + Duration::from_secs(1);
-        let theirs: Vec<i64> = [ip(2, 1), ip(2, 2), ip(3, 1)]
+        let from = [ip(2, 1), ip(2, 2), ip(3, 1)];
+        let theirs: Vec<i64> = from
             .map(|from| ids.hand_out(from, later).unwrap())
             .to_vec();
-        assert!(theirs.iter().all(|&id| ids.produces(id, later)));
+        assert!(theirs
+            .iter()
+            .zip(from)
+            .all(|(&id, from)| ids.produces(id, from, later)));
         // A new address is throttled: the least recently used id (good's) stays.
         assert_eq!(ids.hand_out(ip(4, 1), later), Err(FULL_THROTTLE));
-        assert!(ids.is_live(good) && ids.produces(good, later));
+        assert!(ids.is_live(good) && ids.produces(good, ip(1, 1), later));
         // An address at its own cap may still replace one of its own.
         let again = ids.hand_out(ip(2, 9), later).unwrap();
         assert!(ids.is_live(again) && !ids.is_live(theirs[0]) && ids.is_live(good));
@@ -340,22 +358,36 @@ mod tests {
     }
 
     #[test]
+    fn only_the_address_an_id_was_handed_to_may_produce_under_it() {
+        let ids = ProducerIds::new(DAY);
+        let now = Instant::now();
+        let mine = ids.hand_out(ip(1, 1), now).unwrap();
+        // Another /24 (a consumer that saw the id in a fetched batch) is refused, and its
+        // claim does not count as a use.
+        assert!(!ids.produces(mine, ip(2, 1), now));
+        assert!(!ids.produces(mine, IpAddr::from([10, 1, 1, 1]), now));
+        // The same /24 is the same address.
+        assert!(ids.produces(mine, ip(1, 7), now));
+        assert!(ids.produces(mine, ip(1, 1), now + DAY / 2));
+    }
+
+    #[test]
     fn ids_unused_for_the_expiration_expire() {
         let expiration = Duration::from_secs(60);
         let ids = ProducerIds::with_limits(2, 2, expiration);
         let start = Instant::now();
         let [a, b] = [ip(1, 1), ip(2, 1)].map(|from| ids.hand_out(from, start).unwrap());
-        assert!(ids.produces(a, start) && ids.produces(b, start));
+        assert!(ids.produces(a, ip(1, 1), start) && ids.produces(b, ip(2, 1), start));
         let soon = start + expiration / 2;
-        assert!(ids.produces(b, soon));
+        assert!(ids.produces(b, ip(2, 1), soon));
         assert_eq!(ids.hand_out(ip(3, 1), soon), Err(FULL_THROTTLE));
         // a is idle for the whole expiration: it may no longer produce, and makes room.
         let expired = start + expiration;
         let c = ids.hand_out(ip(3, 1), expired).unwrap();
-        assert!(!ids.is_live(a) && !ids.produces(a, expired));
-        assert!(ids.produces(b, expired) && ids.produces(c, expired));
+        assert!(!ids.is_live(a) && !ids.produces(a, ip(1, 1), expired));
+        assert!(ids.produces(b, ip(2, 1), expired) && ids.produces(c, ip(3, 1), expired));
         // An id past its expiration is refused even before anything cleans it away.
         let idle = expired + expiration;
-        assert!(!ids.produces(c, idle));
+        assert!(!ids.produces(c, ip(3, 1), idle));
     }
 }
