@@ -510,16 +510,20 @@ where
     ///
     /// Returns `true` if the deadline was moved. `false` if nothing was: the operation was
     /// already answered, taken back, or its timeout had already fired (its expiry is
-    /// under way, and answers it as expired), the purgatory is shut down, or the handle
-    /// is another purgatory's. A reset and the operation's expiry never both win: after
-    /// `true` the old deadline fires nothing; after `false` the operation is (or is
-    /// being) answered, so a caller that wants it waiting again watches a new one.
+    /// under way, and answers it as expired), the purgatory's shutdown has begun (from
+    /// the moment [`is_shutdown`](Self::is_shutdown) reads true: shutdown answers it), or
+    /// the handle is another purgatory's. A reset and the operation's expiry never both
+    /// win: after `true` the old deadline fires nothing; after `false` the operation is
+    /// (or is being) answered, so a caller that wants it waiting again watches a new one.
     ///
     /// Waits for the operation's lock, like [`force_complete`](Self::force_complete):
-    /// not from inside a `try_complete` (see the locking rule above). If the new
-    /// deadline comes while the lock is held (a zero `timeout`), the expiry is answered
-    /// on this thread before the call returns (`on_complete`, `on_expiration`), as a
-    /// watch does, and the call still returns `true`.
+    /// never from inside a `try_complete`, its own operation's or another's (see the
+    /// locking rule above). If the operation's timeout fires while the call holds its
+    /// lock (the old deadline, just before the reset could move it; or a new one that
+    /// is already due, a zero `timeout`), the expiry is answered on this thread before
+    /// the call returns (`on_complete`, `on_expiration`), as a watch does: do not call
+    /// it holding a lock those callbacks take. The call then returns `false` for the old
+    /// deadline and `true` for the new one.
     pub fn reset_timeout(&self, handle: &OperationHandle<O>, timeout: Duration) -> bool {
         let state = self.state();
         if handle.purgatory != state.id {
@@ -697,10 +701,10 @@ where
     /// once. The whole table is in `docs/purgatory.md` ("Shutdown").
     ///
     /// One exception: an operation whose slot another thread holds when shutdown comes
-    /// (running its `try_complete`, or arming it in a watch) is answered by that thread
-    /// as it lets go (`Shutdown`, `Expired` if its timeout came first, or `Ready` if it
-    /// said ready), possibly after `shutdown`
-    /// returned. User code that shutdown runs (a key's
+    /// (running its `try_complete`, arming it in a watch, or moving its deadline in
+    /// `reset_timeout`) is answered by that thread as it lets go (`Shutdown`, `Expired`
+    /// if its timeout came first, or `Ready` if it said ready), possibly after
+    /// `shutdown` returned. User code that shutdown runs (a key's
     /// `Drop` as the lists are emptied) is caught like any other; nothing reaches the
     /// caller.
     ///

@@ -342,3 +342,34 @@ fn a_callback_may_reset_another_operations_timeout() {
     assert_eq!(answered.lock().unwrap().len(), 2);
     purgatory.shutdown();
 }
+
+#[test]
+fn once_shutdown_has_begun_a_reset_moves_nothing_though_the_drain_is_still_to_come() {
+    // The reaper is held 1 s in an expiry callback, so a shutdown from another thread
+    // closes the purgatory and then waits for that round before it drains the timer.
+    let ledger = Ledger::new(2);
+    let purgatory: Purgatory<u32, Probe> = purgatory::PurgatoryBuilder::new()
+        .timer(purgatory::TimerBuilder::new().stand_in(None))
+        .build()
+        .unwrap();
+    let stalling = Probe::new(0, ms(10), &ledger, &never()).stalling_on_expiration(ms(1_000));
+    let _ = purgatory.watch_keyless(stalling).unwrap();
+    let waiting = pending(
+        purgatory
+            .watch_keyless(Probe::new(1, Duration::from_secs(3_600), &ledger, &never()))
+            .unwrap(),
+    );
+    assert!(probe::wait_until(Duration::from_secs(10), || ledger.is_completed(0)));
+    let shutting = {
+        let purgatory = purgatory.clone();
+        std::thread::spawn(move || purgatory.shutdown())
+    };
+    assert!(probe::wait_until(Duration::from_secs(10), || purgatory.is_shutdown()));
+    assert!(
+        !purgatory.reset_timeout(&waiting, Duration::from_secs(7_200)),
+        "moved after is_shutdown(): shutdown answers it, whatever its deadline"
+    );
+    shutting.join().unwrap();
+    assert_eq!(ledger.how(1), Some(Completion::Shutdown));
+    assert_eq!(ledger.completions(1), 1);
+}

@@ -678,6 +678,33 @@ async fn paused_time_auto_advances_to_an_expiry() {
     );
 }
 
+/// A reset to an earlier deadline wakes the task that drives the timer (it sleeps toward
+/// the old deadline, at most `REAPER_WAIT`, 200 ms): the parked fetch expires at the new
+/// deadline, 10 ms after the reset, not at the driver's next look.
+#[tokio::test(start_paused = true)]
+async fn paused_time_a_reset_to_an_earlier_deadline_wakes_the_driving_task() {
+    let p: Purgatory<u32, Fetch> = PurgatoryBuilder::new().follow_tokio_time().build().unwrap();
+    let ready = Arc::new(AtomicBool::new(false));
+    let parked = p
+        .park_with([1], fetch(&ready, Duration::from_secs(3_600)))
+        .unwrap();
+    let handle = parked.handle().unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let start = tokio::time::Instant::now();
+    assert!(p.reset_timeout(&handle, Duration::from_millis(10)));
+    let expired_at = tokio::spawn(async move {
+        parked.await.unwrap();
+        tokio::time::Instant::now()
+    });
+    tokio::time::sleep(Duration::from_secs(3_600)).await;
+    let at = expired_at.await.unwrap() - start;
+    assert!(
+        at >= Duration::from_millis(10) && at <= Duration::from_millis(12),
+        "{at:?}"
+    );
+    p.shutdown_async().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn paused_time_moves_with_advance() {
     let p: Purgatory<u32, Fetch> = PurgatoryBuilder::new().follow_tokio_time().build().unwrap();

@@ -458,7 +458,8 @@ impl<T> TimerCore<T> {
     /// up to a tick, clamped as by [`add`](Self::add); a zero delay makes it due at the
     /// next tick boundary). Returns `false`, and changes nothing, when the handle is
     /// stale: the task already expired (it has run, is running, or was handed to the
-    /// advancing thread), was cancelled, or the timer was shut down. Exactly one of a
+    /// advancing thread), was cancelled, or the timer's shutdown has begun (from the moment
+    /// [`is_shutdown`](Self::is_shutdown) reads true). Exactly one of a
     /// reset and an expiry that race wins; a task never fires at a deadline a won reset
     /// replaced. O(1), and the handle stays valid: the task keeps its entry.
     ///
@@ -477,12 +478,20 @@ impl<T> TimerCore<T> {
     }
 
     fn reset_at_nanos(&self, handle: TimerHandle, now: u64, deadline: u64) -> bool {
+        // Once closed (shutdown has begun), nothing moves: the task is shutdown's to hand
+        // back, and a caller told `true` would count on a deadline that never comes. A
+        // reset that read "open" just before a concurrent close is ordered before it.
+        if self.closed.load(Ordering::SeqCst) {
+            return false;
+        }
         let Some(shard) = self.shard_of(handle) else {
             return false;
         };
         let expiration = deadline.div_ceil(self.tick_nanos);
         let mut state = shard.state.lock();
-        // A drained shard holds nothing; the key finds no task there anyway.
+        if state.closed {
+            return false;
+        }
         self.catch_up(&mut state, now);
         if !state.wheel.reset(handle.key, expiration) {
             return false;

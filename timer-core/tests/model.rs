@@ -332,6 +332,10 @@ fn check_timer_against_model(
         prop_assert_eq!(timer.len(), 0);
         for (_, handle) in &handles {
             prop_assert!(timer.cancel(*handle).is_none());
+            prop_assert!(
+                !timer.reset(*handle, Duration::ZERO),
+                "a reset after shutdown"
+            );
         }
         let id = handles.len();
         match adders.add(0, (probe(id), Ok(Duration::ZERO))) {
