@@ -63,8 +63,7 @@ async fn issue_38_finding_2_an_evicted_connection_writing_an_answer_gives_its_de
         broker.stats().connections == 0
     })
     .await;
-    // A long poll from the largest address (the one an eviction picks among equals) that
-    // never reads its answer: min_bytes out of reach, answered at max_wait (1.5 s) with
+    // A long poll that never reads its answer: min_bytes out of reach, answered at max_wait (1.5 s) with
     // 40 MiB, after it became evictable (1 s).
     let mut fetch = requests::fetch("demo", 0, 0, i32::MAX, 1_500);
     let wanted = fetch.topics[0].partitions[0].clone();
@@ -79,7 +78,13 @@ async fn issue_38_finding_2_an_evicted_connection_writing_an_answer_gives_its_de
     let reader = connect_from(IpAddr::from([127, 0, 9, 9]), addr).await;
     let mut reader = reader;
     reader.send(11, &fetch).await.unwrap();
-    let _other = connect_from(IpAddr::from([127, 0, 3, 3]), addr).await;
+    // Another client, established (answered once), so that the eviction picks the
+    // long poll's connection, a stranger's (issue #38, finding 6).
+    let mut other = connect_from(IpAddr::from([127, 0, 3, 3]), addr).await;
+    timeout(LIMIT, other.call(4, &requests::list_offsets("demo", 0, -1)))
+        .await
+        .unwrap()
+        .unwrap();
     eventually("both places taken", || broker.stats().connections == 2).await;
     // Its answer is being written, and blocked.
     tokio::time::sleep(Duration::from_millis(2_500)).await;

@@ -7,13 +7,18 @@
 //!
 //! A connection is *idle* while it waits for the first byte of its next request (no request
 //! is being read, handled, waiting in a purgatory or answered), and also while a request it
-//! started has sent no byte for a second (`stalled_read.rs`: a client holding connections
-//! with a byte of a frame each is not busy). Kafka closes the least
-//! recently used idle connections when it runs out of room; here, at the broker-wide cap,
-//! a new connection takes the place of the least recently active idle connection **of the
+//! started is not whole a second after it began (`stalled_read.rs`: a client holding
+//! connections with a byte of a frame each, or trickling its requests, is not busy). Kafka
+//! closes the least recently used idle connections when it runs out of room; here, at the
+//! broker-wide cap, a new connection takes the place of an idle connection **of the
 //! address that holds the most connections** (its own address included), so a client that
 //! opens thousands of idle connections loses its own first, and a fresh client always gets
-//! in as long as any connection is idle. But a newcomer never evicts a connection of an
+//! in as long as any connection is idle. Among the idle connections of such addresses
+//! (issue #38, finding 6), a *stranger's* (a connection none of whose requests was
+//! answered yet) goes before an established client's, and then the least recently active
+//! first, whatever the addresses' order: a newcomer that sends nothing, or trickles, takes
+//! a stranger's place, not a producer's between two of its requests (before, ties between
+//! addresses went to the largest address). But a newcomer never evicts a connection of an
 //! address holding fewer connections than its own (issue #29, review finding 4): it is
 //! refused instead, so a client whose own connections are kept busy (a byte of a frame
 //! each) cannot push out the idle connections of smaller clients. Likewise at the cap of
@@ -24,7 +29,7 @@
 //! | connection state | entered by | may be evicted |
 //! |---|---|---|
 //! | busy | [`Admission::admit`], [`Slot::busy`] | no |
-//! | idle | [`Slot::idle`], [`Slot::stalled`], [`Slot::long_poll`] | yes: by a newcomer at the broker-wide cap whose address holds no more connections than its own, or from its address at the address's cap |
+//! | idle | [`Slot::idle`], [`Slot::stalled`], [`Slot::long_poll`] | yes: by a newcomer at the broker-wide cap whose address holds no more connections than its own, or from its address at the address's cap; strangers' first ([`Slot::served`] makes a connection established), then the least recently active |
 //! | evicted | a newcomer's [`Admission::admit`] | no longer counted; [`Slot::evicted`] fires and its task closes the socket |
 //!
 //! Invariants:
@@ -48,9 +53,11 @@
 //!   cancelled (as when a client leaves) and the connection closed; a consumer reconnects
 //!   and polls again.
 //! - Every operation costs O(log n) in the open connections: idle connections are kept per
-//!   address in last-activity order, and the addresses with an idle connection in order of
-//!   their connection count.
+//!   address in eviction order (strangers first, then last activity), and the addresses
+//!   with an idle connection in order of their connection count, then of their first idle
+//!   connection. A connection is told [`Slot::served`] once, at its first answer.
 
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::net::IpAddr;
@@ -78,23 +85,41 @@ struct Table {
     evicted: u64,
     connections: HashMap<u64, Entry>,
     addresses: HashMap<Prefix, Address>,
-    /// `(open connections, address)` of every address with an idle connection.
-    with_idle: BTreeSet<(usize, Prefix)>,
+    /// Every address with an idle connection, by its open connections, then by its
+    /// first idle connection's [`IdleKey`] (reversed: the last element is the address
+    /// with the most connections and, among those, the stranger or else the least
+    /// recently active connection).
+    with_idle: BTreeSet<(usize, Reverse<IdleKey>, Prefix)>,
 }
+
+/// Orders idle connections for eviction: connections never answered (strangers) before
+/// established ones, then the least recently active first (the stamp of its idle
+/// period).
+type IdleKey = (bool, u64);
 
 #[derive(Debug)]
 struct Entry {
     ip: Prefix,
-    /// The stamp of its idle period, while idle.
-    idle_since: Option<u64>,
+    /// Its key among its address's idle connections, while idle.
+    idle: Option<IdleKey>,
+    /// One of its requests was answered ([`Slot::served`]).
+    served: bool,
     evicted: Arc<Notify>,
 }
 
 #[derive(Debug, Default)]
 struct Address {
     open: usize,
-    /// Idle connections by the stamp of their idle period, least recently active first.
-    idle: BTreeMap<u64, u64>,
+    /// Idle connections in eviction order ([`IdleKey`]).
+    idle: BTreeMap<IdleKey, u64>,
+}
+
+impl Address {
+    /// Its entry in [`Table::with_idle`], if it has an idle connection.
+    fn key(&self, ip: Prefix) -> Option<(usize, Reverse<IdleKey>, Prefix)> {
+        let (&first, _) = self.idle.first_key_value()?;
+        Some((self.open, Reverse(first), ip))
+    }
 }
 
 /// Why a connection was not admitted.
@@ -157,7 +182,8 @@ impl Admission {
             id,
             Entry {
                 ip,
-                idle_since: None,
+                idle: None,
+                served: false,
                 evicted: Arc::clone(&evicted),
             },
         );
@@ -181,7 +207,7 @@ impl Table {
     /// connections; `None` if no connection is idle, or if that address holds fewer than
     /// `at_least` connections.
     fn evict_one(&mut self, at_least: usize) -> Option<()> {
-        let &(open, ip) = self.with_idle.last()?;
+        let &(open, _, ip) = self.with_idle.last()?;
         if open < at_least {
             return None;
         }
@@ -192,13 +218,13 @@ impl Table {
     fn evict_idle_of(&mut self, ip: Prefix) -> Option<()> {
         let (_, &id) = self.addresses.get(&ip)?.idle.first_key_value()?;
         let entry = self.connections.remove(&id)?;
-        let stamp = entry.idle_since;
+        let key = entry.idle;
         self.open -= 1;
         self.evicted += 1;
         self.change_address(ip, |address| {
             address.open -= 1;
-            if let Some(stamp) = stamp {
-                address.idle.remove(&stamp);
+            if let Some(key) = key {
+                address.idle.remove(&key);
             }
         });
         entry.evicted.notify_one();
@@ -209,12 +235,12 @@ impl Table {
     /// address that holds no connection any more.
     fn change_address(&mut self, ip: Prefix, change: impl FnOnce(&mut Address)) {
         let address = self.addresses.entry(ip).or_default();
-        if !address.idle.is_empty() {
-            self.with_idle.remove(&(address.open, ip));
+        if let Some(key) = address.key(ip) {
+            self.with_idle.remove(&key);
         }
         change(address);
-        if !address.idle.is_empty() {
-            self.with_idle.insert((address.open, ip));
+        if let Some(key) = address.key(ip) {
+            self.with_idle.insert(key);
         }
         if address.open == 0 {
             self.addresses.remove(&ip);
@@ -247,16 +273,41 @@ impl Slot {
         let Some(entry) = table.connections.get_mut(&self.id) else {
             return;
         };
-        if entry.idle_since.is_some() {
+        if entry.idle.is_some() {
             return;
         }
-        entry.idle_since = Some(stamp);
+        let key = (entry.served, stamp);
+        entry.idle = Some(key);
         let ip = entry.ip;
         table.next_stamp += 1;
         let id = self.id;
         table.change_address(ip, |address| {
-            address.idle.insert(stamp, id);
+            address.idle.insert(key, id);
         });
+    }
+
+    /// One of its requests was answered: from now on it is an established client's
+    /// connection, evicted after every idle stranger's of its address and of any address
+    /// holding as many connections (issue #38, finding 6).
+    pub fn served(&self) {
+        let mut table = self.admission.table.lock();
+        let Some(entry) = table.connections.get_mut(&self.id) else {
+            return;
+        };
+        if entry.served {
+            return;
+        }
+        entry.served = true;
+        // A long poll answered while evictable: its place in the order moves.
+        if let Some(old) = entry.idle {
+            let new = (true, old.1);
+            entry.idle = Some(new);
+            let (ip, id) = (entry.ip, self.id);
+            table.change_address(ip, |address| {
+                address.idle.remove(&old);
+                address.idle.insert(new, id);
+            });
+        }
     }
 
     /// A request starts: the connection may no longer be evicted. False if it was evicted
@@ -266,10 +317,10 @@ impl Slot {
         let Some(entry) = table.connections.get_mut(&self.id) else {
             return false;
         };
-        if let Some(stamp) = entry.idle_since.take() {
+        if let Some(key) = entry.idle.take() {
             let ip = entry.ip;
             table.change_address(ip, |address| {
-                address.idle.remove(&stamp);
+                address.idle.remove(&key);
             });
         }
         true
@@ -289,11 +340,11 @@ impl Drop for Slot {
             return; // Evicted: no longer counted.
         };
         table.open -= 1;
-        let stamp = entry.idle_since;
+        let key = entry.idle;
         table.change_address(entry.ip, |address| {
             address.open -= 1;
-            if let Some(stamp) = stamp {
-                address.idle.remove(&stamp);
+            if let Some(key) = key {
+                address.idle.remove(&key);
             }
         });
     }
@@ -413,6 +464,47 @@ mod tests {
         let replaced = admission.admit(lan(0, 200)).unwrap();
         assert!(evicted_now(&spread[0]) && wide.iter().all(|slot| !evicted_now(slot)));
         drop((spread, wide, replaced));
+    }
+
+    #[test]
+    fn among_equal_addresses_strangers_go_first_then_the_least_recently_active() {
+        let admission = Arc::new(Admission::new(4, 4));
+        // Established clients (answered once) of two addresses, the larger one idle later.
+        let early = admission.admit(ip(2)).unwrap();
+        early.served();
+        early.idle();
+        let late = admission.admit(ip(9)).unwrap();
+        late.served();
+        late.idle();
+        // Strangers (never answered) of two more addresses, idle after both.
+        let strangers: Vec<Slot> = [3, 4].map(|last| admission.admit(ip(last)).unwrap()).into();
+        strangers.iter().for_each(Slot::idle);
+        // Newcomers take the strangers' places first, least recently active first...
+        let a = admission.admit(ip(5)).unwrap();
+        assert!(evicted_now(&strangers[0]));
+        let b = admission.admit(ip(6)).unwrap();
+        assert!(evicted_now(&strangers[1]));
+        assert!(!evicted_now(&early) && !evicted_now(&late));
+        // ...then the established connection idle longest, not the largest address's.
+        a.busy();
+        b.busy();
+        let c = admission.admit(ip(7)).unwrap();
+        assert!(evicted_now(&early) && !evicted_now(&late));
+        drop((a, b, c, late));
+    }
+
+    #[test]
+    fn a_connection_answered_while_idle_moves_behind_the_strangers() {
+        let admission = Arc::new(Admission::new(2, 2));
+        let poll = admission.admit(ip(1)).unwrap();
+        poll.long_poll();
+        let stranger = admission.admit(ip(2)).unwrap();
+        stranger.idle();
+        // The long poll was idle first, but is answered now: the stranger goes first.
+        poll.served();
+        let newcomer = admission.admit(ip(3)).unwrap();
+        assert!(evicted_now(&stranger) && !evicted_now(&poll));
+        drop((poll, newcomer));
     }
 
     #[test]

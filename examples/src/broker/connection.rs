@@ -87,6 +87,9 @@ pub async fn serve(
     let config = &state.config;
     let budget = ConnectionBudget::new(Arc::clone(&state.request_budget), config.max_frame_bytes);
     let mut reader = ClientReader::new(reader, budget);
+    // Whether a request of this connection was answered yet (told to the table once:
+    // an established client's connections are evicted after strangers').
+    let mut served = false;
     loop {
         // Between requests: the next one must start within the idle timeout, and then
         // arrive whole within the frame read timeout.
@@ -210,6 +213,10 @@ pub async fn serve(
                 state.log(&format!("closing {peer}: {reason}"));
                 return;
             }
+        }
+        if !served {
+            served = true;
+            slot.served();
         }
     }
 }
