@@ -6,6 +6,11 @@
 //! A frame of an unknown kind closes the connection; a member id out of range is
 //! answered `UNKNOWN_MEMBER_ID`. Joins in flight when a connection closes still run to
 //! their end (a member that joined is in its group whether or not it reads the answer).
+//! At most [`QUEUED`] answers wait for a connection's writer: a client that does not read
+//! them is no longer read either (its requests wait in its socket), so what a connection
+//! holds is bounded. A join's task holds one member's place in it, and each member joins
+//! once. Loopback only; this is the example's measuring server, not a hardened one (the
+//! broker, `src/broker/`, is that).
 
 use std::sync::Arc;
 
@@ -15,6 +20,9 @@ use tokio::sync::mpsc;
 
 use super::protocol::{self, HEARTBEAT, JOIN, REQUEST_LEN, STATS};
 use super::Coordinator;
+
+/// Most answers queued for one connection's writer.
+pub const QUEUED: usize = 8_192;
 
 /// An answer queued for a connection's writer.
 enum Outgoing {
@@ -44,7 +52,7 @@ pub async fn serve(
 
 async fn connection(stream: TcpStream, coordinator: Arc<dyn Coordinator>) {
     let (reader, mut writer) = stream.into_split();
-    let (outgoing, mut queued) = mpsc::unbounded_channel::<Outgoing>();
+    let (outgoing, mut queued) = mpsc::channel::<Outgoing>(QUEUED);
     tokio::spawn(async move {
         let mut batch = Vec::with_capacity(512);
         let mut bytes = Vec::with_capacity(512 * protocol::ANSWER_LEN);
@@ -76,14 +84,16 @@ async fn connection(stream: TcpStream, coordinator: Arc<dyn Coordinator>) {
                 let outgoing = outgoing.clone();
                 tokio::spawn(async move {
                     let error = joined.await;
-                    let _ = outgoing.send(Outgoing::Answer(protocol::answer(JOIN, member, error)));
+                    let _ = outgoing
+                        .send(Outgoing::Answer(protocol::answer(JOIN, member, error)))
+                        .await;
                 });
                 continue;
             }
             STATS => Outgoing::Stats(protocol::stats_answer(coordinator.stats())),
             _ => return,
         };
-        if outgoing.send(out).is_err() {
+        if outgoing.send(out).await.is_err() {
             return;
         }
     }
