@@ -1,12 +1,14 @@
 //! A session's heartbeat, for counting what it costs under `valgrind --tool=callgrind`:
-//! `S` sessions (default 1,000) are watched keyless with a 10 s timeout, then `N`
-//! heartbeats (default 20,000) go round them, 10 a millisecond. Mode `reset` (default)
+//! `S` sessions (the third argument, default 1,000) are watched keyless with a 10 s
+//! timeout, then `N` heartbeats (default 20,000) go round them, 10 a millisecond: each
+//! session's deadline moves by `S / 10` ms a heartbeat (100 ms by default; 2 s with
+//! 20,000 sessions, the coordinator example's heartbeat interval). Mode `reset` (default)
 //! moves the session's deadline (`Purgatory::reset_timeout`); mode `rewatch` does what a
 //! heartbeat cost before it, a `cancel` and a new `watch_keyless`. Then shutdown.
 //!
 //! ```text
 //! cargo build --release -p purgatory-benches --example heartbeats
-//! valgrind --tool=callgrind target/release/examples/heartbeats {100,20000} [reset|rewatch]
+//! valgrind --tool=callgrind target/release/examples/heartbeats {100,20000} [reset|rewatch] [S]
 //! ```
 //!
 //! Per heartbeat: (total at 20,000 - total at 100) / 19,900.
@@ -40,7 +42,10 @@ fn main() {
         .map(|a| a.parse().expect("a number"))
         .unwrap_or(20_000);
     let rewatch = std::env::args().nth(2).is_some_and(|m| m == "rewatch");
-    let sessions = 1_000;
+    let sessions: usize = std::env::args()
+        .nth(3)
+        .map(|a| a.parse().expect("a number"))
+        .unwrap_or(1_000);
     let p: Purgatory<u64, Session> = Purgatory::new("heartbeats");
     let mut handles: Vec<_> = (0..sessions).map(|_| watch(&p)).collect();
     let mut i = 0;

@@ -22,11 +22,13 @@
 //!   (expired), or back with the caller (cancelled, or refused at add, or returned by
 //!   shutdown). Moving it between these happens under its shard lock, so cancel and
 //!   expiry racing on two threads have exactly one winner: `cancel` returns `Some` only
-//!   if it won.
-//! - `shard.next_expiration` is only lowered by add and only recomputed by advance, both
-//!   under the shard lock; it is never later than the shard's earliest queued bucket.
-//! - Once closed, an advance fires nothing and adds are refused; once a shard is
-//!   drained it refuses adds itself, so no task can slip in after the drain.
+//!   if it won; so do a reset (which moves a pending task within its wheel) and expiry:
+//!   `reset` returns `true` only if the task was still pending.
+//! - `shard.next_expiration` is only lowered by add and reset and only recomputed by
+//!   advance, all under the shard lock; it is never later than the shard's earliest
+//!   queued bucket.
+//! - Once closed, an advance fires nothing and adds and resets are refused; once a shard
+//!   is drained it refuses them itself, so no task can slip in, or move, after the drain.
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};

@@ -15,10 +15,13 @@
 //! opens thousands of idle connections loses its own first, and a fresh client always gets
 //! in as long as any connection is idle. Among the idle connections of such addresses
 //! (issue #38, finding 6), a *stranger's* (a connection none of whose requests was
-//! answered yet) goes before an established client's, and then the least recently active
+//! handled yet) goes before an established client's, and then the least recently active
 //! first, whatever the addresses' order: a newcomer that sends nothing, or trickles, takes
 //! a stranger's place, not a producer's between two of its requests (before, ties between
-//! addresses went to the largest address). But a newcomer never evicts a connection of an
+//! addresses went to the largest address). The price: while clients of many addresses
+//! flood the broker with connections, an honest newcomer is a stranger too until its
+//! first request is handled, and may lose its place before it is read (it connects
+//! again); established clients keep theirs. But a newcomer never evicts a connection of an
 //! address holding fewer connections than its own (issue #29, review finding 4): it is
 //! refused instead, so a client whose own connections are kept busy (a byte of a frame
 //! each) cannot push out the idle connections of smaller clients. Likewise at the cap of
@@ -29,7 +32,7 @@
 //! | connection state | entered by | may be evicted |
 //! |---|---|---|
 //! | busy | [`Admission::admit`], [`Slot::busy`] | no |
-//! | idle | [`Slot::idle`], [`Slot::stalled`], [`Slot::long_poll`] | yes: by a newcomer at the broker-wide cap whose address holds no more connections than its own, or from its address at the address's cap; strangers' first ([`Slot::served`] makes a connection established), then the least recently active |
+//! | idle | [`Slot::idle`], [`Slot::stalled`], [`Slot::long_poll`] | yes: by a newcomer at the broker-wide cap whose address holds no more connections than its own (strangers' first, [`Slot::served`] making a connection established; then the least recently active), or by one of its own address at the address's cap (the least recently active) |
 //! | evicted | a newcomer's [`Admission::admit`] | no longer counted; [`Slot::evicted`] fires and its task closes the socket |
 //!
 //! Invariants:
@@ -110,11 +113,24 @@ struct Entry {
 #[derive(Debug, Default)]
 struct Address {
     open: usize,
-    /// Idle connections in eviction order ([`IdleKey`]).
+    /// Idle connections in broker-wide eviction order ([`IdleKey`]).
     idle: BTreeMap<IdleKey, u64>,
+    /// The same, least recently active first whether strangers or not: the order in
+    /// which an address at its own cap loses its connections.
+    by_stamp: BTreeMap<u64, u64>,
 }
 
 impl Address {
+    fn add_idle(&mut self, key: IdleKey, id: u64) {
+        self.idle.insert(key, id);
+        self.by_stamp.insert(key.1, id);
+    }
+
+    fn remove_idle(&mut self, key: IdleKey) {
+        self.idle.remove(&key);
+        self.by_stamp.remove(&key.1);
+    }
+
     /// Its entry in [`Table::with_idle`], if it has an idle connection.
     fn key(&self, ip: Prefix) -> Option<(usize, Reverse<IdleKey>, Prefix)> {
         let (&first, _) = self.idle.first_key_value()?;
@@ -171,7 +187,7 @@ impl Admission {
         let mut table = self.table.lock();
         let from_ip = table.addresses.get(&ip).map_or(0, |a| a.open);
         if from_ip >= self.max_per_ip {
-            table.evict_idle_of(ip).ok_or(Refused::PerIp)?;
+            table.evict_least_recent_of(ip).ok_or(Refused::PerIp)?;
         } else if table.open >= self.max_connections {
             table.evict_one(from_ip).ok_or(Refused::Full)?;
         }
@@ -211,12 +227,21 @@ impl Table {
         if open < at_least {
             return None;
         }
-        self.evict_idle_of(ip)
+        let (_, &id) = self.addresses.get(&ip)?.idle.first_key_value()?;
+        self.evict(ip, id)
     }
 
-    /// Evicts the least recently active idle connection of `ip`; `None` if it has none.
-    fn evict_idle_of(&mut self, ip: Prefix) -> Option<()> {
-        let (_, &id) = self.addresses.get(&ip)?.idle.first_key_value()?;
+    /// Evicts the least recently active idle connection of `ip`, stranger's or not (an
+    /// address at its own cap makes room among its own: strangers first would have a
+    /// pool opening connections at once evict each new one before its first request);
+    /// `None` if it has none.
+    fn evict_least_recent_of(&mut self, ip: Prefix) -> Option<()> {
+        let (_, &id) = self.addresses.get(&ip)?.by_stamp.first_key_value()?;
+        self.evict(ip, id)
+    }
+
+    /// Evicts the idle connection `id` of `ip`.
+    fn evict(&mut self, ip: Prefix, id: u64) -> Option<()> {
         let entry = self.connections.remove(&id)?;
         let key = entry.idle;
         self.open -= 1;
@@ -224,7 +249,7 @@ impl Table {
         self.change_address(ip, |address| {
             address.open -= 1;
             if let Some(key) = key {
-                address.idle.remove(&key);
+                address.remove_idle(key);
             }
         });
         entry.evicted.notify_one();
@@ -282,13 +307,14 @@ impl Slot {
         table.next_stamp += 1;
         let id = self.id;
         table.change_address(ip, |address| {
-            address.idle.insert(key, id);
+            address.add_idle(key, id);
         });
     }
 
-    /// One of its requests was answered: from now on it is an established client's
-    /// connection, evicted after every idle stranger's of its address and of any address
-    /// holding as many connections (issue #38, finding 6).
+    /// One of its requests was handled (answered, or an acks=0 produce taken): from now
+    /// on it is an established client's connection, evicted at the broker-wide cap after
+    /// every idle stranger's of its address and of any address holding as many
+    /// connections (issue #38, finding 6).
     pub fn served(&self) {
         let mut table = self.admission.table.lock();
         let Some(entry) = table.connections.get_mut(&self.id) else {
@@ -304,8 +330,8 @@ impl Slot {
             entry.idle = Some(new);
             let (ip, id) = (entry.ip, self.id);
             table.change_address(ip, |address| {
-                address.idle.remove(&old);
-                address.idle.insert(new, id);
+                address.remove_idle(old);
+                address.add_idle(new, id);
             });
         }
     }
@@ -320,7 +346,7 @@ impl Slot {
         if let Some(key) = entry.idle.take() {
             let ip = entry.ip;
             table.change_address(ip, |address| {
-                address.idle.remove(&key);
+                address.remove_idle(key);
             });
         }
         true
@@ -344,7 +370,7 @@ impl Drop for Slot {
         table.change_address(entry.ip, |address| {
             address.open -= 1;
             if let Some(key) = key {
-                address.idle.remove(&key);
+                address.remove_idle(key);
             }
         });
     }
@@ -491,6 +517,21 @@ mod tests {
         let c = admission.admit(ip(7)).unwrap();
         assert!(evicted_now(&early) && !evicted_now(&late));
         drop((a, b, c, late));
+    }
+
+    #[test]
+    fn at_its_own_cap_an_address_loses_its_least_recently_active_connection_stranger_or_not() {
+        let admission = Arc::new(Admission::new(10, 2));
+        // A pool: an established connection idle for a while, and one just opened.
+        let old = admission.admit(ip(1)).unwrap();
+        old.served();
+        old.idle();
+        let new = admission.admit(ip(1)).unwrap();
+        new.idle();
+        // Its third takes the older place, not the one about to send its first request.
+        let third = admission.admit(ip(1)).unwrap();
+        assert!(evicted_now(&old) && !evicted_now(&new));
+        drop((new, third));
     }
 
     #[test]

@@ -86,6 +86,7 @@ async fn drive(mut commands: mpsc::UnboundedReceiver<Command>, shared: Arc<Share
     let mut queue: DelayQueue<u32> = DelayQueue::with_capacity(members);
     let mut keys: Vec<Option<(delay_queue::Key, Instant)>> = vec![None; members];
     let mut batch = Vec::with_capacity(256);
+    let mut expired = Vec::new();
     loop {
         tokio::select! {
             received = commands.recv_many(&mut batch, 256) => {
@@ -107,13 +108,35 @@ async fn drive(mut commands: mpsc::UnboundedReceiver<Command>, shared: Arc<Share
                     }
                 }
             }
-            Some(expired) = poll_fn(|cx| queue.poll_expired(cx)) => {
-                let member = expired.into_inner();
-                if let Some((_, deadline)) = keys[member as usize].take() {
-                    shared.alive[member as usize].store(false, Ordering::Release);
-                    shared.record.expired(Instant::now().saturating_duration_since(deadline));
+            // Every entry that is due, in one pass (not one per turn of the loop).
+            Some(()) = poll_fn(|cx| drain_expired(&mut queue, cx, &mut expired)) => {
+                let now = Instant::now();
+                for member in expired.drain(..) {
+                    if let Some((_, deadline)) = keys[member as usize].take() {
+                        shared.alive[member as usize].store(false, Ordering::Release);
+                        shared.record.expired(now.saturating_duration_since(deadline));
+                    }
                 }
             }
+        }
+    }
+}
+
+/// Moves every due entry of `queue` into `into`: `Ready(Some(()))` if there was one,
+/// `Ready(None)` when the queue is empty, `Pending` otherwise (the queue then wakes the
+/// task when its next entry is due).
+fn drain_expired(
+    queue: &mut DelayQueue<u32>,
+    cx: &mut std::task::Context<'_>,
+    into: &mut Vec<u32>,
+) -> std::task::Poll<Option<()>> {
+    use std::task::Poll;
+    loop {
+        match queue.poll_expired(cx) {
+            Poll::Ready(Some(expired)) => into.push(expired.into_inner()),
+            Poll::Ready(None) if into.is_empty() => return Poll::Ready(None),
+            Poll::Pending if into.is_empty() => return Poll::Pending,
+            Poll::Ready(None) | Poll::Pending => return Poll::Ready(Some(())),
         }
     }
 }

@@ -15,8 +15,8 @@
 //! # Invariants
 //! - Every linked entry sits in a bucket whose expiration is later than that level's
 //!   current time, and within one interval of it, so a bucket never mixes two rounds.
-//! - Every bucket with entries (and possibly some emptied by cancels) is in the bucket queue
-//!   exactly once, under its expiration.
+//! - Every bucket with entries (and possibly some emptied by cancels or resets) is in the
+//!   bucket queue exactly once, under its expiration.
 //! - A bucket list may still hold up to 8 cancelled entries (no task, no key names them)
 //!   whose unlink a cancel deferred (see `deferred_unlinks.rs`). `advance` unlinks them
 //!   before it walks any list, so flushing meets live entries only, and `len` does not
@@ -95,7 +95,7 @@ impl Level {
 
 /// A hierarchical timing wheel holding tasks of type `T`, with time in whole ticks.
 ///
-/// `insert` and `cancel` are O(1); `advance` does work proportional to the buckets that
+/// `insert`, `cancel` and `reset` are O(1); `advance` does work proportional to the buckets that
 /// are due and the entries in them.
 #[derive(Debug)]
 pub struct Wheel<T> {
