@@ -499,9 +499,49 @@ where
     where
         I: IntoIterator<Item = K>,
     {
-        let waiting = match self.watch(op, keys) {
+        Self::parked(self.watch(op, keys), answer, self)
+    }
+
+    /// [`park_with`](Self::park_with) on no key ([`watch_keyless`](Self::watch_keyless)):
+    /// a timer-only operation (a session, a backoff) awaited; answered by its timeout, a
+    /// force or shutdown, and cancelled when the future is dropped while it waits. Its
+    /// deadline moves with [`reset_timeout`](Self::reset_timeout) on
+    /// [`Parked::handle`]. Feature `tokio`.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// use purgatory::{Completion, DelayedOperation, Purgatory, Reply};
+    ///
+    /// struct Backoff { reply: Reply<()> }
+    /// impl DelayedOperation for Backoff {
+    ///     fn timeout(&self) -> Duration { Duration::from_millis(5) }
+    ///     fn try_complete(&mut self) -> bool { false }
+    ///     fn on_complete(&mut self, how: Completion) { self.reply.send(how, ()); }
+    /// }
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// let backoffs: Purgatory<u32, Backoff> = Purgatory::new("backoff");
+    /// let parked = backoffs.park_keyless_with(|reply| Backoff { reply }).unwrap();
+    /// assert_eq!(parked.await.unwrap().how, Completion::Expired);
+    /// # });
+    /// ```
+    pub fn park_keyless_with<T, F>(&self, make: F) -> Result<Parked<K, O, T>, Refused<O, T>>
+    where
+        F: FnOnce(Reply<T>) -> O,
+    {
+        let (reply, answer) = reply_pair();
+        Self::parked(self.watch_keyless(make(reply)), answer, self)
+    }
+
+    /// The [`Parked`] future of what a watch gave, or the [`Refused`] operation.
+    fn parked<T>(
+        watched: Result<WatchOutcome<O>, WatchError<O>>,
+        answer: Answer<T>,
+        purgatory: &Self,
+    ) -> Result<Parked<K, O, T>, Refused<O, T>> {
+        let waiting = match watched {
             Ok(WatchOutcome::Completed) => None,
-            Ok(WatchOutcome::Pending(handle)) => Some((self.downgrade(), handle)),
+            Ok(WatchOutcome::Pending(handle)) => Some((purgatory.downgrade(), handle)),
             Err(error) => return Err(Refused { error, answer }),
         };
         Ok(Parked {

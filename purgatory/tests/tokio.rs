@@ -929,3 +929,53 @@ async fn a_key_drop_that_panics_in_a_purge_does_not_end_the_driving_task() {
     );
     drop(first);
 }
+
+/// `park_keyless_with`: a timer-only operation awaited. Answered by its timeout (moved by
+/// `reset_timeout` on its handle), cancelled when dropped while it waits, and refused
+/// with its answer after shutdown; it lists nothing.
+#[tokio::test(start_paused = true)]
+async fn a_keyless_parked_operation_expires_moves_with_a_reset_and_cancels_on_drop() {
+    let p: Purgatory<u32, Fetch> = PurgatoryBuilder::new().follow_tokio_time().build().unwrap();
+    let ready = Arc::new(AtomicBool::new(true));
+    // Ready or not, an event can never reach it: only its deadline does.
+    let parked = p
+        .park_keyless_with(fetch(
+            &Arc::new(AtomicBool::new(false)),
+            Duration::from_secs(10),
+        ))
+        .unwrap();
+    let handle = parked.handle().unwrap();
+    assert_eq!(p.stats().watched, 0, "no watcher entry");
+    let start = tokio::time::Instant::now();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(p.reset_timeout(&handle, Duration::from_secs(10)));
+    let answered = parked.await.unwrap();
+    assert_eq!(answered.how, Completion::Expired);
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_secs(15) && waited <= Duration::from_millis(15_002),
+        "{waited:?}: the reset moved the deadline to 15 s"
+    );
+    // Ready at once: answered in the call, nothing left waiting.
+    let at_once = p
+        .park_keyless_with(fetch(&ready, Duration::from_secs(10)))
+        .unwrap();
+    assert!(at_once.handle().is_none());
+    assert_eq!(at_once.await.unwrap().how, Completion::Ready);
+    // Dropped while it waits: cancelled, its timer disarmed.
+    let dropped = p
+        .park_keyless_with(fetch(
+            &Arc::new(AtomicBool::new(false)),
+            Duration::from_secs(10),
+        ))
+        .unwrap();
+    drop(dropped);
+    assert_eq!((p.pending(), p.stats().cancelled), (0, 1));
+    // After shutdown: refused, the answer given back with the operation.
+    p.shutdown_async().await;
+    let refused = p
+        .park_keyless_with(fetch(&ready, Duration::from_secs(10)))
+        .err()
+        .expect("refused after shutdown");
+    assert_eq!(refused.kind(), purgatory::WatchErrorKind::Shutdown);
+}

@@ -261,12 +261,15 @@ fn last_drop(name: String) -> World {
 fn parked(name: String) -> World {
     let mut w = manual(name);
     let mut parked = Vec::new();
-    for k in 0..3u32 {
-        let op = w.op(if k == 2 { MS } else { LONG });
+    for k in 0..4u32 {
+        let op = w.op(if k >= 2 { MS } else { LONG });
         let id = op.0.id;
-        let keys = vec![Key(k)];
-        match w.call("park", |p| {
-            p.park_with(keys, |_reply: purgatory::Reply<()>| op)
+        // The fourth is keyless (`park_keyless_with`), expired with the third; it has no
+        // key to drop.
+        let keys = (k < 3).then(|| vec![Key(k)]);
+        match w.call("park", |p| match keys {
+            Some(keys) => p.park_with(keys, |_reply: purgatory::Reply<()>| op),
+            None => p.park_keyless_with(|_reply: purgatory::Reply<()>| op),
         }) {
             Some(Ok(p)) => {
                 w.answered_or_cancelled(id);
