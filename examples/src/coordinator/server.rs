@@ -1,4 +1,4 @@
-//! The coordinator's server: a tokio TCP server answering [`protocol`](super::protocol)
+//! The coordinator's server: a tokio TCP server answering [`protocol`]
 //! frames from a [`Coordinator`]. Per connection, a reader answers heartbeats inline and
 //! spawns a task per join (which waits at its group's barrier); a writer sends the
 //! answers, as many as are queued in one write.
