@@ -31,7 +31,7 @@ use purgatory::{
 };
 
 use crate::check_rounds::CheckRounds;
-use crate::delayed_fetch::{BytesWait, DelayedFetch, FetchCompletion};
+use crate::delayed_fetch::{checking_partition, BytesWait, DelayedFetch, FetchCompletion};
 use crate::delayed_produce::{DelayedProduce, ProduceCompletion, ReplicaWait};
 use crate::followers::{FollowerConfig, FollowerListener, FollowerSet};
 use crate::partition::{AppendError, Appended, Partition, PartitionKey};
@@ -194,7 +194,9 @@ impl Leader {
                 "fetch-checks",
                 keys,
                 Box::new(move |key| {
-                    fetch.fetch.check_and_complete(&PartitionKey(key as u32));
+                    // Named to the fetches it tries: each re-reads this partition only.
+                    let key = PartitionKey(key as u32);
+                    checking_partition(key, || fetch.fetch.check_and_complete(&key));
                 }),
             ),
         });
@@ -363,6 +365,81 @@ mod tests {
         let done = answer.blocking_answer().unwrap().answer;
         assert_eq!(done.how, Completion::Expired);
         assert_eq!(done.acknowledged, vec![false]);
+    }
+
+    /// A small xorshift generator: the tests' randomness, seeded per test.
+    fn next(state: &mut u64) -> u64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        *state
+    }
+
+    /// Ledger of wide fetches (issue #38, finding 4: a check re-reads the partition it
+    /// checks, not all of a fetch's): fetches over random sets of partitions (repeats
+    /// included) with random `min_bytes`, appends to random partitions from two threads.
+    /// Once the appends are done, every fetch whose partitions hold its `min_bytes` is
+    /// answered `Ready` (no lost wake-up), and none was answered with fewer.
+    #[test]
+    fn ledger_wide_fetches_complete_once_their_bytes_are_there_whoever_appended() {
+        const PARTITIONS: u32 = 16;
+        for seed in 1..=8u64 {
+            let leader = Arc::new(Leader::start(PARTITIONS as usize, followers(0, 0, false)));
+            let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let batch = encode_batch(&[Bytes::from_static(b"v")], 1).len() as u64;
+            let mut fetches = Vec::new();
+            for _ in 0..200 {
+                let spans = 1 + next(&mut rng) % 6;
+                let waits: Vec<BytesWait> = (0..spans)
+                    .map(|_| {
+                        let key = PartitionKey((next(&mut rng) % PARTITIONS as u64) as u32);
+                        let partition = leader.partition(key).unwrap().clone();
+                        BytesWait {
+                            key,
+                            start_position: partition.committed_position(),
+                            partition,
+                            max_bytes: batch * (1 + next(&mut rng) % 4),
+                        }
+                    })
+                    .collect();
+                let min_bytes = 1 + next(&mut rng) % (batch * 12);
+                let wait = leader.wait_for_bytes(Duration::from_secs(60), min_bytes, waits.clone());
+                fetches.push((min_bytes, waits, wait));
+            }
+            let appenders: Vec<_> = (0..2u64)
+                .map(|t| {
+                    let leader = Arc::clone(&leader);
+                    std::thread::spawn(move || {
+                        let mut rng = (seed << 8 | t).wrapping_mul(0xD1B5_4A32_D192_ED03) | 1;
+                        for _ in 0..300 {
+                            let key = PartitionKey((next(&mut rng) % PARTITIONS as u64) as u32);
+                            leader.append(key, one_batch(1)).unwrap();
+                        }
+                    })
+                })
+                .collect();
+            for appender in appenders {
+                appender.join().unwrap();
+            }
+            let deadline = Instant::now() + Duration::from_secs(10);
+            for (min_bytes, waits, mut wait) in fetches {
+                let there: u64 = waits.iter().map(BytesWait::available).sum();
+                if there >= min_bytes {
+                    let done = loop {
+                        if let Some(answer) = wait.try_answer() {
+                            break answer.unwrap().answer;
+                        }
+                        assert!(Instant::now() < deadline, "seed {seed}: a fetch with its bytes there was not answered");
+                        std::thread::sleep(Duration::from_millis(1));
+                    };
+                    assert_eq!(done.how, Completion::Ready, "seed {seed}");
+                    assert!(done.available >= min_bytes, "seed {seed}");
+                } else {
+                    assert!(wait.try_answer().is_none(), "seed {seed}: answered with {there} of {min_bytes} bytes");
+                }
+            }
+            leader.shutdown();
+        }
     }
 
     #[test]

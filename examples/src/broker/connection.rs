@@ -141,7 +141,7 @@ pub async fn serve(
         let frame_bytes = frame.len() + 4;
         let long_poll = is_fetch(&frame);
         let frame = reader.budget().charged(frame, frame_bytes);
-        let handling = handle(&state, frame, peer_ip);
+        let handling = handle(&state, frame, peer_ip, reader.budget().clone());
         tokio::pin!(handling);
         // A Fetch still waiting after `LONG_POLL_EVICTABLE` holds no claim on its place:
         // at the cap it may be evicted like an idle connection (it is then closed and its
@@ -275,8 +275,14 @@ async fn within<T, E: std::fmt::Display>(
     }
 }
 
-/// Decodes and answers one request frame of a client at `peer`.
-pub async fn handle(state: &BrokerState, mut frame: Bytes, peer: IpAddr) -> Reply {
+/// Decodes and answers one request frame of a client at `peer`, whose account (`budget`)
+/// holds what a parked request keeps while it waits.
+pub async fn handle(
+    state: &BrokerState,
+    mut frame: Bytes,
+    peer: IpAddr,
+    budget: ConnectionBudget,
+) -> Reply {
     if frame.len() < 4 {
         return Reply::Close(format!("request of {} bytes has no header", frame.len()));
     }
@@ -321,7 +327,17 @@ pub async fn handle(state: &BrokerState, mut frame: Bytes, peer: IpAddr) -> Repl
         cap,
         header: header_entries,
     };
-    dispatch(state, api, version, id, frame, peer, cap).await
+    let client = Client {
+        peer,
+        account: &budget,
+    };
+    dispatch(state, api, version, id, frame, client, cap).await
+}
+
+/// Who sent a request: its address, and its connection's account.
+struct Client<'a> {
+    peer: IpAddr,
+    account: &'a ConnectionBudget,
 }
 
 async fn dispatch(
@@ -330,9 +346,10 @@ async fn dispatch(
     version: i16,
     id: i32,
     body: Bytes,
-    peer: IpAddr,
+    client: Client<'_>,
     cap: EntryCap,
 ) -> Reply {
+    let Client { peer, account } = client;
     match api {
         ApiKey::ApiVersions => match decode::<ApiVersionsRequest>(body, version, cap) {
             Ok(_) => respond(api, version, id, &api_versions::response(false)),
@@ -376,7 +393,7 @@ async fn dispatch(
                 // The body is dropped before a wait (finding 1: a parked fetch would pin it);
                 // only an answer made at once may echo names of it.
                 let body = fetch::echoes_unknown_names(state, &request).then_some(body);
-                let response = fetch::handle(state, request, version).await;
+                let response = fetch::handle(state, request, version, account).await;
                 // Records read as several batches of the newest segment are a copy made
                 // for this answer (nothing else holds them): held for the client.
                 let fresh: usize = response

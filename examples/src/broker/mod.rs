@@ -59,6 +59,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
 pub use config::BrokerConfig;
+pub use fetch::PARKED_BYTES_PER_PARTITION;
 
 use crate::leader::{Leader, LeaderStats};
 use crate::partition::{Partition, PartitionKey};
