@@ -15,6 +15,7 @@ use purgatory_examples::wire_client::{requests, WireClient};
 use tokio::time::timeout;
 
 mod support;
+use support::process::BrokerProcess;
 use support::{config, connect, start, LIMIT};
 
 /// Partitions a request names, under the broker's default cap of 10,000 entries.
@@ -112,4 +113,70 @@ async fn a_long_topic_name_costs_its_bytes_once_not_once_per_partition() {
         "ListOffsets: {long_list:?} with a 1 MiB name, {short_list:?} with a short one"
     );
     broker.shutdown().await;
+}
+
+/// The finding's last case, on the broker binary: two Fetch v12 of a 16 MiB name over
+/// 9,999 partitions each. Before, they failed 10 of 10 good probes and the broker exited
+/// 88 s after SIGTERM. Now a good client's polls are answered beside them, and SIGTERM
+/// ends the broker promptly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_16_mib_names_leave_good_clients_served_and_sigterm_prompt() {
+    let broker = BrokerProcess::start(&[]);
+    let heavy = fetch(&name(16 << 20));
+    let mut senders = Vec::new();
+    for _ in 0..2 {
+        let mut client = connect(broker.addr).await;
+        let request = heavy.clone();
+        senders.push(tokio::spawn(async move {
+            let began = Instant::now();
+            client.send(12, &request).await.unwrap();
+            let answer = timeout(LIMIT, client.receive::<FetchRequest>())
+                .await
+                .expect("the heavy fetch answered")
+                .unwrap();
+            assert_eq!(answer.responses[0].partitions.len(), PARTITIONS as usize);
+            began.elapsed()
+        }));
+    }
+    let mut good = connect(broker.addr).await;
+    let poll = requests::fetch("demo", 0, 0, 0, 0);
+    let mut heavy_answered = Vec::new();
+    // Both answered (each a 16 MiB echo of the name), timed beside the good polls.
+    let mut slowest = Duration::ZERO;
+    for _ in 0..10 {
+        let began = Instant::now();
+        let answer = timeout(LIMIT, good.call(12, &poll))
+            .await
+            .expect("a good poll answered")
+            .unwrap();
+        assert_eq!(answer.responses[0].partitions[0].error_code, 0);
+        slowest = slowest.max(began.elapsed());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for sender in senders {
+        heavy_answered.push(sender.await.unwrap());
+    }
+    let pid = libc::pid_t::try_from(broker.pid()).unwrap();
+    let signalled = Instant::now();
+    // SAFETY: kill only sends a signal to our own child process.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let exited = tokio::task::spawn_blocking(move || {
+        let mut broker = broker;
+        broker.wait_exit(LIMIT)
+    })
+    .await
+    .unwrap();
+    eprintln!(
+        "two 16 MiB-name fetches answered in {heavy_answered:?}; slowest of 10 good polls \
+         beside them {slowest:?}; exit {:?} after SIGTERM",
+        signalled.elapsed()
+    );
+    assert!(
+        exited,
+        "the broker did not exit within {LIMIT:?} of SIGTERM"
+    );
+    assert!(
+        slowest < Duration::from_secs(2),
+        "a good poll took {slowest:?}"
+    );
 }

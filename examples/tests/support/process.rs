@@ -72,6 +72,18 @@ impl BrokerProcess {
         process_usage::read(self.child.id()).unwrap().rss_kib / 1024
     }
 
+    /// Whether it exits within `within`.
+    pub fn wait_exit(&mut self, within: Duration) -> bool {
+        let started = Instant::now();
+        while self.child.try_wait().unwrap().is_none() {
+            if started.elapsed() >= within {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        true
+    }
+
     /// Sends SIGINT and returns the rest of what it prints until it exits.
     pub fn interrupt(mut self) -> String {
         let pid = libc::pid_t::try_from(self.pid()).unwrap();
