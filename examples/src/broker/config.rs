@@ -21,7 +21,7 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
 [--frame-read-timeout-ms T] [--fetch-max-bytes B] [--max-partitions-per-request N] \
 [--fetch-max-wait-ms T] [--write-timeout-ms T] [--queued-max-request-bytes B] \
 [--retention-bytes B] [--metrics-max-connections N] [--max-connections-per-ip N] \
-[--producer-id-expiration-ms T]
+[--producer-id-expiration-ms T] [--socket-send-buffer-bytes B] [--socket-receive-buffer-bytes B]
   --listen ADDR             address to listen on (default 127.0.0.1:9092; port 0 = any free port)
   --topic NAME              the one topic served (default demo)
   --partitions N            its partitions (default 1)
@@ -81,7 +81,14 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
                             append there (default 86400000, one day, Kafka's
                             producer.id.expiration.ms); each remembers 262144 / partitions
                             producers at most (8 to 65536), forgetting the least recently
-                            appending one";
+                            appending one
+  --socket-send-buffer-bytes B  each connection's kernel send buffer (SO_SNDBUF; Linux reserves
+                            twice it), so unread answers hold at most that much kernel memory
+                            per connection (default 102400, Kafka's socket.send.buffer.bytes;
+                            -1: the system's, which grows to net.ipv4.tcp_wmem's maximum)
+  --socket-receive-buffer-bytes B  each connection's kernel receive buffer (SO_RCVBUF), the same
+                            way (default 102400, Kafka's socket.receive.buffer.bytes; -1: the
+                            system's)";
 
 /// How a broker is set up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -136,7 +143,14 @@ pub struct BrokerConfig {
     pub metrics_max_connections: usize,
     /// A partition forgets an idempotent producer this long after its last append there.
     pub producer_id_expiration: Duration,
+    /// Each connection's kernel send buffer (`SO_SNDBUF`), or the system's (`None`).
+    pub socket_send_buffer: Option<usize>,
+    /// Each connection's kernel receive buffer (`SO_RCVBUF`), or the system's (`None`).
+    pub socket_receive_buffer: Option<usize>,
 }
+
+/// Kafka's `socket.send.buffer.bytes` and `socket.receive.buffer.bytes` default.
+pub const DEFAULT_SOCKET_BUFFER_BYTES: usize = 100 * 1024;
 
 /// Request bytes each connection may hold without drawing on the shared
 /// `queued_max_request_bytes`: the small requests of every client (Metadata, Fetch,
@@ -220,6 +234,8 @@ impl Default for BrokerConfig {
             retention_bytes: 1 << 30,
             metrics_max_connections: DEFAULT_METRICS_MAX_CONNECTIONS,
             producer_id_expiration: crate::producer_sequences::DEFAULT_PRODUCER_EXPIRATION,
+            socket_send_buffer: Some(DEFAULT_SOCKET_BUFFER_BYTES),
+            socket_receive_buffer: Some(DEFAULT_SOCKET_BUFFER_BYTES),
         }
     }
 }
@@ -265,6 +281,8 @@ impl BrokerConfig {
                 "--metrics-max-connections",
                 "--max-connections-per-ip",
                 "--producer-id-expiration-ms",
+                "--socket-send-buffer-bytes",
+                "--socket-receive-buffer-bytes",
             ],
             &["--stall-followers"],
         )?;
@@ -296,6 +314,19 @@ impl BrokerConfig {
             }
         };
         let as_usize = |value: u64| usize::try_from(value).unwrap_or(usize::MAX);
+        // A buffer size: -1 for the system's, otherwise 1 to 2^31-1 (an `int` to the kernel).
+        let buffer = |flag: &str, default: Option<usize>| -> Result<Option<usize>, FlagError> {
+            match flags.get_opt::<i64>(flag)? {
+                None => Ok(default),
+                Some(-1) => Ok(None),
+                Some(value @ 1..=0x7fff_ffff) => Ok(Some(value as usize)),
+                Some(value) => Err(FlagError::BadValue {
+                    flag: flag.into(),
+                    value: value.to_string(),
+                    why: "must be -1 (the system's) or 1 to 2147483647".into(),
+                }),
+            }
+        };
         let millis = |value: u64| Duration::from_millis(value);
         Ok(BrokerConfig {
             max_connections: as_usize(positive(
@@ -357,6 +388,11 @@ impl BrokerConfig {
                 defaults.max_produce_wait.as_millis() as u64,
             )?),
             metrics_listen: flags.get_opt("--metrics-listen")?,
+            socket_send_buffer: buffer("--socket-send-buffer-bytes", defaults.socket_send_buffer)?,
+            socket_receive_buffer: buffer(
+                "--socket-receive-buffer-bytes",
+                defaults.socket_receive_buffer,
+            )?,
         })
     }
 }
@@ -421,6 +457,10 @@ mod tests {
             "9",
             "--producer-id-expiration-ms",
             "1234",
+            "--socket-send-buffer-bytes",
+            "-1",
+            "--socket-receive-buffer-bytes",
+            "65536",
         ])
         .unwrap();
         assert_eq!(config.listen.port(), 0);
@@ -443,6 +483,8 @@ mod tests {
         assert_eq!(config.max_connections_per_ip, Some(9));
         assert_eq!(config.connections_per_ip(), 9);
         assert_eq!(config.producer_id_expiration, Duration::from_millis(1234));
+        assert_eq!(config.socket_send_buffer, None);
+        assert_eq!(config.socket_receive_buffer, Some(65536));
     }
 
     #[test]
@@ -461,6 +503,10 @@ mod tests {
         assert!(parse(&["--metrics-max-connections", "0"]).is_err());
         assert!(parse(&["--max-connections-per-ip", "0"]).is_err());
         assert!(parse(&["--producer-id-expiration-ms", "0"]).is_err());
+        for bad in ["0", "-2", "2147483648"] {
+            assert!(parse(&["--socket-send-buffer-bytes", bad]).is_err());
+            assert!(parse(&["--socket-receive-buffer-bytes", bad]).is_err());
+        }
     }
 
     #[test]

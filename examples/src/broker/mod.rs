@@ -54,7 +54,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 
@@ -181,7 +181,7 @@ impl Broker {
 
     /// Like [`Broker::start`]; `verbose` prints closed-connection reasons to stderr.
     pub async fn start_with(config: BrokerConfig, verbose: bool) -> io::Result<Broker> {
-        let listener = TcpListener::bind(config.listen).await?;
+        let listener = listen(&config)?;
         let local_addr = listener.local_addr()?;
         let queued_max_request_bytes = config.queued_max_request_bytes;
         let leader = Leader::start_with_limits(
@@ -291,6 +291,28 @@ impl Refusals {
     }
 }
 
+/// The listening socket, its buffer sizes set before it listens: accepted connections
+/// inherit them (Linux), and a receive buffer must be set before the handshake for the
+/// window scale to follow it. They bound the kernel memory each connection holds: with
+/// the system's sizes an unread answer filled a send buffer up to `net.ipv4.tcp_wmem`'s
+/// maximum (4 MiB here; issue #38, finding 2: 939 MiB of TCP memory at 100 connections).
+fn listen(config: &BrokerConfig) -> io::Result<TcpListener> {
+    let socket = match config.listen {
+        SocketAddr::V4(_) => TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    // As `TcpListener::bind` does: a restarted broker may bind while old connections linger.
+    socket.set_reuseaddr(true)?;
+    if let Some(bytes) = config.socket_send_buffer {
+        socket.set_send_buffer_size(u32::try_from(bytes).unwrap_or(u32::MAX))?;
+    }
+    if let Some(bytes) = config.socket_receive_buffer {
+        socket.set_recv_buffer_size(u32::try_from(bytes).unwrap_or(u32::MAX))?;
+    }
+    socket.bind(config.listen)?;
+    socket.listen(1024)
+}
+
 async fn accept(listener: TcpListener, state: Arc<BrokerState>, stop: watch::Receiver<bool>) {
     let mut refusals = Refusals {
         since_report: 0,
@@ -321,5 +343,61 @@ async fn accept(listener: TcpListener, state: Arc<BrokerState>, stop: watch::Rec
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd;
+
+    /// The kernel's size of `option` (`SO_SNDBUF` or `SO_RCVBUF`) on `socket`.
+    fn buffer_size(socket: &impl AsRawFd, option: libc::c_int) -> usize {
+        let mut size: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into `size`, which we own.
+        let read = unsafe {
+            libc::getsockopt(
+                socket.as_raw_fd(),
+                libc::SOL_SOCKET,
+                option,
+                (&mut size as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(read, 0);
+        size as usize
+    }
+
+    /// Issue #38, finding 2: the buffer sizes set on the listener are the accepted
+    /// connections' (Linux doubles what is asked, for its bookkeeping).
+    #[tokio::test]
+    async fn accepted_connections_have_the_configured_kernel_buffers() {
+        for (send, receive) in [(Some(100 * 1024), Some(100 * 1024)), (Some(8192), Some(16384))] {
+            let config = BrokerConfig {
+                listen: "127.0.0.1:0".parse().unwrap(),
+                socket_send_buffer: send,
+                socket_receive_buffer: receive,
+                ..BrokerConfig::default()
+            };
+            let listener = listen(&config).unwrap();
+            let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
+            let (accepted, _client) = tokio::join!(listener.accept(), client);
+            let (stream, _) = accepted.unwrap();
+            assert_eq!(buffer_size(&stream, libc::SO_SNDBUF), 2 * send.unwrap());
+            assert_eq!(buffer_size(&stream, libc::SO_RCVBUF), 2 * receive.unwrap());
+        }
+        // The system's: what an unread answer may fill is then tcp_wmem's maximum.
+        let config = BrokerConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            socket_send_buffer: None,
+            socket_receive_buffer: None,
+            ..BrokerConfig::default()
+        };
+        let listener = listen(&config).unwrap();
+        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
+        let (accepted, _client) = tokio::join!(listener.accept(), client);
+        let (stream, _) = accepted.unwrap();
+        assert_ne!(buffer_size(&stream, libc::SO_SNDBUF), 2 * 100 * 1024);
     }
 }
