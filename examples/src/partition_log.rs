@@ -21,11 +21,18 @@
 //! - Segments: once the batches after the last sealed segment hold [`SEGMENT_BYTES`] or
 //!   more, they are copied once into one contiguous buffer (a sealed segment) and each batch
 //!   then points into it. A read returns batches of one segment only (as Kafka's log does),
-//!   so a read inside a sealed segment is a slice of it: readers share the log's bytes, and
-//!   a thousand readers of the same batches hold no copy. Only a read of several batches
-//!   of the newest, unsealed segment copies them (at most about [`SEGMENT_BYTES`]); a read of
-//!   one batch never copies. A reader holding a slice of a dropped segment keeps that
-//!   segment's memory until it lets go (an answer is written within the write timeout).
+//!   so a read of most of a sealed segment (three quarters or more) is a slice of it:
+//!   readers share the log's bytes, and a thousand readers of the same batches hold no
+//!   copy. A read of less than that is a copy (at most 3/4 of a segment), and so is a read
+//!   of several batches of the newest, unsealed segment (at most about [`SEGMENT_BYTES`]);
+//!   a read of one batch of the unsealed segment is that batch's own buffer.
+//! - What a read keeps alive: a slice keeps its whole segment, also once retention dropped
+//!   it, until the reader lets go. Since only a slice of three quarters of a segment or
+//!   more is shared, a read of `n` bytes keeps at most [`kept_alive_by`]`(n)` = 4n/3 alive,
+//!   whatever it is: a reader that counts that much for as long as it holds the read (the
+//!   broker's unwritten answers, issue #38, finding 5) bounds the dropped segments it
+//!   keeps. (A slice of a tenth of a segment kept the other nine tenths alive, outside
+//!   every count, once the segment was dropped.)
 //! - `running_max_timestamp` of a batch is the largest record timestamp of it and every
 //!   batch before it: it never decreases along the log, so a timestamp lookup is a binary
 //!   search (Kafka's time index keeps the same running maximum).
@@ -73,6 +80,21 @@ struct Segment {
     position: u64,
     /// Its batches, back to back.
     bytes: Bytes,
+}
+
+/// Whether a read of `read` bytes of a sealed segment of `segment` bytes is a slice of it
+/// (shared) rather than a copy: when it is at least three quarters of the segment, so
+/// what it keeps alive is at most [`kept_alive_by`] of it.
+fn shares_its_segment(read: usize, segment: usize) -> bool {
+    read.saturating_mul(4) >= segment.saturating_mul(3)
+}
+
+/// The most memory a read of `read` bytes returned by [`PartitionLog::read`] can keep
+/// alive, however long it is kept (after retention dropped its segment too): four thirds of
+/// it, rounded up. A copy or a batch's own buffer keeps only itself; a slice of a sealed
+/// segment keeps the segment, at most 4/3 of the slice ([`PartitionLog::read`]).
+pub fn kept_alive_by(read: usize) -> usize {
+    read.saturating_add(read.div_ceil(3))
 }
 
 /// An append-only, in-memory partition log with a size bound.
@@ -269,8 +291,9 @@ impl PartitionLog {
     /// Whole batches from the one holding `from`, ending before `upto`, at most `max_bytes`
     /// in total, except that with `at_least_one` the first batch is returned even when
     /// larger (so a consumer always makes progress, as in Kafka's KIP-74). The batches come
-    /// from one segment: a sealed segment's are a slice of it, not a copy. Nothing for an
-    /// offset retention dropped.
+    /// from one segment: a sealed segment's are a slice of it when they are three quarters
+    /// of it or more, else a copy, so the read keeps at most [`kept_alive_by`] of its length
+    /// alive. Nothing for an offset retention dropped.
     pub fn read(&self, from: i64, upto: i64, max_bytes: usize, at_least_one: bool) -> Bytes {
         if from < self.start_offset {
             return Bytes::new();
@@ -304,12 +327,19 @@ impl PartitionLog {
             total += batch.bytes.len();
             last += 1;
         }
-        if last == first + 1 {
-            return head.bytes.clone();
-        }
         if let Some(segment) = segment {
             let start = (head.position - segment.position) as usize;
-            return segment.bytes.slice(start..start + total);
+            let slice = segment.bytes.slice(start..start + total);
+            // A slice keeps its whole segment alive: shared only when it is most of it.
+            return if shares_its_segment(total, segment.bytes.len()) {
+                slice
+            } else {
+                Bytes::copy_from_slice(&slice)
+            };
+        }
+        if last == first + 1 {
+            // The batch's own buffer, exactly its size.
+            return head.bytes.clone();
         }
         let mut out = BytesMut::with_capacity(total);
         for batch in self.batches.range(first, last) {
@@ -454,6 +484,44 @@ mod tests {
         let next = log.read(batches as i64 * 10, upto, usize::MAX, true);
         assert_eq!(offsets_in(&next).first(), Some(&(batches as i64 * 10)));
         assert_eq!(offsets_in(&next).last(), Some(&(upto - 1)));
+    }
+
+    #[test]
+    fn a_read_keeps_at_most_four_thirds_of_itself_alive() {
+        let mut log = PartitionLog::new();
+        big_batches(&mut log, 30);
+        let upto = log.end_offset();
+        let segment_of = |read: &Bytes| {
+            let at = read.as_ptr() as usize;
+            log.segments.iter().find(|s| {
+                let from = s.bytes.as_ptr() as usize;
+                from <= at && at < from + s.bytes.len()
+            })
+        };
+        let mut shared = 0;
+        for from in (0..upto).step_by(10) {
+            for max_bytes in [1, 150_000, 400_000, 700_000, 850_000, usize::MAX] {
+                let read = log.read(from, upto, max_bytes, true);
+                match segment_of(&read) {
+                    Some(segment) => {
+                        shared += 1;
+                        assert!(
+                            segment.bytes.len() <= kept_alive_by(read.len()),
+                            "a read of {} bytes shares a segment of {}",
+                            read.len(),
+                            segment.bytes.len()
+                        );
+                    }
+                    // A copy or a batch's own buffer: nothing but itself.
+                    None => assert!(read.is_unique() || read.len() < SEGMENT_BYTES as usize),
+                }
+            }
+        }
+        assert!(shared >= 6, "{shared} reads shared a segment");
+        // One batch of a sealed segment is a copy, not a slice keeping the segment.
+        let one = log.read(0, upto, 1, true);
+        assert!(segment_of(&one).is_none() && one.is_unique());
+        assert_eq!(offsets_in(&one), (0..10).collect::<Vec<i64>>());
     }
 
     #[test]
