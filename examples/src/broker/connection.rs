@@ -64,7 +64,7 @@ use super::admission::Slot;
 use super::api_versions;
 use super::client_socket::ClientReader;
 use super::frame::FrameError;
-use super::reply::{respond, respond_sharing, Answer, Reply};
+use super::reply::{respond, respond_sharing, Answer, Holder, Reply};
 use super::request_budget::ConnectionBudget;
 use super::stalled_read::read_frame_watching_stalls;
 use super::request_entries::{self, Kind};
@@ -170,13 +170,15 @@ pub async fn serve(
         };
         match reply {
             Reply::Send(answer) => {
-                // What the answer copied is held until it is written.
-                let _copied = match reader.budget().charge(answer.copied()) {
+                // What the answer keeps alive (its copies, the log's segments it shares)
+                // is held until it is written.
+                let _held = match reader.budget().charge(answer.held()) {
                     Ok(charge) => charge,
                     Err(over) => {
                         state.log(&format!(
-                            "closing {peer}: answer copying {} bytes: {over}",
-                            answer.copied()
+                            "closing {peer}: answer of {} bytes keeping {} bytes alive: {over}",
+                            answer.len(),
+                            answer.held()
                         ));
                         return;
                     }
@@ -362,7 +364,7 @@ async fn dispatch(
                 version,
                 id,
                 &metadata::handle(state, &request, version),
-                &[body],
+                &[(body, Holder::Request)],
             ),
             Err(reason) => Reply::Close(reason),
         },
@@ -377,13 +379,15 @@ async fn dispatch(
         ApiKey::ListOffsets => match decode::<ListOffsetsRequest>(body.clone(), version, cap) {
             Ok(request) => {
                 let response = list_offsets::handle(state, &request, version);
-                respond_sharing(api, version, id, &response, &[body])
+                respond_sharing(api, version, id, &response, &[(body, Holder::Request)])
             }
             Err(reason) => Reply::Close(reason),
         },
         ApiKey::Produce => match decode::<ProduceRequest>(body.clone(), version, cap) {
             Ok(request) => match produce::handle(state, request, version, peer).await {
-                Some(response) => respond_sharing(api, version, id, &response, &[body]),
+                Some(response) => {
+                    respond_sharing(api, version, id, &response, &[(body, Holder::Request)])
+                }
                 None => Reply::Nothing,
             },
             Err(reason) => Reply::Close(reason),
@@ -394,34 +398,32 @@ async fn dispatch(
                 // only an answer made at once may echo names of it.
                 let body = fetch::echoes_unknown_names(state, &request).then_some(body);
                 let response = fetch::handle(state, request, version, account).await;
-                // Records read as several batches of the newest segment are a copy made
-                // for this answer (nothing else holds them): held for the client.
-                let fresh: usize = response
-                    .responses
-                    .iter()
-                    .flat_map(|topic| topic.partitions.iter())
-                    .filter_map(|partition| partition.records.as_ref())
-                    .filter(|records| records.is_unique())
-                    .map(Bytes::len)
-                    .sum();
-                // The records are slices of the log's segments: the answer shares them,
-                // and the names echoed from the body.
-                let records: Vec<Bytes> = body
+                // The answer shares the names echoed from the body and the records: a
+                // read the log copied for it (nothing else holds it: unique here), held
+                // for the client at its length, or the log's own bytes (a slice of a
+                // segment, a batch's buffer), held at what they may keep alive once
+                // retention drops them (issue #38, finding 5).
+                let shared: Vec<(Bytes, Holder)> = body
+                    .map(|body| (body, Holder::Request))
                     .into_iter()
                     .chain(
                         response
                             .responses
                             .iter()
                             .flat_map(|topic| topic.partitions.iter())
-                            .filter_map(|partition| partition.records.clone())
-                            .filter(|records| !records.is_empty()),
+                            .filter_map(|partition| partition.records.as_ref())
+                            .filter(|records| !records.is_empty())
+                            .map(|records| {
+                                let holder = if records.is_unique() {
+                                    Holder::Answer
+                                } else {
+                                    Holder::Log
+                                };
+                                (records.clone(), holder)
+                            }),
                     )
                     .collect();
-                let mut reply = respond_sharing(api, version, id, &response, &records);
-                if let Reply::Send(answer) = &mut reply {
-                    answer.count_as_copied(fresh);
-                }
-                reply
+                respond_sharing(api, version, id, &response, &shared)
             }
             Err(reason) => Reply::Close(reason),
         },

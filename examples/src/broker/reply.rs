@@ -9,11 +9,22 @@
 //!   inside one of the buffers the handler names as shared (a fetch's records, which are
 //!   slices of the log's segments; a Metadata request's body, whose topic names it echoes)
 //!   as a reference to that buffer, and copies only the rest (headers, offsets, small
-//!   fields). A thousand unread answers of the same 8 MiB batch hold the batch once.
+//!   fields). A thousand unread answers of the same 8 MiB batch hold the batch once (each
+//!   still counts what it keeps alive, below: any of them may be the last to hold it).
 //! - An [`Answer`] is a list of parts written back to back; its first part is the frame
-//!   size, computed once the body is encoded. It knows how many of its bytes it copied
-//!   ([`Answer::copied`]), which its connection holds in the request budget until it is
-//!   written; the shared parts are already counted (the request's) or the log's.
+//!   size, computed once the body is encoded.
+//! - An answer knows what memory it keeps alive until it is written ([`Answer::held`]),
+//!   which its connection holds in the request budget that long (`request_budget.rs`):
+//!   the bytes it copied; the parts it shares with a buffer made for it alone (a read that
+//!   copied batches, [`Holder::Answer`]), at their length; the parts it shares with the
+//!   log ([`Holder::Log`]), at [`kept_alive_by`] their length, the most a read of the log
+//!   keeps alive (4/3 of it: a slice shares its segment only when it is three quarters of
+//!   it or more, `partition_log.rs`). Retention may drop that segment while the answer
+//!   waits; it then belongs to the answer alone, and is counted (issue #38, finding 5:
+//!   unread answers kept 2.5 GB of dropped segments under a 16 MiB retention, counted
+//!   nowhere). The parts shared with the request ([`Holder::Request`]) cost nothing
+//!   more: the request's frame stays counted until its last slice is dropped.
+//!   So memory kept alive by unwritten answers <= what their connections hold for them.
 
 use std::ops::Range;
 
@@ -22,6 +33,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, ResponseHeader};
 use kafka_protocol::protocol::buf::ByteBufMut;
 use kafka_protocol::protocol::Encodable;
+
+use crate::partition_log::kept_alive_by;
 
 /// Slices at least this long are shared rather than copied (below it a copy is cheaper
 /// than another part to write).
@@ -38,6 +51,21 @@ pub enum Reply {
     Close(String),
 }
 
+/// Who holds a buffer an answer shares, and so what sharing it costs the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder {
+    /// The request's frame, counted until its last slice is dropped: sharing it costs
+    /// nothing more.
+    Request,
+    /// Made for this answer alone (a read that joined or copied batches): counted at its
+    /// length, as a copy.
+    Answer,
+    /// The log: a slice of a segment or a batch's own buffer, counted at what it may keep
+    /// alive ([`kept_alive_by`] its length), since retention may drop its segment while
+    /// the answer waits.
+    Log,
+}
+
 /// A framed answer: parts written back to back, the large ones shared with the log or the
 /// request.
 #[derive(Debug)]
@@ -45,6 +73,8 @@ pub struct Answer {
     parts: Vec<Bytes>,
     /// Bytes of `parts` that are shared rather than copied.
     shared: usize,
+    /// What the shared parts keep alive that nothing else counts (see [`Holder`]).
+    shared_held: usize,
 }
 
 impl Answer {
@@ -58,15 +88,16 @@ impl Answer {
         self.parts.iter().map(Bytes::len).sum()
     }
 
-    /// Bytes copied into the answer (all but the shared parts), or made for it.
+    /// Bytes copied into the answer (all but the shared parts).
     pub fn copied(&self) -> usize {
         self.len() - self.shared
     }
 
-    /// Counts `bytes` of the shared parts as copied: they were made for this answer (a
-    /// read that joined several batches), so nothing but the answer holds them.
-    pub fn count_as_copied(&mut self, bytes: usize) {
-        self.shared = self.shared.saturating_sub(bytes);
+    /// The memory the answer keeps alive until it is written, beyond what the request
+    /// budget already counts: its copies, and what its shared parts keep (see [`Holder`]).
+    /// Its connection holds this in the request budget until the answer is written.
+    pub fn held(&self) -> usize {
+        self.copied() + self.shared_held
     }
 }
 
@@ -75,14 +106,14 @@ pub fn respond<R: Encodable>(api: ApiKey, version: i16, correlation_id: i32, bod
     respond_sharing(api, version, correlation_id, body, &[])
 }
 
-/// Like [`respond`], sharing rather than copying the parts of `body` that lie inside
-/// `shared` (see the module's invariants).
+/// Like [`respond`], sharing rather than copying the parts of `body` that lie inside the
+/// buffers of `shared`, each named with its holder (see the module's invariants).
 pub fn respond_sharing<R: Encodable>(
     api: ApiKey,
     version: i16,
     correlation_id: i32,
     body: &R,
-    shared: &[Bytes],
+    shared: &[(Bytes, Holder)],
 ) -> Reply {
     let mut header = ResponseHeader::default();
     header.correlation_id = correlation_id;
@@ -98,10 +129,14 @@ pub fn respond_sharing<R: Encodable>(
     let Ok(size) = i32::try_from(buf.offset()) else {
         return Reply::Close(format!("{api:?} response too large"));
     };
-    let shared = buf.shared_len;
+    let (shared, shared_held) = (buf.shared_len, buf.shared_held);
     let mut parts = vec![Bytes::copy_from_slice(&size.to_be_bytes())];
     parts.extend(buf.finish());
-    Reply::Send(Answer { parts, shared })
+    Reply::Send(Answer {
+        parts,
+        shared,
+        shared_held,
+    })
 }
 
 /// An encoding buffer that keeps large slices of `shared` buffers as references.
@@ -115,27 +150,30 @@ struct SharingBuf<'a> {
     done_len: usize,
     /// Bytes in `done` shared rather than copied.
     shared_len: usize,
+    /// What the shared parts keep alive, by their holders (see [`Holder`]).
+    shared_held: usize,
     /// The part being copied into.
     tail: BytesMut,
-    shared: &'a [Bytes],
+    shared: &'a [(Bytes, Holder)],
 }
 
 impl<'a> SharingBuf<'a> {
-    fn new(shared: &'a [Bytes]) -> Self {
+    fn new(shared: &'a [(Bytes, Holder)]) -> Self {
         SharingBuf {
             done: Vec::new(),
             done_len: 0,
             shared_len: 0,
+            shared_held: 0,
             tail: BytesMut::with_capacity(256),
             shared,
         }
     }
 
-    /// The buffer of `shared` that `slice` lies in, if any.
-    fn owner_of(&self, slice: &[u8]) -> Option<&'a Bytes> {
+    /// The buffer of `shared` that `slice` lies in, if any, and its holder.
+    fn owner_of(&self, slice: &[u8]) -> Option<&'a (Bytes, Holder)> {
         let start = slice.as_ptr() as usize;
         let end = start + slice.len();
-        self.shared.iter().find(|owner| {
+        self.shared.iter().find(|(owner, _)| {
             let from = owner.as_ptr() as usize;
             from <= start && end <= from + owner.len()
         })
@@ -169,8 +207,13 @@ unsafe impl BufMut for SharingBuf<'_> {
 
     fn put_slice(&mut self, src: &[u8]) {
         if src.len() >= SHARE_AT_LEAST {
-            if let Some(owner) = self.owner_of(src) {
+            if let Some((owner, holder)) = self.owner_of(src) {
                 let part = owner.slice_ref(src);
+                self.shared_held += match holder {
+                    Holder::Request => 0,
+                    Holder::Answer => part.len(),
+                    Holder::Log => kept_alive_by(part.len()),
+                };
                 if !self.tail.is_empty() {
                     let copied = self.tail.split().freeze();
                     self.done_len += copied.len();
@@ -246,8 +289,10 @@ mod tests {
         ];
         for version in [4, 11, 12] {
             let response = fetch_answer(&records);
+            let owners: Vec<(Bytes, Holder)> =
+                records.iter().map(|r| (r.clone(), Holder::Log)).collect();
             let Reply::Send(shared) =
-                respond_sharing(ApiKey::Fetch, version, 9, &response, &records)
+                respond_sharing(ApiKey::Fetch, version, 9, &response, &owners)
             else {
                 panic!("not sent");
             };
@@ -266,6 +311,12 @@ mod tests {
             assert_eq!(copied.parts().len(), 2);
             assert_eq!(copied.copied(), copied.len());
             assert_eq!(shared.copied(), shared.len() - 300_000 - (1 << 20));
+            // The shared records count at what they may keep alive, 4/3 of them.
+            assert_eq!(
+                shared.held(),
+                shared.copied() + kept_alive_by(300_000) + kept_alive_by(1 << 20)
+            );
+            assert_eq!(copied.held(), copied.len());
             // The frame decodes: size, header, the body with every record.
             let mut frame = joined(&shared);
             let size = i32::from_be_bytes(frame[..4].try_into().unwrap());
