@@ -68,7 +68,9 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
                             first 64 KiB aside: every request byte from its read until freed
                             (partial frames, bytes pipelined behind a waiting request, requests
                             being handled or parked, echoes in unwritten answers) and what
-                            unwritten answers copy; a read beyond it closes that connection
+                            unwritten answers copy or keep alive of the log (4/3 of the records
+                            they share: a segment retention drops stays while an answer holds
+                            it); a read or an answer beyond it closes that connection
                             (default 268435456, 256 MiB; Kafka's queued.max.request.bytes, whose
                             default is unbounded). The bound: this + 64 KiB x --max-connections
                             (881 MiB at most with the defaults)
@@ -132,10 +134,13 @@ pub struct BrokerConfig {
     /// An answer must be written whole within this, or its connection is closed.
     pub write_timeout: Duration,
     /// Bytes held for clients over all connections (every request byte from its read until
-    /// its frame is freed, and what unwritten answers copy), beyond each connection's own
-    /// [`OWN_REQUEST_BYTES`]; each connection holds at most `max_frame_bytes` of it. A read
-    /// that would go beyond closes its connection, so a request larger than this plus
-    /// [`OWN_REQUEST_BYTES`] can never be read: keep it above `max_frame_bytes`.
+    /// its frame is freed, and what unwritten answers copy or keep alive of the log), beyond
+    /// each connection's own [`OWN_REQUEST_BYTES`]; each connection holds at most
+    /// `max_frame_bytes` of it. A read that would go beyond closes its connection, so a
+    /// request larger than this plus [`OWN_REQUEST_BYTES`] can never be read: keep it above
+    /// `max_frame_bytes`. A fetch answer is held at up to 4/3 of its records: keep
+    /// `max_frame_bytes` above 4/3 of `fetch_max_bytes` (73 MiB with the defaults) so that
+    /// a whole answer fits one connection's share.
     pub queued_max_request_bytes: usize,
     /// Bytes kept per partition; the oldest segments are dropped beyond it.
     pub retention_bytes: u64,

@@ -19,10 +19,13 @@
 //!   budget and the connection's share of it (`request_budget.rs`) from when it is read
 //!   until the last slice of its frame is freed: partial frames, bytes pipelined behind a
 //!   waiting request, the request while it is handled or parked, and answers that share
-//!   its bytes (echoed topic names) until written. The bytes an answer copies are counted
-//!   too until it is written. A read or an answer beyond the budget closes the
-//!   connection. Answers share the log's bytes and the request's echoed names rather than
-//!   copying them (`reply.rs`); nothing kept across a wait is a slice of the frame.
+//!   its bytes (echoed topic names) until written. What an answer keeps alive is counted
+//!   too until it is written: the bytes it copies, and the log's bytes it shares at what
+//!   they may keep alive, 4/3 of them, since retention may drop their segment while the
+//!   answer waits (`reply.rs`; issue #38, finding 5). A read or an answer beyond the
+//!   budget closes the connection. Answers share the log's bytes and the request's echoed
+//!   names rather than copying them (`reply.rs`); nothing kept across a wait is a slice of
+//!   the frame.
 //! - A connection waiting for its next request is idle (`admission.rs`): at a connection
 //!   cap (the broker's, or its address's) a newcomer may evict it, which closes it; once
 //!   its next request has started it is evicted only while that request sends no byte for

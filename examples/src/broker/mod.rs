@@ -148,8 +148,9 @@ impl BrokerState {
 pub struct BrokerStats {
     /// Open connections.
     pub connections: usize,
-    /// Bytes held for clients (request bytes until freed, what unwritten answers copy)
-    /// that draw on `queued_max_request_bytes`, beyond each connection's own 64 KiB.
+    /// Bytes held for clients (request bytes until freed, what unwritten answers copy or
+    /// keep alive of the log) that draw on `queued_max_request_bytes`, beyond each
+    /// connection's own 64 KiB.
     pub queued_request_bytes: usize,
     /// Bytes held by the partitions' logs (what retention keeps).
     pub log_bytes: u64,

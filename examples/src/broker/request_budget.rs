@@ -2,9 +2,11 @@
 //! `queued.max.request.bytes`, here a bound on more than the queue): every request byte
 //! from the moment it is read until the last slice of it is freed (partial frames, bytes
 //! pipelined behind a waiting request, a request being handled or parked in a purgatory,
-//! answers that share its bytes, such as echoed topic names), and the bytes an answer
-//! copies until it is written. What an answer shares with the log (a fetch's records) is
-//! the log's, bounded by `--retention-bytes`, and not counted here.
+//! answers that share its bytes, such as echoed topic names), and what an answer keeps
+//! alive until it is written: the bytes it copies, and the log's bytes it shares (a
+//! fetch's records) at 4/3 of them, the most a read of the log keeps alive (its segment,
+//! which retention may drop while the answer waits: then only the answer holds it; issue
+//! #38, finding 5). See `reply.rs`.
 //!
 //! How a frame is followed until it is freed: the connection turns the frame into a
 //! [`Bytes`] that owns a [`Charge`] ([`ConnectionBudget::charged`]); every slice cut from
@@ -27,10 +29,13 @@
 //!   whatever is left, when the connection and every charge it handed out are gone.
 //!
 //! The bound: `queued_max_request_bytes + max_connections x OWN_REQUEST_BYTES` bytes held
-//! for clients, over all connections.
+//! for clients, over all connections, unwritten answers and the dropped segments they
+//! keep alive included.
 //!
 //! Kafka instead stops reading from every connection while its memory pool is exhausted;
-//! closing the connection that asks for more keeps the others served.
+//! closing the connection that asks for more keeps the others served. Kafka's pool counts
+//! requests only: its fetch answers are sent from the segment files (`sendfile`), and a
+//! segment deleted while an answer is sent stays open, on disk, until the send ends.
 //!
 //! [`OWN_REQUEST_BYTES`]: super::config::OWN_REQUEST_BYTES
 
