@@ -280,6 +280,27 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_holds_what_its_shared_parts_keep_alive_by_their_holders() {
+        let records = [
+            Bytes::from(vec![1u8; 90_000]),
+            Bytes::from(vec![2u8; 50_000]),
+            Bytes::from(vec![3u8; 30_000]),
+            Bytes::from(vec![4u8; 100]),
+        ];
+        let holders = [Holder::Log, Holder::Answer, Holder::Request, Holder::Log];
+        let shared: Vec<(Bytes, Holder)> = records.iter().cloned().zip(holders).collect();
+        let Reply::Send(answer) =
+            respond_sharing(ApiKey::Fetch, 12, 1, &fetch_answer(&records), &shared)
+        else {
+            panic!("not sent");
+        };
+        // The 100 bytes are copied (below `SHARE_AT_LEAST`); the request's part costs
+        // nothing more, the answer's its length, the log's 4/3 of it.
+        assert_eq!(answer.copied(), answer.len() - 170_000);
+        assert_eq!(answer.held(), answer.copied() + 50_000 + 120_000);
+    }
+
+    #[test]
     fn large_records_are_shared_and_the_frame_is_what_a_copy_would_be() {
         let log = Bytes::from(vec![7u8; 1 << 20]);
         let records = [
