@@ -13,6 +13,8 @@
 #   list-offsets-echo, produce-echo, fetch-echo
 #                    a request naming one unknown 90 MiB topic, its echo never read (finding 3)
 #   polls-then-partial  4 long polls, then 85 MiB of a request announced as 100 MiB (finding 4)
+#   retention-readers  16 fetches of the segment appended just before, never read, with
+#                    --retention-bytes 16777216 (issue #38, finding 5)
 #
 # Environment: BROKER (default: this workspace's target/release/broker) to measure another
 # build, e.g. one of an older commit; EXTRA_FLAGS for the broker; CARGO_TARGET_DIR; ONLY, a
@@ -52,3 +54,4 @@ measure list-offsets-echo 10 90
 measure produce-echo 5 90
 measure fetch-echo 5 90
 measure polls-then-partial 3 85
+EXTRA_FLAGS="--retention-bytes 16777216 ${EXTRA_FLAGS:-}" measure retention-readers 400 32

@@ -22,8 +22,10 @@ commands:
                    whose clients then all leave; the broker's descriptors and RSS until back
   hostile          --broker-pid PID --scenario pipelined-polls|slow-readers|metadata-echo|partial-frames
                    |padded-poll|list-offsets-echo|produce-echo|fetch-echo|polls-then-partial
+                   |retention-readers
                    [--connections N (100)] [--names K (3000)] [--mib M (90)]: N clients each doing
-                   the scenario of issue #23 or #29 and staying; the broker's RSS per connection
+                   the scenario of issue #23, #29 or #38 (finding 5) and staying; the broker's RSS
+                   per connection
   flood            [--connections N (10000)] [--fetch-entries E (6)] [--producers P (8)] [--flood-s S (20)]
                    [--record-bytes B (10)] [--timeout-ms T (5000)] [--catch-up-s C (300)]: N polls that cannot complete wait
                    while P connections send acks=0 produces for S s; a good client's acks=all

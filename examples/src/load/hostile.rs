@@ -16,6 +16,12 @@
 //!   naming one unknown topic of `mib` MiB, whose answer echoes it, never read.
 //! - [`Scenario::PollsThenPartial`] (finding 4): 4 long polls, then `mib` MiB of a
 //!   request announced as 100 MiB.
+//! - [`Scenario::RetentionReaders`] (issue #38, finding 5): before each client a producer
+//!   appends one segment ([`SEGMENT_ROUND`], 4 batches of 300,000 bytes), after enough of
+//!   them first to fill the broker's retention; each client pipelines 16 fetches of that
+//!   segment and reads nothing, so with retention dropping segments each unread answer
+//!   holds a segment the log no longer has. Run the broker with a small
+//!   `--retention-bytes`.
 //!
 //! Connections the broker closes (a defence acting) are counted: their memory is not held.
 
@@ -67,7 +73,17 @@ pub enum Scenario {
         /// Bytes sent of the last request, MiB.
         mib: usize,
     },
+    /// 16 pipelined fetches of the segment appended just before, never read; `mib` MiB
+    /// appended before the first client (at least the broker's retention).
+    RetentionReaders {
+        /// Appended first, MiB.
+        mib: usize,
+    },
 }
+
+/// Batches of 300,000 bytes appended before each client of
+/// [`Scenario::RetentionReaders`]: 1.2 MB, one sealed segment of the log.
+const SEGMENT_ROUND: usize = 4;
 
 /// The requests whose answers echo a topic name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,7 +99,8 @@ pub enum EchoingApi {
 impl Scenario {
     /// The scenario named `name` (`pipelined-polls`, `slow-readers`, `metadata-echo`,
     /// `partial-frames`, `padded-poll`, `list-offsets-echo`, `produce-echo`, `fetch-echo`,
-    /// `polls-then-partial`); `names` is Metadata's name count, `mib` the others' size.
+    /// `polls-then-partial`, `retention-readers`); `names` is Metadata's name count, `mib`
+    /// the others' size.
     pub fn named(name: &str, names: usize, mib: usize) -> Option<Scenario> {
         let echo = |api| Scenario::Echo { api, mib };
         Some(match name {
@@ -96,6 +113,7 @@ impl Scenario {
             "produce-echo" => echo(EchoingApi::Produce),
             "fetch-echo" => echo(EchoingApi::Fetch),
             "polls-then-partial" => Scenario::PollsThenPartial { mib },
+            "retention-readers" => Scenario::RetentionReaders { mib },
             _ => return None,
         })
     }
@@ -132,12 +150,27 @@ pub async fn run(
         bounded("produce", producer.call(7, &produce)).await?;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    let mut producer = None;
+    if let Scenario::RetentionReaders { mib } = scenario {
+        let mut client = bounded("connect", WireClient::connect(broker)).await?;
+        for _ in 0..(mib << 20).div_ceil(SEGMENT_ROUND * 300_000) {
+            append_segment(&mut client).await?;
+        }
+        producer = Some(client);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     let before = process_usage::read(pid)?;
     let before_files = process_usage::open_files(pid)?;
     let mut clients = Vec::with_capacity(connections);
     for _ in 0..connections {
         let mut client = bounded("connect", WireClient::connect(broker)).await?;
-        act(&mut client, scenario).await?;
+        match &mut producer {
+            Some(producer) => {
+                let first = append_segment(producer).await?;
+                read_never(&mut client, first).await?;
+            }
+            None => act(&mut client, scenario).await?,
+        }
         clients.push(client);
     }
     tokio::time::sleep(SETTLE).await;
@@ -160,6 +193,45 @@ pub async fn run(
         after,
         closed_by_broker,
     })
+}
+
+/// Appends one segment's batches ([`SEGMENT_ROUND`]); the offset of the first.
+async fn append_segment(producer: &mut WireClient) -> io::Result<i64> {
+    let mut first = None;
+    for i in 0..SEGMENT_ROUND {
+        let batch = encode_batch(&[Bytes::from(vec![i as u8; 300_000])], 1_000);
+        let produce = requests::produce("demo", 0, 1, 30_000, batch);
+        let answer = bounded("produce", producer.call(7, &produce)).await?;
+        let partition = &answer.responses[0].partition_responses[0];
+        if partition.error_code != 0 {
+            return Err(io::Error::other(format!(
+                "produce refused: error {}",
+                partition.error_code
+            )));
+        }
+        first.get_or_insert(partition.base_offset);
+    }
+    Ok(first.unwrap_or(0))
+}
+
+/// [`Scenario::RetentionReaders`]: 16 fetches from `offset`, 8 MiB a partition, pipelined
+/// and never read (the writes a closing broker refuses are fine).
+async fn read_never(client: &mut WireClient, offset: i64) -> io::Result<()> {
+    let mut fetch = requests::fetch("demo", 0, offset, 1, 0);
+    fetch.topics[0].partitions[0].partition_max_bytes = 8 << 20;
+    for _ in 0..16 {
+        match client.send(12, &fetch).await {
+            Ok(_) => {}
+            Err(e)
+                if e.kind() == io::ErrorKind::BrokenPipe
+                    || e.kind() == io::ErrorKind::ConnectionReset =>
+            {
+                return Ok(())
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Does the scenario's part on `client` (the writes a closing broker refuses are fine).
@@ -229,6 +301,8 @@ async fn act(client: &mut WireClient, scenario: Scenario) -> io::Result<()> {
             partial.resize(4 + (mib << 20), 0x55);
             client.send_raw(&partial).await
         }
+        // Sent by `run`, which appends a segment before each client.
+        Scenario::RetentionReaders { .. } => Ok(()),
     };
     match sent {
         Err(e)
