@@ -23,15 +23,16 @@
 //!   then points into it. A read returns batches of one segment only (as Kafka's log does),
 //!   so a read of most of a sealed segment (three quarters or more) is a slice of it:
 //!   readers share the log's bytes, and a thousand readers of the same batches hold no
-//!   copy. A read of less than that is a copy (at most 3/4 of a segment), and so is a read
+//!   copy. A read of less than that is a copy (under 3/4 of its segment, and under 3 MiB:
+//!   what it leaves out of a segment is under [`SEGMENT_BYTES`]), and so is a read
 //!   of several batches of the newest, unsealed segment (at most about [`SEGMENT_BYTES`]);
 //!   a read of one batch of the unsealed segment is that batch's own buffer.
 //! - What a read keeps alive: a slice keeps its whole segment, also once retention dropped
 //!   it, until the reader lets go. Since only a slice of three quarters of a segment or
-//!   more is shared, a read of `n` bytes keeps at most [`kept_alive_by`]`(n)` = 4n/3 alive,
-//!   whatever it is: a reader that counts that much for as long as it holds the read (the
-//!   broker's unwritten answers, issue #38, finding 5) bounds the dropped segments it
-//!   keeps. (A slice of a tenth of a segment kept the other nine tenths alive, outside
+//!   more is shared, a read of `n` bytes keeps at most [`kept_alive_by`]`(n)` alive (4n/3,
+//!   and `n` + [`SEGMENT_BYTES`] at most), whatever it is: a reader that counts that much
+//!   for as long as it holds the read (the broker's unwritten answers, issue #38, finding
+//!   5) bounds the dropped segments it keeps. (A slice of a tenth of a segment kept the other nine tenths alive, outside
 //!   every count, once the segment was dropped.)
 //! - `running_max_timestamp` of a batch is the largest record timestamp of it and every
 //!   batch before it: it never decreases along the log, so a timestamp lookup is a binary
@@ -91,10 +92,15 @@ fn shares_its_segment(read: usize, segment: usize) -> bool {
 
 /// The most memory a read of `read` bytes returned by [`PartitionLog::read`] can keep
 /// alive, however long it is kept (after retention dropped its segment too): four thirds of
-/// it, rounded up. A copy or a batch's own buffer keeps only itself; a slice of a sealed
-/// segment keeps the segment, at most 4/3 of the slice ([`PartitionLog::read`]).
+/// it (rounded up), and never more than [`SEGMENT_BYTES`] beyond it. A copy or a batch's
+/// own buffer keeps only itself; a slice of a sealed segment keeps the segment, at most 4/3
+/// of the slice ([`PartitionLog::read`]), and less than [`SEGMENT_BYTES`] beyond it: the
+/// batches of a segment before its last hold less than [`SEGMENT_BYTES`] (it is sealed
+/// once they reach it), so a slice ending with the last batch leaves out less than that,
+/// and one ending before it is itself less than that, so leaves out a third of it at most.
+/// (One 90 MiB batch read whole keeps at most 91 MiB alive, not 120.)
 pub fn kept_alive_by(read: usize) -> usize {
-    read.saturating_add(read.div_ceil(3))
+    read.saturating_add(read.div_ceil(3).min(SEGMENT_BYTES as usize))
 }
 
 /// An append-only, in-memory partition log with a size bound.
@@ -518,6 +524,20 @@ mod tests {
             }
         }
         assert!(shared >= 6, "{shared} reads shared a segment");
+        // A large batch sealed with the small ones before it: read whole, it keeps its
+        // segment, less than a segment's size more than itself (not 4/3 of it).
+        let mut log = PartitionLog::new();
+        big_batches(&mut log, 5);
+        let values = vec![Bytes::from(vec![9u8; 3 << 20])];
+        let huge = ProducedBatch::parse_all(&encode_batch(&values, 1)).unwrap();
+        log.append(huge.into_iter().next().unwrap(), 0);
+        let read = log.read(50, log.end_offset(), 1, true);
+        let segment = &log.segments[0];
+        // The read is the segment's tail, a slice of it.
+        let at = read.as_ptr() as usize - segment.bytes.as_ptr() as usize;
+        assert_eq!(at + read.len(), segment.bytes.len());
+        assert!(segment.bytes.len() <= kept_alive_by(read.len()));
+        assert_eq!(kept_alive_by(read.len()), read.len() + SEGMENT_BYTES as usize);
         // One batch of a sealed segment is a copy, not a slice keeping the segment.
         let one = log.read(0, upto, 1, true);
         assert!(segment_of(&one).is_none() && one.is_unique());

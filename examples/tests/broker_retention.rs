@@ -6,7 +6,7 @@
 //! segment was "the log's". Readers that never read their answers, each fetching the
 //! segment the producer had just filled, kept one dropped segment each (on the issue's
 //! probe: 2.5 GB of resident memory under `--retention-bytes` 16 MiB in 7-12 s). An answer
-//! is now held in the request budget at what it keeps alive (4/3 of the records it shares,
+//! is now held in the request budget at what it keeps alive (up to 4/3 of the records it shares,
 //! `partition_log.rs`) until it is written, so those readers are closed once the budget is
 //! spent, and the memory behind unread answers stays within `--queued-max-request-bytes`.
 //!

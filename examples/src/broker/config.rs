@@ -68,7 +68,7 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
                             first 64 KiB aside: every request byte from its read until freed
                             (partial frames, bytes pipelined behind a waiting request, requests
                             being handled or parked, echoes in unwritten answers) and what
-                            unwritten answers copy or keep alive of the log (4/3 of the records
+                            unwritten answers copy or keep alive of the log (up to 4/3 of the records
                             they share: a segment retention drops stays while an answer holds
                             it); a read or an answer beyond it closes that connection
                             (default 268435456, 256 MiB; Kafka's queued.max.request.bytes, whose

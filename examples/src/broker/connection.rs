@@ -21,7 +21,7 @@
 //!   waiting request, the request while it is handled or parked, and answers that share
 //!   its bytes (echoed topic names) until written. What an answer keeps alive is counted
 //!   too until it is written: the bytes it copies, and the log's bytes it shares at what
-//!   they may keep alive, 4/3 of them, since retention may drop their segment while the
+//!   they may keep alive, up to 4/3 of them, since retention may drop their segment while the
 //!   answer waits (`reply.rs`; issue #38, finding 5). A read or an answer beyond the
 //!   budget closes the connection. Answers share the log's bytes and the request's echoed
 //!   names rather than copying them (`reply.rs`); nothing kept across a wait is a slice of

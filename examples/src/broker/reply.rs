@@ -18,8 +18,8 @@
 //!   the bytes it copied; the parts it shares with a buffer made for it alone (a read that
 //!   copied batches, [`Holder::Answer`]), at their length; the parts it shares with the
 //!   log ([`Holder::Log`]), at [`kept_alive_by`] their length, the most a read of the log
-//!   keeps alive (4/3 of it: a slice shares its segment only when it is three quarters of
-//!   it or more, `partition_log.rs`). Retention may drop that segment while the answer
+//!   keeps alive (4/3 of it at most, and a segment more at most: a slice shares its
+//!   segment only when it is three quarters of it or more, `partition_log.rs`). Retention may drop that segment while the answer
 //!   waits; it then belongs to the answer alone, and is counted (issue #38, finding 5:
 //!   unread answers kept 2.5 GB of dropped segments under a 16 MiB retention, counted
 //!   nowhere). The parts shared with the request ([`Holder::Request`]) cost nothing

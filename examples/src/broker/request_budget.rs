@@ -4,7 +4,7 @@
 //! pipelined behind a waiting request, a request being handled or parked in a purgatory,
 //! answers that share its bytes, such as echoed topic names), and what an answer keeps
 //! alive until it is written: the bytes it copies, and the log's bytes it shares (a
-//! fetch's records) at 4/3 of them, the most a read of the log keeps alive (its segment,
+//! fetch's records) at up to 4/3 of them, the most a read of the log keeps alive (its segment,
 //! which retention may drop while the answer waits: then only the answer holds it; issue
 //! #38, finding 5). See `reply.rs`.
 //!
