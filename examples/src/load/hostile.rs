@@ -17,7 +17,7 @@
 //! - [`Scenario::PollsThenPartial`] (finding 4): 4 long polls, then `mib` MiB of a
 //!   request announced as 100 MiB.
 //! - [`Scenario::RetentionReaders`] (issue #38, finding 5): before each client a producer
-//!   appends one segment ([`SEGMENT_ROUND`], 4 batches of 300,000 bytes), after enough of
+//!   appends one segment (4 batches of 300,000 bytes, 1.2 MB), after enough of
 //!   them first to fill the broker's retention; each client pipelines 16 fetches of that
 //!   segment and reads nothing, so with retention dropping segments each unread answer
 //!   holds a segment the log no longer has. Run the broker with a small
