@@ -11,7 +11,7 @@
 //!   from 394k/s to 3.5k/s). The fetch keeps what each partition has contributed so far
 //!   (`credited`, never more than it has now: a partition's committed position only
 //!   grows) and their sum; a check of partition `p` (run by the leader inside
-//!   [`checking_partition`], which names `p` to this thread) re-reads `p` alone, found in
+//!   `checking_partition`, which names `p` to this thread) re-reads `p` alone, found in
 //!   O(1) for a fetch of consecutive partitions and in O(log n) at worst. Any other
 //!   `try_complete` (the park's own, a check not named) re-reads them all, so a fetch
 //!   costs O(partitions) once when it parks and once when it is answered, and O(1) per
@@ -75,16 +75,28 @@ thread_local! {
 
 /// Runs `check` (a `check_and_complete` of the fetch purgatory on `key`) with `key` named
 /// to this thread, so each fetch it tries re-reads only that partition. Restores what was
-/// named before, also when `check` panics.
-pub fn checking_partition<R>(key: PartitionKey, check: impl FnOnce() -> R) -> R {
+/// named before, also when `check` panics. Nothing else may run under the name: a fetch
+/// parked under it would credit only `key` at its park (see [`with_no_partition_named`]).
+pub(crate) fn checking_partition<R>(key: PartitionKey, check: impl FnOnce() -> R) -> R {
+    named(Some(key), check)
+}
+
+/// Runs `f` with no partition named to this thread, so every `try_complete` it causes
+/// re-reads all of its fetch's partitions: a fetch parked from inside a check (an
+/// `on_complete` that parks again) counts everything that is there.
+pub(crate) fn with_no_partition_named<R>(f: impl FnOnce() -> R) -> R {
+    named(None, f)
+}
+
+fn named<R>(key: Option<PartitionKey>, f: impl FnOnce() -> R) -> R {
     struct Restore(Option<PartitionKey>);
     impl Drop for Restore {
         fn drop(&mut self) {
             CHECKING.with(|named| named.set(self.0));
         }
     }
-    let _restore = Restore(CHECKING.with(|named| named.replace(Some(key))));
-    check()
+    let _restore = Restore(CHECKING.with(|named| named.replace(key)));
+    f()
 }
 
 /// One partition of a fetch, and what it has contributed so far.
@@ -223,7 +235,7 @@ impl DelayedOperation for DelayedFetch {
 mod tests {
     use super::*;
 
-    fn named() -> Option<PartitionKey> {
+    fn named_now() -> Option<PartitionKey> {
         CHECKING.with(Cell::get)
     }
 
@@ -268,17 +280,21 @@ mod tests {
 
     #[test]
     fn a_named_partition_is_unnamed_after_its_check_even_one_that_panics() {
-        assert_eq!(named(), None);
+        assert_eq!(named_now(), None);
         checking_partition(PartitionKey(3), || {
-            assert_eq!(named(), Some(PartitionKey(3)));
-            checking_partition(PartitionKey(5), || assert_eq!(named(), Some(PartitionKey(5))));
-            assert_eq!(named(), Some(PartitionKey(3)));
+            assert_eq!(named_now(), Some(PartitionKey(3)));
+            checking_partition(PartitionKey(5), || assert_eq!(named_now(), Some(PartitionKey(5))));
+            assert_eq!(named_now(), Some(PartitionKey(3)));
         });
-        assert_eq!(named(), None);
+        assert_eq!(named_now(), None);
+        checking_partition(PartitionKey(3), || {
+            with_no_partition_named(|| assert_eq!(named_now(), None));
+            assert_eq!(named_now(), Some(PartitionKey(3)));
+        });
         let panicked = std::panic::catch_unwind(|| {
             checking_partition(PartitionKey(7), || panic!("a check that panics"))
         });
         assert!(panicked.is_err());
-        assert_eq!(named(), None);
+        assert_eq!(named_now(), None);
     }
 }

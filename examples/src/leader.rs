@@ -31,7 +31,9 @@ use purgatory::{
 };
 
 use crate::check_rounds::CheckRounds;
-use crate::delayed_fetch::{checking_partition, BytesWait, DelayedFetch, FetchCompletion};
+use crate::delayed_fetch::{
+    checking_partition, with_no_partition_named, BytesWait, DelayedFetch, FetchCompletion,
+};
 use crate::delayed_produce::{DelayedProduce, ProduceCompletion, ReplicaWait};
 use crate::followers::{FollowerConfig, FollowerListener, FollowerSet};
 use crate::partition::{AppendError, Appended, Partition, PartitionKey};
@@ -264,8 +266,11 @@ impl Leader {
         waits: Vec<BytesWait>,
     ) -> FetchAnswer {
         let keys = PartitionKey::distinct(waits.iter().map(|w| w.key));
-        park(&self.purgatories.fetch, keys, |reply| {
-            DelayedFetch::new(max_wait, min_bytes, waits, reply)
+        // The park's own tries count every partition, even if called from inside a check.
+        with_no_partition_named(|| {
+            park(&self.purgatories.fetch, keys, |reply| {
+                DelayedFetch::new(max_wait, min_bytes, waits, reply)
+            })
         })
     }
 
@@ -365,6 +370,59 @@ mod tests {
         let done = answer.blocking_answer().unwrap().answer;
         assert_eq!(done.how, Completion::Expired);
         assert_eq!(done.acknowledged, vec![false]);
+    }
+
+    /// A check credits the partition it names: a fetch over two partitions, each holding
+    /// half its `min_bytes`, is answered once the second is appended to (a check naming
+    /// another partition than the one that moved would leave it waiting; the ledger below
+    /// cannot see that, since a name the fetch does not wait on makes it recount).
+    #[test]
+    fn a_fetch_over_two_partitions_is_answered_when_the_second_brings_its_bytes() {
+        let leader = Leader::start(2, followers(0, 0, false));
+        let batch = encode_batch(&[Bytes::from_static(b"v")], 1).len() as u64;
+        let waits: Vec<BytesWait> = (0..2)
+            .map(|k| BytesWait {
+                key: PartitionKey(k),
+                partition: leader.partition(PartitionKey(k)).unwrap().clone(),
+                start_position: 0,
+                max_bytes: u64::MAX,
+            })
+            .collect();
+        let mut wait = leader.wait_for_bytes(Duration::from_secs(60), 2 * batch, waits);
+        leader.append(PartitionKey(0), one_batch(1)).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(wait.try_answer().is_none(), "answered with half its bytes");
+        leader.append(PartitionKey(1), one_batch(1)).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let done = loop {
+            if let Some(answer) = wait.try_answer() {
+                break answer.unwrap().answer;
+            }
+            assert!(Instant::now() < deadline, "its bytes are there, yet it waits");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!((done.how, done.available), (Completion::Ready, 2 * batch));
+    }
+
+    /// A fetch parked from inside a check of another partition (as an `on_complete` that
+    /// parks again would be) counts the bytes already there on all its partitions.
+    #[test]
+    fn a_fetch_parked_inside_a_check_counts_every_partition() {
+        let leader = Leader::start(2, followers(0, 0, false));
+        leader.append(PartitionKey(1), one_batch(1)).unwrap();
+        let waits: Vec<BytesWait> = (0..2)
+            .map(|k| BytesWait {
+                key: PartitionKey(k),
+                partition: leader.partition(PartitionKey(k)).unwrap().clone(),
+                start_position: 0,
+                max_bytes: u64::MAX,
+            })
+            .collect();
+        let wait = checking_partition(PartitionKey(0), || {
+            leader.wait_for_bytes(Duration::from_secs(2), 1, waits)
+        });
+        let done = wait.blocking_answer().unwrap().answer;
+        assert_eq!(done.how, Completion::Ready);
     }
 
     /// A small xorshift generator: the tests' randomness, seeded per test.

@@ -117,8 +117,8 @@ async fn a_long_topic_name_costs_its_bytes_once_not_once_per_partition() {
 
 /// The finding's last case, on the broker binary: two Fetch v12 of a 16 MiB name over
 /// 9,999 partitions each. Before, they failed 10 of 10 good probes and the broker exited
-/// 88 s after SIGTERM. Now a good client's polls are answered beside them, and SIGTERM
-/// ends the broker promptly.
+/// 88 s after SIGTERM. Now a good client's polls are answered beside them, and a SIGTERM
+/// sent while two more are being handled ends the broker promptly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_16_mib_names_leave_good_clients_served_and_sigterm_prompt() {
     let broker = BrokerProcess::start(&[]);
@@ -156,6 +156,14 @@ async fn two_16_mib_names_leave_good_clients_served_and_sigterm_prompt() {
     for sender in senders {
         heavy_answered.push(sender.await.unwrap());
     }
+    // Two more, and SIGTERM while the broker handles them.
+    let mut in_flight = Vec::new();
+    for _ in 0..2 {
+        let mut client = connect(broker.addr).await;
+        client.send(12, &heavy).await.unwrap();
+        in_flight.push(client);
+    }
+    tokio::time::sleep(Duration::from_millis(30)).await;
     let pid = libc::pid_t::try_from(broker.pid()).unwrap();
     let signalled = Instant::now();
     // SAFETY: kill only sends a signal to our own child process.
@@ -168,7 +176,7 @@ async fn two_16_mib_names_leave_good_clients_served_and_sigterm_prompt() {
     .unwrap();
     eprintln!(
         "two 16 MiB-name fetches answered in {heavy_answered:?}; slowest of 10 good polls \
-         beside them {slowest:?}; exit {:?} after SIGTERM",
+         beside them {slowest:?}; exit {:?} after SIGTERM with two more in flight",
         signalled.elapsed()
     );
     assert!(

@@ -30,7 +30,8 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
   --stall-followers         followers never catch up: acks=all produces time out
   --max-frame-bytes B       largest request accepted, and each connection's share of
                             --queued-max-request-bytes beyond its own 64 KiB (default 104857600,
-                            Kafka's socket.request.max.bytes)
+                            Kafka's socket.request.max.bytes); a long poll whose state (136 bytes
+                            a partition) does not fit is answered at once, its wait as throttle
   --max-produce-wait-ms T   cap on an acks=all produce's own timeout (default 30000, Kafka's
                             request.timeout.ms)
   --metrics-listen ADDR     serve the purgatories' figures as Prometheus text over HTTP there
@@ -67,7 +68,8 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
   --queued-max-request-bytes B  bytes held for clients over all connections, each connection's
                             first 64 KiB aside: every request byte from its read until freed
                             (partial frames, bytes pipelined behind a waiting request, requests
-                            being handled or parked, echoes in unwritten answers) and what
+                            being handled or parked, a parked fetch's state at 136 bytes a
+                            partition, echoes in unwritten answers) and what
                             unwritten answers copy or keep alive of the log (up to 4/3 of the records
                             they share: a segment retention drops stays while an answer holds
                             it); a read or an answer beyond it closes that connection

@@ -23,10 +23,14 @@
 //!   the broker's own copy of its name.
 //! - What a parked fetch keeps is held in its connection's account (`request_budget.rs`)
 //!   until it is answered: [`PARKED_BYTES_PER_PARTITION`] per distinct partition (its
-//!   entry here, its wait, what the wait has credited and its watcher entry). A fetch whose
-//!   state the account refuses (the connection's share or the shared budget spent) is
-//!   answered at once with what is there, as if its `max_wait_ms` were 0; a consumer polls
-//!   again. (Issue #38, finding 4: 300 polls over 9,999 partitions held 382 MiB outside
+//!   entry here, its wait, what the wait has credited and its watcher entry; 136 bytes on
+//!   64-bit targets). A fetch whose state the account refuses (the connection's share, or
+//!   the shared budget spent) is answered at once with what is there, as if its
+//!   `max_wait_ms` were 0, with that wait as its throttle time, so a consumer backs off
+//!   rather than polling again at once (KIP-219; clients before Fetch v8 ignore it). Its
+//!   answer's copy is charged as any answer's: with the shared budget spent it may be
+//!   refused too, which closes the connection (`request_budget.rs`). The parked state
+//!   draws on the connection's own 64 KiB first, as every byte it holds does. (Issue #38, finding 4: 300 polls over 9,999 partitions held 382 MiB outside
 //!   every bound.) Kafka keeps a parked fetch's per-partition status outside
 //!   `queued.max.request.bytes` too; its bound is the request size and the connections.
 //! - A fetch waits at most `fetch_max_wait` (`--fetch-max-wait-ms`), whatever its
@@ -120,23 +124,33 @@ pub async fn handle(
         .collect();
     let any_error = wanted.iter().any(|w| w.found.is_err());
     let available: u64 = waits.iter().map(BytesWait::available).sum();
+    // Set when the account cannot hold the wait: the answer asks the client to wait
+    // instead.
+    let mut throttle_ms = 0;
     if !any_error && !waits.is_empty() && max_wait_ms > 0 && available < min_bytes {
+        // The client's wait, capped by the broker's: a poll asking for 2^31-1 ms (24.8
+        // days) is answered after `fetch_max_wait` at most.
+        let max_wait = Duration::from_millis(max_wait_ms as u64).min(state.config.fetch_max_wait);
         // Held until the answer is made; refused, the fetch is answered now.
         let parked_state = wanted.len().saturating_mul(PARKED_BYTES_PER_PARTITION);
-        if let Ok(_held) = account.charge(parked_state) {
-            // The client's wait, capped by the broker's: a poll asking for 2^31-1 ms (24.8
-            // days) is answered after `fetch_max_wait` at most.
-            let max_wait =
-                Duration::from_millis(max_wait_ms as u64).min(state.config.fetch_max_wait);
-            // Whatever ends the wait (bytes, max_wait, shutdown), the answer is what is
-            // there now.
-            let _ = state
-                .leader
-                .wait_for_bytes(max_wait, min_bytes, waits)
-                .await;
+        match account.charge(parked_state) {
+            Ok(_held) => {
+                // Whatever ends the wait (bytes, max_wait, shutdown), the answer is what
+                // is there now.
+                let _ = state
+                    .leader
+                    .wait_for_bytes(max_wait, min_bytes, waits)
+                    .await;
+            }
+            // A consumer polls again as soon as it has its answer: the wait it asked for,
+            // as a throttle time (KIP-219: clients from Fetch v8 wait it out before their
+            // next request), keeps the poll from becoming a busy loop.
+            Err(_) => throttle_ms = max_wait.as_millis() as i32,
         }
     }
-    response(wanted, budget, version)
+    let mut response = response(wanted, budget, version);
+    response.throttle_time_ms = throttle_ms;
+    response
 }
 
 /// Whether the answer may echo a name of the request other than the broker's topic (then it

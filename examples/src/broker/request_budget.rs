@@ -2,7 +2,8 @@
 //! `queued.max.request.bytes`, here a bound on more than the queue): every request byte
 //! from the moment it is read until the last slice of it is freed (partial frames, bytes
 //! pipelined behind a waiting request, a request being handled or parked in a purgatory,
-//! answers that share its bytes, such as echoed topic names), and what an answer keeps
+//! answers that share its bytes, such as echoed topic names), what a parked fetch keeps
+//! per partition (`fetch.rs`, `PARKED_BYTES_PER_PARTITION`), and what an answer keeps
 //! alive until it is written: the bytes it copies, and the log's bytes it shares (a
 //! fetch's records) at up to 4/3 of them, the most a read of the log keeps alive (its segment,
 //! which retention may drop while the answer waits: then only the answer holds it; issue
