@@ -87,6 +87,9 @@ pub struct CommittedRead {
     pub high_watermark: i64,
     /// The log start offset when the data was read.
     pub log_start_offset: i64,
+    /// What `records` keep alive however long they are kept (see
+    /// [`PartitionLog::read_keeping`]): their segment, or themselves.
+    pub keeps: usize,
 }
 
 /// A partition led by this broker.
@@ -262,12 +265,14 @@ impl Partition {
     pub fn read_committed(&self, from: i64, max_bytes: usize, at_least_one: bool) -> CommittedRead {
         let state = self.state.lock();
         let high_watermark = state.replicas.high_watermark();
+        let (records, keeps) = state
+            .log
+            .read_keeping(from, high_watermark, max_bytes, at_least_one);
         CommittedRead {
-            records: state
-                .log
-                .read(from, high_watermark, max_bytes, at_least_one),
+            records,
             high_watermark,
             log_start_offset: state.log.start_offset(),
+            keeps,
         }
     }
 

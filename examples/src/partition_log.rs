@@ -301,15 +301,43 @@ impl PartitionLog {
     /// of it or more, else a copy, so the read keeps at most [`kept_alive_by`] of its length
     /// alive. Nothing for an offset retention dropped.
     pub fn read(&self, from: i64, upto: i64, max_bytes: usize, at_least_one: bool) -> Bytes {
+        self.read_keeping(from, upto, max_bytes, at_least_one).0
+    }
+
+    /// [`read`](Self::read), with what the bytes read keep alive, however long they are
+    /// kept: their segment's length when they are a slice of a sealed segment (at most
+    /// [`kept_alive_by`] their length), their own length otherwise (a copy, or a batch's
+    /// own buffer).
+    pub fn read_keeping(
+        &self,
+        from: i64,
+        upto: i64,
+        max_bytes: usize,
+        at_least_one: bool,
+    ) -> (Bytes, usize) {
+        let read = self.read_inner(from, upto, max_bytes, at_least_one);
+        let keeps = read.1.unwrap_or(read.0.len());
+        (read.0, keeps)
+    }
+
+    /// The read, and its segment's length when it is a slice of one.
+    fn read_inner(
+        &self,
+        from: i64,
+        upto: i64,
+        max_bytes: usize,
+        at_least_one: bool,
+    ) -> (Bytes, Option<usize>) {
+        let empty = (Bytes::new(), None);
         if from < self.start_offset {
-            return Bytes::new();
+            return empty;
         }
         let first = self.batch_index(from);
         let Some(head) = self.batches.get(first).filter(|b| b.end_offset <= upto) else {
-            return Bytes::new();
+            return empty;
         };
         if !at_least_one && head.bytes.len() > max_bytes {
-            return Bytes::new();
+            return empty;
         }
         // The sealed segment holding `first`, if any, and the end of `first`'s segment
         // (indexes into `batches`).
@@ -338,20 +366,20 @@ impl PartitionLog {
             let slice = segment.bytes.slice(start..start + total);
             // A slice keeps its whole segment alive: shared only when it is most of it.
             return if shares_its_segment(total, segment.bytes.len()) {
-                slice
+                (slice, Some(segment.bytes.len()))
             } else {
-                Bytes::copy_from_slice(&slice)
+                (Bytes::copy_from_slice(&slice), None)
             };
         }
         if last == first + 1 {
             // The batch's own buffer, exactly its size.
-            return head.bytes.clone();
+            return (head.bytes.clone(), None);
         }
         let mut out = BytesMut::with_capacity(total);
         for batch in self.batches.range(first, last) {
             out.extend_from_slice(&batch.bytes);
         }
-        out.freeze()
+        (out.freeze(), None)
     }
 
     /// The first batch below `upto` from which the log's records reach `timestamp_ms`: the

@@ -70,9 +70,10 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
                             (partial frames, bytes pipelined behind a waiting request, requests
                             being handled or parked, a parked fetch's state at 136 bytes a
                             partition, echoes in unwritten answers) and what
-                            unwritten answers copy or keep alive of the log (up to 4/3 of the records
-                            they share: a segment retention drops stays while an answer holds
-                            it); a read or an answer beyond it closes that connection
+                            unwritten answers copy or keep alive of the log (the segments of the
+                            records they share: one retention drops stays while an answer holds
+                            it); a read or an answer beyond it closes that connection, except a
+                            fetch answer, sent without its records and a 100 ms throttle
                             (default 268435456, 256 MiB; Kafka's queued.max.request.bytes, whose
                             default is unbounded). The bound: this + 64 KiB x --max-connections
                             (881 MiB at most with the defaults)
@@ -89,10 +90,11 @@ pub const USAGE: &str = "usage: broker [--listen ADDR] [--topic NAME] [--partiti
   --socket-send-buffer-bytes B  each connection's kernel send buffer (SO_SNDBUF; Linux reserves
                             twice it), so unread answers hold at most that much kernel memory
                             per connection (default 102400, Kafka's socket.send.buffer.bytes;
-                            -1: the system's, which grows to net.ipv4.tcp_wmem's maximum)
+                            -1: the system's, which grows to net.ipv4.tcp_wmem's maximum; Linux
+                            caps what is asked at net.core.wmem_max)
   --socket-receive-buffer-bytes B  each connection's kernel receive buffer (SO_RCVBUF), the same
                             way (default 102400, Kafka's socket.receive.buffer.bytes; -1: the
-                            system's)";
+                            system's; capped at net.core.rmem_max)";
 
 /// How a broker is set up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -140,9 +142,10 @@ pub struct BrokerConfig {
     /// each connection's own [`OWN_REQUEST_BYTES`]; each connection holds at most
     /// `max_frame_bytes` of it. A read that would go beyond closes its connection, so a
     /// request larger than this plus [`OWN_REQUEST_BYTES`] can never be read: keep it above
-    /// `max_frame_bytes`. A fetch answer is held at up to 4/3 of its records: keep
-    /// `max_frame_bytes` above 4/3 of `fetch_max_bytes` (73 MiB with the defaults) so that
-    /// a whole answer fits one connection's share.
+    /// `max_frame_bytes`. A fetch answer is held at the segments its records keep alive
+    /// (4/3 of them at most, and a segment more): keep `max_frame_bytes` above 4/3 of
+    /// `fetch_max_bytes` (73 MiB with the defaults) so that any whole answer fits one
+    /// connection's share.
     pub queued_max_request_bytes: usize,
     /// Bytes kept per partition; the oldest segments are dropped beyond it.
     pub retention_bytes: u64,

@@ -21,15 +21,17 @@
 //!   waiting request, the request while it is handled or parked, and answers that share
 //!   its bytes (echoed topic names) until written. What an answer keeps alive is counted
 //!   too until it is written: the bytes it copies, and the log's bytes it shares at what
-//!   they may keep alive, up to 4/3 of them, since retention may drop their segment while the
-//!   answer waits (`reply.rs`; issue #38, finding 5). A read or an answer beyond the
-//!   budget closes the connection. Answers share the log's bytes and the request's echoed
+//!   their read keeps alive (their segment, or themselves), since retention may drop their
+//!   segment while the answer waits (`reply.rs`; issue #38, finding 5). A read beyond the
+//!   budget closes the connection; so does an answer, except a fetch's, which the budget
+//!   cannot hold now: it is sent without its records, with a throttle time
+//!   (`fetch::without_records`). Answers share the log's bytes and the request's echoed
 //!   names rather than copying them (`reply.rs`); nothing kept across a wait is a slice of
 //!   the frame.
 //! - A connection waiting for its next request is idle (`admission.rs`): at a connection
 //!   cap (the broker's, or its address's) a newcomer may evict it, which closes it; once
-//!   its next request has started it is evicted only while that request sends no byte for
-//!   a second (`stalled_read.rs`), or while it is a Fetch that has waited a second or more
+//!   its next request has started it is evicted only once that request is not whole a
+//!   second after it began, trickling or not (`stalled_read.rs`), or while it is a Fetch that has waited a second or more
 //!   (a long poll is not a claim on a place: evicted, it is cancelled as when the client
 //!   leaves, and the consumer polls again on a new connection); never any other request
 //!   once it is whole. An evicted connection no longer counts against the cap, so it
@@ -68,7 +70,7 @@ use super::api_versions;
 use super::client_socket::ClientReader;
 use super::frame::FrameError;
 use super::reply::{respond, respond_sharing, Answer, Holder, Reply};
-use super::request_budget::ConnectionBudget;
+use super::request_budget::{ConnectionBudget, OverBudget};
 use super::stalled_read::read_frame_watching_stalls;
 use super::request_entries::{self, Kind};
 use super::{fetch, init_producer_id, list_offsets, metadata, produce, BrokerState};
@@ -172,10 +174,14 @@ pub async fn serve(
             _ = stop.changed() => return,
         };
         match reply {
-            Reply::Send(answer) => {
+            Reply::Send(mut answer) => {
                 // What the answer keeps alive (its copies, the log's segments it shares)
-                // is held until it is written.
-                let _held = match reader.budget().charge(answer.held()) {
+                // is held until it is written (a fetch's handler charged it already).
+                let charged = answer.take_charge().map_or_else(
+                    || reader.budget().charge(answer.held()),
+                    Ok,
+                );
+                let _held = match charged {
                     Ok(charge) => charge,
                     Err(over) => {
                         state.log(&format!(
@@ -400,33 +406,38 @@ async fn dispatch(
                 // The body is dropped before a wait (finding 1: a parked fetch would pin it);
                 // only an answer made at once may echo names of it.
                 let body = fetch::echoes_unknown_names(state, &request).then_some(body);
-                let response = fetch::handle(state, request, version, account).await;
-                // The answer shares the names echoed from the body and the records: a
-                // read the log copied for it (nothing else holds it: unique here), held
-                // for the client at its length, or the log's own bytes (a slice of a
-                // segment, a batch's buffer), held at what they may keep alive once
-                // retention drops them (issue #38, finding 5).
+                let fetched = fetch::handle(state, request, version, account).await;
+                // The answer shares the names echoed from the body and the records, each
+                // held at what its read said it keeps alive: its segment (which retention
+                // may drop while the answer waits, issue #38, finding 5) or itself.
                 let shared: Vec<(Bytes, Holder)> = body
                     .map(|body| (body, Holder::Request))
                     .into_iter()
                     .chain(
-                        response
-                            .responses
+                        fetched
+                            .records
                             .iter()
-                            .flat_map(|topic| topic.partitions.iter())
-                            .filter_map(|partition| partition.records.as_ref())
-                            .filter(|records| !records.is_empty())
-                            .map(|records| {
-                                let holder = if records.is_unique() {
-                                    Holder::Answer
-                                } else {
-                                    Holder::Log
-                                };
-                                (records.clone(), holder)
-                            }),
+                            .map(|(records, keeps)| (records.clone(), Holder::Log { keeps: *keeps })),
                     )
                     .collect();
-                respond_sharing(api, version, id, &response, &shared)
+                let reply = respond_sharing(api, version, id, &fetched.response, &shared);
+                let Reply::Send(answer) = reply else {
+                    return reply;
+                };
+                match account.charge(answer.held()) {
+                    Ok(charge) => Reply::Send(answer.holding(charge)),
+                    // The budget is spent for now (other connections' requests and
+                    // answers): the records are left out and the client asked to come back
+                    // after a throttle time, rather than closed for a good fetch (the
+                    // review of finding 5: four consumers fetching 55 MiB at once had one
+                    // closed). An answer over the connection's own share never fits: its
+                    // connection is closed as before.
+                    Err(OverBudget::Shared { .. }) if !fetched.records.is_empty() => {
+                        drop((answer, shared));
+                        respond(api, version, id, &fetch::without_records(fetched.response))
+                    }
+                    Err(_) => Reply::Send(answer),
+                }
             }
             Err(reason) => Reply::Close(reason),
         },

@@ -80,11 +80,14 @@ pub async fn handle(
     request: FetchRequest,
     version: i16,
     account: &ConnectionBudget,
-) -> FetchResponse {
+) -> Fetched {
     if version >= 7 && request.session_id != 0 {
         let mut response = FetchResponse::default();
         response.error_code = ResponseError::FetchSessionIdNotFound.code();
-        return response;
+        return Fetched {
+            response,
+            records: Vec::new(),
+        };
     }
     let budget = (request.max_bytes.max(0) as usize).min(state.config.fetch_max_bytes);
     let (min_bytes, max_wait_ms) = (request.min_bytes.max(0) as u64, request.max_wait_ms);
@@ -148,9 +151,42 @@ pub async fn handle(
             Err(_) => throttle_ms = max_wait.as_millis() as i32,
         }
     }
-    let mut response = response(wanted, budget, version);
-    response.throttle_time_ms = throttle_ms;
+    let mut fetched = response(wanted, budget, version);
+    fetched.response.throttle_time_ms = throttle_ms;
+    fetched
+}
+
+/// How long a client whose fetch answer the budget could not hold is asked to wait before
+/// it fetches again (`without_records`).
+pub const BUDGET_THROTTLE: Duration = Duration::from_millis(100);
+
+/// `response` with every partition's records left out and [`BUDGET_THROTTLE`] as its
+/// throttle time at least: the answer to a fetch whose records the request budget cannot
+/// hold now. The consumer fetches the same offsets again after the throttle time (KIP-219;
+/// a client before Fetch v8 at once).
+pub fn without_records(mut response: FetchResponse) -> FetchResponse {
+    for partition in response
+        .responses
+        .iter_mut()
+        .flat_map(|topic| topic.partitions.iter_mut())
+    {
+        if partition.records.as_ref().is_some_and(|r| !r.is_empty()) {
+            partition.records = Some(bytes::Bytes::new());
+        }
+    }
+    response.throttle_time_ms = response
+        .throttle_time_ms
+        .max(BUDGET_THROTTLE.as_millis() as i32);
     response
+}
+
+/// A fetch's answer, and what each of its non-empty records keeps alive (the read's
+/// `keeps`, `partition.rs`), for the connection to count while the answer is unwritten.
+pub struct Fetched {
+    /// The answer.
+    pub response: FetchResponse,
+    /// Each non-empty `records` of the answer, with what it keeps alive.
+    pub records: Vec<(bytes::Bytes, usize)>,
 }
 
 /// Whether the answer may echo a name of the request other than the broker's topic (then it
@@ -208,7 +244,8 @@ fn locate(
 }
 
 /// The answer: partitions of one topic named one after the other share a topic entry.
-fn response(wanted: Vec<Wanted>, mut budget: usize, version: i16) -> FetchResponse {
+fn response(wanted: Vec<Wanted>, mut budget: usize, version: i16) -> Fetched {
+    let mut records = Vec::new();
     let mut topics: Vec<FetchableTopicResponse> = Vec::new();
     // The id of the last topic entry's name.
     let mut last_id = None;
@@ -231,6 +268,9 @@ fn response(wanted: Vec<Wanted>, mut budget: usize, version: i16) -> FetchRespon
                 }
                 data.high_watermark = read.high_watermark;
                 data.last_stable_offset = read.high_watermark;
+                if !read.records.is_empty() {
+                    records.push((read.records.clone(), read.keeps));
+                }
                 data.records = Some(read.records);
                 if version >= 5 {
                     data.log_start_offset = read.log_start_offset;
@@ -250,5 +290,5 @@ fn response(wanted: Vec<Wanted>, mut budget: usize, version: i16) -> FetchRespon
     }
     let mut response = FetchResponse::default();
     response.responses = topics;
-    response
+    Fetched { response, records }
 }

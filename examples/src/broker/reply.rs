@@ -15,15 +15,16 @@
 //!   size, computed once the body is encoded.
 //! - An answer knows what memory it keeps alive until it is written ([`Answer::held`]),
 //!   which its connection holds in the request budget that long (`request_budget.rs`):
-//!   the bytes it copied; the parts it shares with a buffer made for it alone (a read that
-//!   copied batches, [`Holder::Answer`]), at their length; the parts it shares with the
-//!   log ([`Holder::Log`]), at [`kept_alive_by`] their length, the most a read of the log
-//!   keeps alive (4/3 of it at most, and a segment more at most: a slice shares its
-//!   segment only when it is three quarters of it or more, `partition_log.rs`). Retention may drop that segment while the answer
-//!   waits; it then belongs to the answer alone, and is counted (issue #38, finding 5:
-//!   unread answers kept 2.5 GB of dropped segments under a 16 MiB retention, counted
-//!   nowhere). The parts shared with the request ([`Holder::Request`]) cost nothing
-//!   more: the request's frame stays counted until its last slice is dropped.
+//!   the bytes it copied, and the parts it shares with the log ([`Holder::Log`]) at what
+//!   the read that made them keeps alive, as the read itself said
+//!   (`PartitionLog::read_keeping`): its segment's length for a slice of a sealed segment
+//!   (4/3 of the slice at most, and a segment more at most: a slice shares its segment only
+//!   when it is three quarters of it or more, `partition_log.rs`, `kept_alive_by`), its
+//!   own length for a copy or a batch's own buffer. Retention may drop that segment while
+//!   the answer waits; it then belongs to the answer alone, and is counted (issue #38,
+//!   finding 5: unread answers kept 2.5 GB of dropped segments under a 16 MiB retention,
+//!   counted nowhere). The parts shared with the request ([`Holder::Request`]) cost
+//!   nothing more: the request's frame stays counted until its last slice is dropped.
 //!   So memory kept alive by unwritten answers <= what their connections hold for them.
 
 use std::ops::Range;
@@ -34,7 +35,8 @@ use kafka_protocol::messages::{ApiKey, ResponseHeader};
 use kafka_protocol::protocol::buf::ByteBufMut;
 use kafka_protocol::protocol::Encodable;
 
-use crate::partition_log::kept_alive_by;
+use super::request_budget::Charge;
+
 
 /// Slices at least this long are shared rather than copied (below it a copy is cheaper
 /// than another part to write).
@@ -57,13 +59,14 @@ pub enum Holder {
     /// The request's frame, counted until its last slice is dropped: sharing it costs
     /// nothing more.
     Request,
-    /// Made for this answer alone (a read that joined or copied batches): counted at its
-    /// length, as a copy.
-    Answer,
-    /// The log: a slice of a segment or a batch's own buffer, counted at what it may keep
-    /// alive ([`kept_alive_by`] its length), since retention may drop its segment while
-    /// the answer waits.
-    Log,
+    /// The log: a slice of a segment or a batch's own buffer, counted at what it keeps
+    /// alive, `keeps` (its segment's length, or its own: what the read said,
+    /// `PartitionLog::read_keeping`), since retention may drop its segment while the
+    /// answer waits.
+    Log {
+        /// What the buffer keeps alive (at least its length).
+        keeps: usize,
+    },
 }
 
 /// A framed answer: parts written back to back, the large ones shared with the log or the
@@ -75,6 +78,8 @@ pub struct Answer {
     shared: usize,
     /// What the shared parts keep alive that nothing else counts (see [`Holder`]).
     shared_held: usize,
+    /// What [`held`](Self::held) is held under, if its handler took it already.
+    charge: Option<Charge>,
 }
 
 impl Answer {
@@ -98,6 +103,18 @@ impl Answer {
     /// Its connection holds this in the request budget until the answer is written.
     pub fn held(&self) -> usize {
         self.copied() + self.shared_held
+    }
+
+    /// The answer, with `charge` holding what it keeps alive (taken by its handler, which
+    /// answers otherwise when the budget refuses it).
+    pub fn holding(mut self, charge: Charge) -> Self {
+        self.charge = Some(charge);
+        self
+    }
+
+    /// The charge its handler took for it, if any.
+    pub fn take_charge(&mut self) -> Option<Charge> {
+        self.charge.take()
     }
 }
 
@@ -136,6 +153,7 @@ pub fn respond_sharing<R: Encodable>(
         parts,
         shared,
         shared_held,
+        charge: None,
     })
 }
 
@@ -211,8 +229,10 @@ unsafe impl BufMut for SharingBuf<'_> {
                 let part = owner.slice_ref(src);
                 self.shared_held += match holder {
                     Holder::Request => 0,
-                    Holder::Answer => part.len(),
-                    Holder::Log => kept_alive_by(part.len()),
+                    // Its whole segment, once per part (a buffer written in several
+                    // parts, which fetch answers never are, would count it again: more,
+                    // never less).
+                    Holder::Log { keeps } => (*keeps).max(part.len()),
                 };
                 if !self.tail.is_empty() {
                     let copied = self.tail.split().freeze();
@@ -287,7 +307,12 @@ mod tests {
             Bytes::from(vec![3u8; 30_000]),
             Bytes::from(vec![4u8; 100]),
         ];
-        let holders = [Holder::Log, Holder::Answer, Holder::Request, Holder::Log];
+        let holders = [
+            Holder::Log { keeps: 120_000 },
+            Holder::Log { keeps: 50_000 },
+            Holder::Request,
+            Holder::Log { keeps: 100 },
+        ];
         let shared: Vec<(Bytes, Holder)> = records.iter().cloned().zip(holders).collect();
         let Reply::Send(answer) =
             respond_sharing(ApiKey::Fetch, 12, 1, &fetch_answer(&records), &shared)
@@ -295,7 +320,7 @@ mod tests {
             panic!("not sent");
         };
         // The 100 bytes are copied (below `SHARE_AT_LEAST`); the request's part costs
-        // nothing more, the answer's its length, the log's 4/3 of it.
+        // nothing more, the answer's its length, the log's what the read said it keeps.
         assert_eq!(answer.copied(), answer.len() - 170_000);
         assert_eq!(answer.held(), answer.copied() + 50_000 + 120_000);
     }
@@ -311,7 +336,7 @@ mod tests {
         for version in [4, 11, 12] {
             let response = fetch_answer(&records);
             let owners: Vec<(Bytes, Holder)> =
-                records.iter().map(|r| (r.clone(), Holder::Log)).collect();
+                records.iter().map(|r| (r.clone(), Holder::Log { keeps: r.len() })).collect();
             let Reply::Send(shared) =
                 respond_sharing(ApiKey::Fetch, version, 9, &response, &owners)
             else {
@@ -332,11 +357,8 @@ mod tests {
             assert_eq!(copied.parts().len(), 2);
             assert_eq!(copied.copied(), copied.len());
             assert_eq!(shared.copied(), shared.len() - 300_000 - (1 << 20));
-            // The shared records count at what they may keep alive, 4/3 of them.
-            assert_eq!(
-                shared.held(),
-                shared.copied() + kept_alive_by(300_000) + kept_alive_by(1 << 20)
-            );
+            // The shared records count at what they keep alive, as their reads said.
+            assert_eq!(shared.held(), shared.copied() + 300_000 + (1 << 20));
             assert_eq!(copied.held(), copied.len());
             // The frame decodes: size, header, the body with every record.
             let mut frame = joined(&shared);

@@ -5,9 +5,9 @@
 //! answers that share its bytes, such as echoed topic names), what a parked fetch keeps
 //! per partition (`fetch.rs`, `PARKED_BYTES_PER_PARTITION`), and what an answer keeps
 //! alive until it is written: the bytes it copies, and the log's bytes it shares (a
-//! fetch's records) at up to 4/3 of them, the most a read of the log keeps alive (its segment,
-//! which retention may drop while the answer waits: then only the answer holds it; issue
-//! #38, finding 5). See `reply.rs`.
+//! fetch's records) at what their read keeps alive (their segment, which retention may
+//! drop while the answer waits: then only the answer holds it; issue #38, finding 5). See
+//! `reply.rs`.
 //!
 //! How a frame is followed until it is freed: the connection turns the frame into a
 //! [`Bytes`] that owns a [`Charge`] ([`ConnectionBudget::charged`]); every slice cut from
@@ -36,7 +36,8 @@
 //! Kafka instead stops reading from every connection while its memory pool is exhausted;
 //! closing the connection that asks for more keeps the others served. Kafka's pool counts
 //! requests only: its fetch answers are sent from the segment files (`sendfile`), and a
-//! segment deleted while an answer is sent stays open, on disk, until the send ends.
+//! segment retention drops is deleted `file.delete.delay.ms` (a minute) later, failing a
+//! send still under way then.
 //!
 //! [`OWN_REQUEST_BYTES`]: super::config::OWN_REQUEST_BYTES
 
