@@ -22,6 +22,9 @@ use tokio::net::{TcpSocket, TcpStream};
 mod support;
 use support::{config, connect, start};
 
+/// The tests of this file one at a time: the first counts every socket of the process.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Bytes waiting to be sent, over every socket of this process (`SIOCOUTQ` on each socket
 /// descriptor in `/proc/self/fd`).
 fn queued_to_send() -> u64 {
@@ -74,6 +77,7 @@ fn fetch_v4(correlation_id: i32, offset: i64) -> Bytes {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unread_answers_hold_at_most_the_configured_send_buffer_in_the_kernel() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     const CLIENTS: usize = 20;
     let broker = start(config(1)).await;
     // 40 batches of 1 MiB: 40 segments to answer from.
@@ -112,6 +116,72 @@ async fn unread_answers_hold_at_most_the_configured_send_buffer_in_the_kernel() 
         "{queued} bytes queued for {CLIENTS} unread connections, over {bound}"
     );
     assert!(queued > 0, "the answers were sent");
+    drop(clients);
+    broker.shutdown().await;
+}
+
+/// The broker's sockets on `port` that still hold bytes to send (`tx_queue` in
+/// `/proc/net/tcp`, loopback IPv4), listening socket aside: after the broker closed them,
+/// orphans the kernel keeps until their clients go.
+fn sockets_holding_unsent(port: u16) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    table
+        .lines()
+        .skip(1)
+        .filter(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let local_port = fields[1].rsplit(':').next().unwrap();
+            let tx_queue = fields[4].split(':').next().unwrap();
+            u16::from_str_radix(local_port, 16) == Ok(port)
+                && fields[3] != "0A"
+                && u64::from_str_radix(tx_queue, 16).unwrap() > 0
+        })
+        .count()
+}
+
+/// The review of finding 2: a connection the broker closes while its client reads nothing
+/// (here at `--write-timeout-ms`) kept its unsent bytes in an orphan socket, outside
+/// `--max-connections`, until the client went. Now the broker resets it: nothing is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_the_broker_closes_leaves_no_unsent_bytes_behind() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    const CLIENTS: usize = 20;
+    let broker = start(purgatory_examples::broker::BrokerConfig {
+        write_timeout: Duration::from_millis(500),
+        ..config(1)
+    })
+    .await;
+    let mut producer = connect(broker.local_addr()).await;
+    let batch = encode_batch(&[Bytes::from(vec![b'r'; 1 << 20])], 1_000);
+    for _ in 0..12 {
+        let answer = producer
+            .call(7, &requests::produce("demo", 0, 1, 1_000, batch.clone()))
+            .await
+            .unwrap();
+        assert_eq!(answer.responses[0].partition_responses[0].error_code, 0);
+    }
+    let mut clients: Vec<TcpStream> = Vec::new();
+    for _ in 0..CLIENTS {
+        let socket = TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut stream = socket.connect(broker.local_addr()).await.unwrap();
+        // One fetch of a 1 MiB answer, and nothing more: a close with nothing unread on the
+        // broker's side is a FIN, which leaves the unsent bytes to the kernel.
+        stream.write_all(&fetch_v4(0, 0)).await.unwrap();
+        clients.push(stream);
+    }
+    // Past the write timeout: every one of them closed by the broker.
+    let port = broker.local_addr().port();
+    support::eventually("the unread connections closed", || {
+        broker.stats().connections == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let left = sockets_holding_unsent(port);
+    eprintln!(
+        "{CLIENTS} connections closed at the write timeout: {left} sockets still hold unsent bytes"
+    );
+    assert_eq!(left, 0, "orphans keep what their clients did not read");
     drop(clients);
     broker.shutdown().await;
 }

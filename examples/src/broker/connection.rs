@@ -135,6 +135,7 @@ pub async fn serve(
             Err(reason) => {
                 if let Some(reason) = reason {
                     state.log(&format!("closing {peer}: {reason}"));
+                    discard_unsent(&writer);
                 }
                 return;
             }
@@ -164,10 +165,12 @@ pub async fn serve(
             reply = &mut handling => reply,
             left = reader.until_closed(config.frame_read_timeout) => {
                 state.log(&format!("closing {peer}: {left} while its request waited"));
+                discard_unsent(&writer);
                 return;
             }
             _ = slot.evicted() => {
                 state.log(&format!("closing {peer}: {EVICTED_POLL}"));
+                discard_unsent(&writer);
                 return;
             }
             _ = evictable_poll => unreachable!("never resolves"),
@@ -189,6 +192,7 @@ pub async fn serve(
                             answer.len(),
                             answer.held()
                         ));
+                        discard_unsent(&writer);
                         return;
                     }
                 };
@@ -202,6 +206,7 @@ pub async fn serve(
                     written = timeout(limit, write_answer(&mut writer, &answer)) => written,
                     _ = slot.evicted() => {
                         state.log(&format!("closing {peer}: {EVICTED_WRITING}"));
+                        discard_unsent(&writer);
                         return;
                     }
                 };
@@ -215,6 +220,7 @@ pub async fn serve(
                             answer.len(),
                             limit.as_millis()
                         ));
+                        discard_unsent(&writer);
                         return;
                     }
                 }
@@ -222,6 +228,7 @@ pub async fn serve(
             Reply::Nothing => {}
             Reply::Close(reason) => {
                 state.log(&format!("closing {peer}: {reason}"));
+                discard_unsent(&writer);
                 return;
             }
         }
@@ -230,6 +237,15 @@ pub async fn serve(
             slot.served();
         }
     }
+}
+
+/// Before the broker closes a connection on its own initiative: what its client left
+/// unread is dropped, with a reset, rather than kept by the kernel, in an orphan socket
+/// outside `--max-connections`, until the client goes (the review of issue #38, finding 2:
+/// 20 such orphans kept their send buffers for the 240 s it watched). Not when the client
+/// left, nor at shutdown.
+fn discard_unsent(writer: &tokio::net::tcp::OwnedWriteHalf) {
+    let _ = writer.as_ref().set_zero_linger();
 }
 
 /// Why an idle connection was closed to make room (`admission.rs`).
