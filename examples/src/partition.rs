@@ -265,13 +265,18 @@ impl Partition {
     pub fn read_committed(&self, from: i64, max_bytes: usize, at_least_one: bool) -> CommittedRead {
         let state = self.state.lock();
         let high_watermark = state.replicas.high_watermark();
-        let (records, keeps) = state
+        let read = state
             .log
-            .read_keeping(from, high_watermark, max_bytes, at_least_one);
+            .read_parts(from, high_watermark, max_bytes, at_least_one);
+        let log_start_offset = state.log.start_offset();
+        // Any copy the read needs is made once the lock is released: appends do not wait
+        // for it.
+        drop(state);
+        let (records, keeps) = read.finish();
         CommittedRead {
             records,
             high_watermark,
-            log_start_offset: state.log.start_offset(),
+            log_start_offset,
             keeps,
         }
     }

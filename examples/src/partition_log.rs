@@ -26,7 +26,9 @@
 //!   copy. A read of less than that is a copy (under 3/4 of its segment, and under 3 MiB:
 //!   what it leaves out of a segment is under [`SEGMENT_BYTES`]), and so is a read
 //!   of several batches of the newest, unsealed segment (at most about [`SEGMENT_BYTES`]);
-//!   a read of one batch of the unsealed segment is that batch's own buffer.
+//!   a read of one batch of the unsealed segment is that batch's own buffer. A read is
+//!   taken as references ([`PartitionLog::read_parts`]) and copied or joined by
+//!   [`LogRead::finish`], so a caller holding a lock around the log copies after it.
 //! - What a read keeps alive: a slice keeps its whole segment, also once retention dropped
 //!   it, until the reader lets go. Since only a slice of three quarters of a segment or
 //!   more is shared, a read of `n` bytes keeps at most [`kept_alive_by`]`(n)` alive (4n/3,
@@ -101,6 +103,53 @@ fn shares_its_segment(read: usize, segment: usize) -> bool {
 /// (One 90 MiB batch read whole keeps at most 91 MiB alive, not 120.)
 pub fn kept_alive_by(read: usize) -> usize {
     read.saturating_add(read.div_ceil(3).min(SEGMENT_BYTES as usize))
+}
+
+/// A read of the log before the copy it may need ([`PartitionLog::read_parts`]): taking
+/// it costs reference counts only, so it is what is done under a lock.
+#[derive(Debug)]
+pub enum LogRead {
+    /// Nothing to read.
+    Empty,
+    /// Bytes the log holds, shared: a slice of a sealed segment of `keeps` bytes, or a
+    /// batch's own buffer (`keeps` its length).
+    Shared {
+        /// The bytes read.
+        bytes: Bytes,
+        /// What they keep alive.
+        keeps: usize,
+    },
+    /// A slice of a sealed segment too small a part of it to share: to be copied.
+    Copy(Bytes),
+    /// Several batches of the unsealed segment: to be joined into one buffer.
+    Join {
+        /// The batches, in order.
+        parts: Vec<Bytes>,
+        /// Their length in all.
+        total: usize,
+    },
+}
+
+impl LogRead {
+    /// The bytes read (copied or joined if they must be) and what they keep alive.
+    pub fn finish(self) -> (Bytes, usize) {
+        match self {
+            LogRead::Empty => (Bytes::new(), 0),
+            LogRead::Shared { bytes, keeps } => (bytes, keeps),
+            LogRead::Copy(slice) => {
+                let copy = Bytes::copy_from_slice(&slice);
+                let keeps = copy.len();
+                (copy, keeps)
+            }
+            LogRead::Join { parts, total } => {
+                let mut out = BytesMut::with_capacity(total);
+                for part in &parts {
+                    out.extend_from_slice(part);
+                }
+                (out.freeze(), total)
+            }
+        }
+    }
 }
 
 /// An append-only, in-memory partition log with a size bound.
@@ -315,29 +364,30 @@ impl PartitionLog {
         max_bytes: usize,
         at_least_one: bool,
     ) -> (Bytes, usize) {
-        let read = self.read_inner(from, upto, max_bytes, at_least_one);
-        let keeps = read.1.unwrap_or(read.0.len());
-        (read.0, keeps)
+        self.read_parts(from, upto, max_bytes, at_least_one)
+            .finish()
     }
 
-    /// The read, and its segment's length when it is a slice of one.
-    fn read_inner(
+    /// What [`read_keeping`](Self::read_keeping) returns, before any copy it needs:
+    /// [`LogRead::finish`] makes it, so a caller holding a lock around the log copies
+    /// after releasing it (the partition does: a producer never waits for a reader's
+    /// copy).
+    pub fn read_parts(
         &self,
         from: i64,
         upto: i64,
         max_bytes: usize,
         at_least_one: bool,
-    ) -> (Bytes, Option<usize>) {
-        let empty = (Bytes::new(), None);
+    ) -> LogRead {
         if from < self.start_offset {
-            return empty;
+            return LogRead::Empty;
         }
         let first = self.batch_index(from);
         let Some(head) = self.batches.get(first).filter(|b| b.end_offset <= upto) else {
-            return empty;
+            return LogRead::Empty;
         };
         if !at_least_one && head.bytes.len() > max_bytes {
-            return empty;
+            return LogRead::Empty;
         }
         // The sealed segment holding `first`, if any, and the end of `first`'s segment
         // (indexes into `batches`).
@@ -366,20 +416,28 @@ impl PartitionLog {
             let slice = segment.bytes.slice(start..start + total);
             // A slice keeps its whole segment alive: shared only when it is most of it.
             return if shares_its_segment(total, segment.bytes.len()) {
-                (slice, Some(segment.bytes.len()))
+                LogRead::Shared {
+                    bytes: slice,
+                    keeps: segment.bytes.len(),
+                }
             } else {
-                (Bytes::copy_from_slice(&slice), None)
+                LogRead::Copy(slice)
             };
         }
         if last == first + 1 {
             // The batch's own buffer, exactly its size.
-            return (head.bytes.clone(), None);
+            let bytes = head.bytes.clone();
+            let keeps = bytes.len();
+            return LogRead::Shared { bytes, keeps };
         }
-        let mut out = BytesMut::with_capacity(total);
-        for batch in self.batches.range(first, last) {
-            out.extend_from_slice(&batch.bytes);
+        LogRead::Join {
+            parts: self
+                .batches
+                .range(first, last)
+                .map(|batch| batch.bytes.clone())
+                .collect(),
+            total,
         }
-        (out.freeze(), None)
     }
 
     /// The first batch below `upto` from which the log's records reach `timestamp_ms`: the
