@@ -372,6 +372,34 @@ mod tests {
         assert_eq!(done.acknowledged, vec![false]);
     }
 
+    /// Waits of every partition below `partitions`, from its start, with no byte limit.
+    fn from_the_start(leader: &Leader, partitions: u32) -> Vec<BytesWait> {
+        (0..partitions)
+            .map(|k| BytesWait {
+                key: PartitionKey(k),
+                partition: leader.partition(PartitionKey(k)).unwrap().clone(),
+                start_position: 0,
+                max_bytes: u64::MAX,
+            })
+            .collect()
+    }
+
+    /// `wait`'s answer, polled every millisecond until `deadline`; `None` if none came.
+    fn answered_within(
+        wait: &mut crate::leader::FetchAnswer,
+        deadline: Instant,
+    ) -> Option<FetchCompletion> {
+        loop {
+            if let Some(answer) = wait.try_answer() {
+                return Some(answer.unwrap().answer);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// A check credits the partition it names: a fetch over two partitions, each holding
     /// half its `min_bytes`, is answered once the second is appended to (a check naming
     /// another partition than the one that moved would leave it waiting; the ledger below
@@ -380,27 +408,14 @@ mod tests {
     fn a_fetch_over_two_partitions_is_answered_when_the_second_brings_its_bytes() {
         let leader = Leader::start(2, followers(0, 0, false));
         let batch = encode_batch(&[Bytes::from_static(b"v")], 1).len() as u64;
-        let waits: Vec<BytesWait> = (0..2)
-            .map(|k| BytesWait {
-                key: PartitionKey(k),
-                partition: leader.partition(PartitionKey(k)).unwrap().clone(),
-                start_position: 0,
-                max_bytes: u64::MAX,
-            })
-            .collect();
+        let waits = from_the_start(&leader, 2);
         let mut wait = leader.wait_for_bytes(Duration::from_secs(60), 2 * batch, waits);
         leader.append(PartitionKey(0), one_batch(1)).unwrap();
         std::thread::sleep(Duration::from_millis(20));
         assert!(wait.try_answer().is_none(), "answered with half its bytes");
         leader.append(PartitionKey(1), one_batch(1)).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let done = loop {
-            if let Some(answer) = wait.try_answer() {
-                break answer.unwrap().answer;
-            }
-            assert!(Instant::now() < deadline, "its bytes are there, yet it waits");
-            std::thread::sleep(Duration::from_millis(1));
-        };
+        let done = answered_within(&mut wait, Instant::now() + Duration::from_secs(5))
+            .expect("its bytes are there, yet it waits");
         assert_eq!((done.how, done.available), (Completion::Ready, 2 * batch));
     }
 
@@ -410,14 +425,7 @@ mod tests {
     fn a_fetch_parked_inside_a_check_counts_every_partition() {
         let leader = Leader::start(2, followers(0, 0, false));
         leader.append(PartitionKey(1), one_batch(1)).unwrap();
-        let waits: Vec<BytesWait> = (0..2)
-            .map(|k| BytesWait {
-                key: PartitionKey(k),
-                partition: leader.partition(PartitionKey(k)).unwrap().clone(),
-                start_position: 0,
-                max_bytes: u64::MAX,
-            })
-            .collect();
+        let waits = from_the_start(&leader, 2);
         let wait = checking_partition(PartitionKey(0), || {
             leader.wait_for_bytes(Duration::from_secs(2), 1, waits)
         });
@@ -483,13 +491,9 @@ mod tests {
             for (min_bytes, waits, mut wait) in fetches {
                 let there: u64 = waits.iter().map(BytesWait::available).sum();
                 if there >= min_bytes {
-                    let done = loop {
-                        if let Some(answer) = wait.try_answer() {
-                            break answer.unwrap().answer;
-                        }
-                        assert!(Instant::now() < deadline, "seed {seed}: a fetch with its bytes there was not answered");
-                        std::thread::sleep(Duration::from_millis(1));
-                    };
+                    let done = answered_within(&mut wait, deadline).unwrap_or_else(|| {
+                        panic!("seed {seed}: a fetch with its bytes there was not answered")
+                    });
                     assert_eq!(done.how, Completion::Ready, "seed {seed}");
                     assert!(done.available >= min_bytes, "seed {seed}");
                 } else {

@@ -16,7 +16,7 @@ use tokio::time::timeout;
 
 mod support;
 use support::process::BrokerProcess;
-use support::{config, connect, start, LIMIT};
+use support::{config, connect, over_partitions, start, LIMIT};
 
 /// Partitions a request names, under the broker's default cap of 10,000 entries.
 const PARTITIONS: i32 = 9_999;
@@ -29,16 +29,7 @@ fn name(len: usize) -> String {
 /// A Fetch that asks once for each of `PARTITIONS` partitions of `topic`, and waits for
 /// nothing.
 fn fetch(topic: &str) -> FetchRequest {
-    let mut request = requests::fetch(topic, 0, 0, 0, 0);
-    let one = request.topics[0].partitions[0].clone();
-    request.topics[0].partitions = (0..PARTITIONS)
-        .map(|index| {
-            let mut p = one.clone();
-            p.partition = index;
-            p
-        })
-        .collect();
-    request
+    over_partitions(requests::fetch(topic, 0, 0, 0, 0), PARTITIONS)
 }
 
 /// A ListOffsets of each of `PARTITIONS` partitions of `topic`.

@@ -26,7 +26,7 @@ use tokio::time::timeout;
 mod support;
 use support::process::resident_bytes;
 use support::producer::produce;
-use support::{config, connect, eventually, start, LIMIT};
+use support::{config, connect, eventually, over_partitions, start, LIMIT};
 
 #[global_allocator]
 static ALLOCATOR: HugeAllocationsMappedLazily = HugeAllocationsMappedLazily;
@@ -195,15 +195,8 @@ async fn consumers_beyond_the_budget_are_asked_to_come_back_not_closed() {
         }
     }
     let mut fetch = requests::fetch("demo", 0, 0, 0, 0);
-    let one = fetch.topics[0].partitions[0].clone();
-    fetch.topics[0].partitions = (0..PARTITIONS)
-        .map(|p| {
-            let mut wanted = one.clone();
-            wanted.partition = p;
-            wanted.partition_max_bytes = 8 * MIB as i32;
-            wanted
-        })
-        .collect();
+    fetch.topics[0].partitions[0].partition_max_bytes = 8 * MIB as i32;
+    let fetch = over_partitions(fetch, PARTITIONS);
     // Each asks for 4.8 MB at once, and reads nothing for a while: two such answers fill
     // the 12 MiB budget.
     let mut consumers = Vec::new();

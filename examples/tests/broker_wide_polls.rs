@@ -16,21 +16,15 @@ use purgatory_examples::wire_client::{requests, WireClient};
 use tokio::time::timeout;
 
 mod support;
-use support::{config, connect, eventually, start, LIMIT};
+use support::{config, connect, eventually, over_partitions, start, LIMIT};
 
 /// A long poll nothing satisfies (`min_bytes` and `max_wait_ms` 2^31-1, capped by the
 /// broker at `--fetch-max-wait-ms`) of every one of `partitions` partitions.
 fn wide_poll(partitions: i32) -> FetchRequest {
-    let mut request = requests::fetch("demo", 0, 0, i32::MAX, i32::MAX);
-    let one = request.topics[0].partitions[0].clone();
-    request.topics[0].partitions = (0..partitions)
-        .map(|index| {
-            let mut p = one.clone();
-            p.partition = index;
-            p
-        })
-        .collect();
-    request
+    over_partitions(
+        requests::fetch("demo", 0, 0, i32::MAX, i32::MAX),
+        partitions,
+    )
 }
 
 /// A broker of `partitions` partitions that takes `connections` connections from one

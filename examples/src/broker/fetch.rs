@@ -30,8 +30,9 @@
 //!   rather than polling again at once (KIP-219; clients before Fetch v8 ignore it). Its
 //!   answer's copy is charged as any answer's: with the shared budget spent it may be
 //!   refused too, which closes the connection (`request_budget.rs`). The parked state
-//!   draws on the connection's own 64 KiB first, as every byte it holds does. (Issue #38, finding 4: 300 polls over 9,999 partitions held 382 MiB outside
-//!   every bound.) Kafka keeps a parked fetch's per-partition status outside
+//!   draws on the connection's own 64 KiB first, as every byte it holds does. (Issue #38,
+//!   finding 4: 300 polls over 9,999 partitions held 382 MiB outside every bound.) Kafka
+//!   keeps a parked fetch's per-partition status outside
 //!   `queued.max.request.bytes` too; its bound is the request size and the connections.
 //! - A fetch waits at most `fetch_max_wait` (`--fetch-max-wait-ms`), whatever its
 //!   `max_wait_ms` says: a waiting request is never idle, so without the cap a client that

@@ -370,35 +370,32 @@ mod tests {
         size as usize
     }
 
-    /// Issue #38, finding 2: the buffer sizes set on the listener are the accepted
-    /// connections' (Linux doubles what is asked, for its bookkeeping).
-    #[tokio::test]
-    async fn accepted_connections_have_the_configured_kernel_buffers() {
-        for (send, receive) in [(Some(100 * 1024), Some(100 * 1024)), (Some(8192), Some(16384))] {
-            let config = BrokerConfig {
-                listen: "127.0.0.1:0".parse().unwrap(),
-                socket_send_buffer: send,
-                socket_receive_buffer: receive,
-                ..BrokerConfig::default()
-            };
-            let listener = listen(&config).unwrap();
-            let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
-            let (accepted, _client) = tokio::join!(listener.accept(), client);
-            let (stream, _) = accepted.unwrap();
-            assert_eq!(buffer_size(&stream, libc::SO_SNDBUF), 2 * send.unwrap());
-            assert_eq!(buffer_size(&stream, libc::SO_RCVBUF), 2 * receive.unwrap());
-        }
-        // The system's: what an unread answer may fill is then tcp_wmem's maximum.
+    /// A connection accepted by a listener built with these buffer sizes.
+    async fn accepted_with(send: Option<usize>, receive: Option<usize>) -> tokio::net::TcpStream {
         let config = BrokerConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
-            socket_send_buffer: None,
-            socket_receive_buffer: None,
+            socket_send_buffer: send,
+            socket_receive_buffer: receive,
             ..BrokerConfig::default()
         };
         let listener = listen(&config).unwrap();
         let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap());
-        let (accepted, _client) = tokio::join!(listener.accept(), client);
-        let (stream, _) = accepted.unwrap();
+        let (accepted, client) = tokio::join!(listener.accept(), client);
+        drop(client);
+        accepted.unwrap().0
+    }
+
+    /// Issue #38, finding 2: the buffer sizes set on the listener are the accepted
+    /// connections' (Linux doubles what is asked, for its bookkeeping).
+    #[tokio::test]
+    async fn accepted_connections_have_the_configured_kernel_buffers() {
+        for (send, receive) in [(100 * 1024, 100 * 1024), (8192, 16384)] {
+            let stream = accepted_with(Some(send), Some(receive)).await;
+            assert_eq!(buffer_size(&stream, libc::SO_SNDBUF), 2 * send);
+            assert_eq!(buffer_size(&stream, libc::SO_RCVBUF), 2 * receive);
+        }
+        // The system's: what an unread answer may fill is then tcp_wmem's maximum.
+        let stream = accepted_with(None, None).await;
         assert_ne!(buffer_size(&stream, libc::SO_SNDBUF), 2 * 100 * 1024);
     }
 }

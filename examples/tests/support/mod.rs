@@ -72,6 +72,22 @@ pub async fn closed_within(client: &mut WireClient, within: Duration) -> bool {
     }
 }
 
+/// `request`'s first partition entry repeated for partitions `0..partitions`, in order.
+pub fn over_partitions(
+    mut request: kafka_protocol::messages::FetchRequest,
+    partitions: i32,
+) -> kafka_protocol::messages::FetchRequest {
+    let one = request.topics[0].partitions[0].clone();
+    request.topics[0].partitions = (0..partitions)
+        .map(|index| {
+            let mut p = one.clone();
+            p.partition = index;
+            p
+        })
+        .collect();
+    request
+}
+
 /// A long poll that nothing will satisfy: min_bytes and max_wait 2^31-1.
 pub fn endless_poll() -> kafka_protocol::messages::FetchRequest {
     requests::fetch("demo", 0, 0, i32::MAX, i32::MAX)
