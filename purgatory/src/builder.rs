@@ -11,10 +11,12 @@
 use std::fmt;
 use std::hash::Hash;
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 use timer_core::TimerBuilder;
 
 use crate::error::BuildError;
+use crate::group::{Group, Member, TimerGroup};
 use crate::operation::DelayedOperation;
 use crate::purgatory::Purgatory;
 use crate::runtime::RuntimeContext;
@@ -71,6 +73,8 @@ use crate::watchers::Watchers;
 pub struct PurgatoryBuilder<K, O> {
     name: String,
     timer: TimerBuilder,
+    /// Whether `timer` was called (refused by `build_on`: the group has the timer).
+    timer_set: bool,
     purge_interval: usize,
     shards: usize,
     /// The runtime set by `runtime` (feature `tokio`); `None`: the one `build` runs in.
@@ -88,6 +92,7 @@ impl<K, O> Default for PurgatoryBuilder<K, O> {
         PurgatoryBuilder {
             name: "purgatory".to_owned(),
             timer: TimerBuilder::new(),
+            timer_set: false,
             purge_interval: 1000,
             shards: default_shards(),
             #[cfg(feature = "tokio")]
@@ -149,6 +154,7 @@ impl<K, O> PurgatoryBuilder<K, O> {
     /// reaper.
     pub fn timer(mut self, timer: TimerBuilder) -> Self {
         self.timer = timer;
+        self.timer_set = true;
         self
     }
 
@@ -207,15 +213,11 @@ where
 {
     /// Checks the configuration and builds the purgatory, starting its reaper if asked.
     pub fn build(self) -> Result<Purgatory<K, O>, BuildError> {
-        if !(1..=65_536).contains(&self.shards) {
-            return Err(BuildError::InvalidShards(self.shards));
-        }
-        if self.purge_interval == 0 {
-            return Err(BuildError::InvalidPurgeInterval);
-        }
+        self.check()?;
         #[cfg(feature = "tokio")]
         let runtime = self
             .runtime
+            .clone()
             .or_else(|| tokio::runtime::Handle::try_current().ok());
         #[cfg(feature = "tokio")]
         let timer = match (&runtime, self.tokio_time) {
@@ -229,19 +231,24 @@ where
         #[cfg(not(feature = "tokio"))]
         let timer = self.timer;
         let (timer, driver) = timer.build_parts()?;
-        let state = State::new(
+        let group = Group::private(timer);
+        let place = group.take_place().expect("a private group has one place");
+        let state = Arc::new(State::new(
             self.name,
-            timer,
+            Arc::clone(group.timer()),
+            place,
+            false,
             Watchers::new(self.shards),
             PurgePolicy::new(self.purge_interval),
             #[cfg(feature = "tokio")]
             RuntimeContext::new(runtime),
             #[cfg(not(feature = "tokio"))]
             RuntimeContext,
-        );
+        ));
+        group.set(place, Arc::clone(&state) as Arc<dyn Member>);
         let reaper = format!("{}-reaper", state.name);
-        let driver = driver.start(state, &reaper).map_err(BuildError::Spawn)?;
-        let purgatory = Purgatory::from_driver(driver);
+        let driver = driver.start(group, &reaper).map_err(BuildError::Spawn)?;
+        let purgatory = Purgatory::from_parts(Arc::new(driver), state);
         #[cfg(feature = "tokio")]
         {
             let state = purgatory.state();
@@ -252,5 +259,64 @@ where
             crate::tokio_time::spawn_driver(&purgatory);
         }
         Ok(purgatory)
+    }
+
+    /// Checks the configuration and builds the purgatory on `group`'s timer and threads
+    /// (see [`TimerGroup`] for what the purgatories on one group share). Refused: a
+    /// `timer` or `follow_tokio_time` set here ([`BuildError::TimerOnGroup`]: set the
+    /// timer on the group's builder), a group already full
+    /// ([`BuildError::GroupFull`]) or shut down ([`BuildError::GroupShutDown`]).
+    pub fn build_on(self, group: &TimerGroup) -> Result<Purgatory<K, O>, BuildError> {
+        self.check()?;
+        #[cfg(feature = "tokio")]
+        if self.tokio_time {
+            return Err(BuildError::TimerOnGroup);
+        }
+        if self.timer_set {
+            return Err(BuildError::TimerOnGroup);
+        }
+        #[cfg(feature = "tokio")]
+        let runtime = self
+            .runtime
+            .clone()
+            .or_else(|| tokio::runtime::Handle::try_current().ok());
+        let driver = group.driver();
+        if driver.is_shutdown() {
+            return Err(BuildError::GroupShutDown);
+        }
+        let shared = driver.target();
+        let place = shared
+            .take_place()
+            .ok_or_else(|| BuildError::GroupFull(group.max_members()))?;
+        let state = Arc::new(State::new(
+            self.name,
+            Arc::clone(shared.timer()),
+            place,
+            true,
+            Watchers::new(self.shards),
+            PurgePolicy::new(self.purge_interval),
+            #[cfg(feature = "tokio")]
+            RuntimeContext::new(runtime),
+            #[cfg(not(feature = "tokio"))]
+            RuntimeContext,
+        ));
+        shared.set(place, Arc::clone(&state) as Arc<dyn Member>);
+        let purgatory = Purgatory::from_parts(Arc::clone(driver), state);
+        #[cfg(feature = "tokio")]
+        {
+            let state = purgatory.state();
+            state.runtime.warn_if_none(&state.name, &state.user);
+        }
+        Ok(purgatory)
+    }
+
+    fn check(&self) -> Result<(), BuildError> {
+        if !(1..=65_536).contains(&self.shards) {
+            return Err(BuildError::InvalidShards(self.shards));
+        }
+        if self.purge_interval == 0 {
+            return Err(BuildError::InvalidPurgeInterval);
+        }
+        Ok(())
     }
 }

@@ -37,7 +37,7 @@ use smallvec::SmallVec;
 use timer_core::TimerHandle;
 
 use crate::counters::Count;
-use crate::op_table::{Locked, Taken, TakenExpiry, VacateLater};
+use crate::op_table::{Locked, OpRef, Taken, TakenExpiry, VacateLater};
 use crate::operation::{Completion, DelayedOperation};
 use crate::pins::Pinned;
 use crate::span::CarriedSpan;
@@ -137,30 +137,19 @@ impl<K, O: DelayedOperation> State<K, O> {
         self.complete_one_as(taken, how, count_of(how));
     }
 
-    /// Expires the operation `expiry` names if it is still in the table (a round's expiry
-    /// handed out one task at a time, `Expire::expire_one`), counted as a timeout like
-    /// [`expire_all`](Self::expire_all)'s.
-    #[inline]
-    pub(crate) fn expire_one(&self, pin: &Pinned<'_>, expiry: Expiry) {
-        if let Some(taken) = self
-            .table
-            .take_for_expiry(pin, expiry.0, Completion::Expired)
-        {
-            self.complete_one_as(taken, Completion::Expired, Count::Expired);
-        }
-    }
-
-    /// [`expire_one`](Self::expire_one), leaving the slot's free to `vacating`.
+    /// Expires the operation `op` names if it is still in the table (a round's expiry,
+    /// handed out one task at a time), counted as a timeout, leaving the slot's free to
+    /// `vacating`.
     #[inline]
     pub(crate) fn expire_one_vacating_later<'t>(
         &'t self,
         pin: &Pinned<'_>,
-        expiry: Expiry,
+        op: OpRef,
         vacating: &mut VacateLater<'t, O>,
     ) {
         if let Some((taken, vacated)) =
             self.table
-                .take_for_expiry_deferred(pin, expiry.0, Completion::Expired)
+                .take_for_expiry_deferred(pin, op, Completion::Expired)
         {
             vacating.push(vacated);
             self.complete_one_as(taken, Completion::Expired, Count::Expired);
@@ -216,17 +205,11 @@ impl<K, O: DelayedOperation> State<K, O> {
         }
     }
 
-    /// Expires every operation of `expired` still in the table (their timers have fired
-    /// or were drained, so there is none to cancel); returns how many. An operation whose
-    /// slot is held (its `try_complete` may be running on another thread) is not waited
-    /// for: the holder's unlock hands it to the holder to expire, unless the holder
-    /// completed it (see `slot.rs`).
-    pub(crate) fn expire_all(&self, expired: impl IntoIterator<Item = Expiry>) -> usize {
-        self.expire_as(expired, Completion::Expired, Count::Expired)
-    }
-
-    /// Shutdown's expiry of what was still pending (`pending`, drained from the timer)
-    /// and of the orphans: [`expire_all`](Self::expire_all), counted as expired by
+    /// Shutdown's expiry of what was still pending (`pending`, drained from the timer, so
+    /// there is no timer to cancel) and of the orphans: every operation of `pending`
+    /// still in the table (one whose slot is held, its `try_complete` maybe running on
+    /// another thread, is not waited for: the holder's unlock hands it to the holder to
+    /// expire, unless the holder completed it, see `slot.rs`), counted as expired by
     /// shutdown (`PurgatoryStats::expired_at_shutdown`) and answered
     /// `Completion::Shutdown`, not as timeouts. Returns how many it expired.
     pub(crate) fn expire_at_shutdown(&self, pending: Vec<Expiry>) -> usize {
@@ -244,7 +227,7 @@ impl<K, O: DelayedOperation> State<K, O> {
         let mut done = 0;
         let pin = self.table.pin();
         for expiry in expired {
-            if let Some(mut t) = self.table.take_for_expiry(&pin, expiry.0, how) {
+            if let Some(mut t) = self.table.take_for_expiry(&pin, expiry.op, how) {
                 t.timer = None;
                 taken.push(t);
                 if taken.len() == taken.inline_size() {

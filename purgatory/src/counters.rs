@@ -40,6 +40,7 @@ struct Stripe {
     cancelled: AtomicU64,
     purged: AtomicU64,
     refused: AtomicU64,
+    accepted: AtomicU64,
 }
 
 /// Which total to bump.
@@ -55,6 +56,10 @@ pub(crate) enum Count {
     Purged,
     /// Refused by a watch (given back in a `WatchError`): never accepted.
     Refused,
+    /// Accepted by a watch (completed at once, or left waiting): counted only by the
+    /// members of a `TimerGroup`, whose `pending` is what they accepted and did not
+    /// answer yet (the shared timer's count is every member's).
+    Accepted,
 }
 
 #[derive(Default)]
@@ -72,6 +77,7 @@ pub(crate) struct Totals {
     pub(crate) cancelled: u64,
     pub(crate) purged: u64,
     pub(crate) refused: u64,
+    pub(crate) accepted: u64,
 }
 
 impl Counters {
@@ -91,6 +97,7 @@ impl Counters {
             Count::Cancelled => &stripe.cancelled,
             Count::Purged => &stripe.purged,
             Count::Refused => &stripe.refused,
+            Count::Accepted => &stripe.accepted,
         };
         counter.fetch_add(n, SeqCst);
     }
@@ -105,6 +112,7 @@ impl Counters {
             t.cancelled += s.cancelled.load(SeqCst);
             t.purged += s.purged.load(SeqCst);
             t.refused += s.refused.load(SeqCst);
+            t.accepted += s.accepted.load(SeqCst);
         }
         t
     }

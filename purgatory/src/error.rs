@@ -168,6 +168,17 @@ pub enum BuildError {
     /// was asked for, but `build` ran outside a tokio runtime and no runtime was named,
     /// or the runtime has no time driver (built without `enable_time`).
     NoRuntime,
+    /// A [`TimerGroup`](crate::TimerGroup) takes 1 ..= 65,536 purgatories.
+    InvalidMaxMembers(usize),
+    /// The [`TimerGroup`](crate::TimerGroup) already holds as many purgatories as it
+    /// takes (its `max_members`).
+    GroupFull(usize),
+    /// The [`TimerGroup`](crate::TimerGroup) has been shut down.
+    GroupShutDown,
+    /// A purgatory built on a [`TimerGroup`](crate::TimerGroup) uses the group's timer:
+    /// `timer` and `follow_tokio_time` are set on the group's builder, not the
+    /// purgatory's.
+    TimerOnGroup,
 }
 
 impl fmt::Display for BuildError {
@@ -184,6 +195,19 @@ impl fmt::Display for BuildError {
             BuildError::NoRuntime => {
                 f.write_str("following tokio's time needs a runtime with its time driver enabled")
             }
+            BuildError::InvalidMaxMembers(n) => {
+                write!(
+                    f,
+                    "a timer group's max_members {n} is out of range (1 ..= 65536)"
+                )
+            }
+            BuildError::GroupFull(n) => {
+                write!(f, "the timer group already holds its {n} purgatories")
+            }
+            BuildError::GroupShutDown => f.write_str("the timer group has been shut down"),
+            BuildError::TimerOnGroup => f.write_str(
+                "a purgatory on a timer group uses the group's timer: set it on the group",
+            ),
         }
     }
 }

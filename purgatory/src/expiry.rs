@@ -1,6 +1,7 @@
-//! Expiry and the reaper's rounds: the purgatory is the [`Expire`] target of its timer's
-//! [`Driver`](timer_core::Driver), which owns the reaper thread, the executor and the
-//! shutdown protocol.
+//! Expiry and the reaper's rounds: the purgatory is a [`Member`] of the group its timer's
+//! [`Driver`](timer_core::Driver) drives (`group.rs`: one purgatory built alone, or the
+//! purgatories of a `TimerGroup`); the driver owns the reaper thread, the executor and
+//! the shutdown protocol.
 //!
 //! # Invariants
 //! - A timer task ([`Expiry`], `state.rs`) only names an operation. Firing it takes the operation out
@@ -29,9 +30,10 @@
 use std::hash::Hash;
 use std::time::Duration;
 
-use timer_core::{Expire, NextRound, TimerCore};
+use timer_core::NextRound;
 
-use crate::op_table::VacateLater;
+use crate::group::Member;
+use crate::op_table::{OpRef, VacateLater};
 use crate::operation::DelayedOperation;
 use crate::state::{Expiry, State};
 
@@ -39,33 +41,24 @@ use crate::state::{Expiry, State};
 /// entries are looked at even when the next timeout is far away.
 pub(crate) const REAPER_WAIT: Duration = Duration::from_millis(200);
 
-impl<K, O> Expire for State<K, O>
+impl<K, O> Member for State<K, O>
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     O: DelayedOperation,
 {
-    type Task = Expiry;
-
-    fn core(&self) -> &TimerCore<Expiry> {
-        &self.timer
-    }
-
-    fn expire(&self, expired: &mut Vec<Expiry>) {
-        self.expire_all(expired.drain(..));
-    }
-
-    fn expire_one(&self, expiry: Expiry) {
-        State::expire_one(self, &self.table.pin(), expiry);
-    }
-
-    /// One pin for the whole batch, not one per task, and the slots freed together
-    /// (`VacateLater`: at most 32 at a time, the rest when the batch ends or a panic
+    /// One pin for the whole run, not one per task, and the slots freed together
+    /// (`VacateLater`: at most 32 at a time, the rest when the run ends or a panic
     /// unwinds through it).
-    fn expire_claimed(&self, mut claim: impl FnMut() -> Option<Expiry>) {
+    fn expire_run(&self, first: OpRef, next: &mut dyn FnMut() -> Option<Expiry>) -> Option<Expiry> {
         let pin = self.table.pin();
         let mut vacating = VacateLater::new(&self.table);
-        while let Some(expiry) = claim() {
-            self.expire_one_vacating_later(&pin, expiry, &mut vacating);
+        let mut op = first;
+        loop {
+            self.expire_one_vacating_later(&pin, op, &mut vacating);
+            match next() {
+                Some(expiry) if expiry.member == self.member => op = expiry.op,
+                other => return other,
+            }
         }
     }
 
@@ -83,8 +76,8 @@ where
         wait
     }
 
-    fn at_drop(&self, pending: Vec<Expiry>) {
-        self.expire_pending(pending);
+    fn expire_pending(&self, pending: Vec<Expiry>) -> usize {
+        State::expire_pending(self, pending)
     }
 }
 

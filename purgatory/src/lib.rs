@@ -82,6 +82,7 @@ mod counters;
 mod discard;
 mod error;
 mod expiry;
+mod group;
 mod guard;
 mod handle;
 mod housekeeping;
@@ -117,6 +118,7 @@ pub mod with_tokio {}
 
 pub use builder::{default_shards, PurgatoryBuilder};
 pub use error::{BuildError, WatchError, WatchErrorKind};
+pub use group::{TimerGroup, TimerGroupBuilder, DEFAULT_MAX_MEMBERS};
 pub use guard::CancelOnDrop;
 pub use handle::{OperationHandle, WatchOutcome};
 #[cfg(feature = "tokio")]

@@ -32,6 +32,7 @@ use timer_core::Driver;
 
 use crate::counters::Count;
 use crate::error::WatchError;
+use crate::group::Group;
 use crate::handle::{OperationHandle, WatchOutcome};
 use crate::op_table::{OpRef, Taken};
 use crate::operation::{Completion, DelayedOperation};
@@ -82,8 +83,12 @@ where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     O: DelayedOperation,
 {
-    /// Taken only by `drop`, which hands it to [`release`].
-    driver: ManuallyDrop<Arc<Driver<State<K, O>>>>,
+    /// The driver of this purgatory's group (`group.rs`): of this purgatory alone, or of
+    /// the `TimerGroup` it was built on. Taken only by `drop`, which hands it to
+    /// [`release`] with `state`.
+    driver: ManuallyDrop<Arc<Driver<Group>>>,
+    /// This purgatory's own state (its group holds it too). Taken only by `drop`.
+    state: ManuallyDrop<Arc<State<K, O>>>,
     /// Counted among the owners (`State::owners`): every handle but one a `WeakPurgatory`
     /// upgraded to (and its clones).
     owner: bool,
@@ -102,6 +107,7 @@ where
         }
         Purgatory {
             driver: ManuallyDrop::new(Arc::clone(&self.driver)),
+            state: ManuallyDrop::new(Arc::clone(&self.state)),
             owner: self.owner,
         }
     }
@@ -133,31 +139,40 @@ where
         crate::PurgatoryBuilder::new()
     }
 
-    /// The first owning handle of a new purgatory (`State::owners` starts at 1).
-    pub(crate) fn from_driver(driver: Driver<State<K, O>>) -> Self {
+    /// The first owning handle of a new purgatory (`State::owners` starts at 1), member
+    /// of the group `driver` drives.
+    pub(crate) fn from_parts(driver: Arc<Driver<Group>>, state: Arc<State<K, O>>) -> Self {
         Purgatory {
-            driver: ManuallyDrop::new(Arc::new(driver)),
+            driver: ManuallyDrop::new(driver),
+            state: ManuallyDrop::new(state),
             owner: true,
         }
     }
 
-    /// The driver, shared: for weak handles (`weak.rs`: parked futures, the tokio-time
-    /// driving task), which do not keep the purgatory alive.
-    pub(crate) fn driver(&self) -> &Arc<Driver<State<K, O>>> {
+    /// The group's driver, shared: for weak handles (`weak.rs`: parked futures, the
+    /// tokio-time driving task), which do not keep the purgatory alive.
+    pub(crate) fn driver(&self) -> &Arc<Driver<Group>> {
         &self.driver
     }
 
-    /// A handle of a driver upgraded from a weak reference: not an owner (its drop lets
-    /// go of its reference, and shuts nothing down unless it is the very last one).
-    pub(crate) fn from_shared(driver: Arc<Driver<State<K, O>>>) -> Self {
+    /// The state, shared: for weak handles.
+    pub(crate) fn shared_state(&self) -> &Arc<State<K, O>> {
+        &self.state
+    }
+
+    /// A handle upgraded from a weak reference: not an owner (its drop lets go of its
+    /// references, and shuts nothing down unless it is the very last one).
+    pub(crate) fn from_shared(driver: Arc<Driver<Group>>, state: Arc<State<K, O>>) -> Self {
         Purgatory {
             driver: ManuallyDrop::new(driver),
+            state: ManuallyDrop::new(state),
             owner: false,
         }
     }
 
+    #[inline(always)]
     pub(crate) fn state(&self) -> &State<K, O> {
-        self.driver.target()
+        &self.state
     }
 
     /// The name given at build time.
@@ -295,6 +310,8 @@ where
         let settled = state.settle(watched, &mut placed, &self.driver);
         if settled.is_err() {
             state.counters.add(Count::Refused, 1);
+        } else if state.in_group {
+            state.counters.add(Count::Accepted, 1);
         }
         state.after_call();
         match settled {
@@ -345,6 +362,11 @@ where
         let refused = results.iter().filter(|result| result.is_err()).count();
         if refused > 0 {
             state.counters.add(Count::Refused, refused as u64);
+        }
+        if state.in_group && refused < results.len() {
+            state
+                .counters
+                .add(Count::Accepted, (results.len() - refused) as u64);
         }
         state.after_call();
         results
@@ -667,9 +689,7 @@ where
 
     /// Operations waiting for their timeout.
     pub fn pending(&self) -> usize {
-        let state = self.state();
-        state.cancels.flush(&state.timer);
-        state.timer.len()
+        self.state().pending()
     }
 
     /// Watcher entries (Kafka's `PurgatorySize`), those of operations already answered
@@ -713,9 +733,7 @@ where
     /// waiting for its slot), or from a callback of another purgatory that this one's
     /// callbacks shut down in turn (each waits for the other's).
     pub fn shutdown(&self) {
-        let state = self.state();
-        self.driver
-            .shutdown_with(|pending| state.expire_pending(pending));
+        crate::group::shut_down(&self.driver);
     }
 
     /// [`shutdown`](Self::shutdown) without blocking the task's thread: the shutdown runs
@@ -753,14 +771,24 @@ where
     /// returns at once.
     fn drop(&mut self) {
         // See `release`.
-        // SAFETY: `driver` is taken here, once, and `self` is never used again: this is
-        // its drop.
-        let driver = unsafe { ManuallyDrop::take(&mut self.driver) };
-        // As `Arc`'s drop: the last owner sees every other owner's work before it.
-        if self.owner && driver.target().owners.fetch_sub(1, Ordering::AcqRel) == 1 {
-            shut_down_unowned(driver);
+        // SAFETY: `driver` and `state` are taken here, once, and `self` is never used
+        // again: this is its drop.
+        let (driver, state) = unsafe {
+            (
+                ManuallyDrop::take(&mut self.driver),
+                ManuallyDrop::take(&mut self.state),
+            )
+        };
+        // As `Arc`'s drop: the last owner sees every other owner's work before it. A
+        // member of a `TimerGroup` is not shut down alone: the group answers its
+        // operations (`group.rs`).
+        if self.owner
+            && state.owners.fetch_sub(1, Ordering::AcqRel) == 1
+            && !driver.target().is_shared()
+        {
+            shut_down_unowned(driver, state);
         } else {
-            release(driver);
+            release(driver, state);
         }
     }
 }
@@ -771,12 +799,12 @@ where
 /// context, the shutdown runs on that runtime's blocking pool, as `release` does the last
 /// drop. (If that pool takes no more work, the runtime shutting down, the last reference's
 /// drop shuts the purgatory down instead, whenever it comes.)
-fn shut_down_unowned<K, O>(driver: Arc<Driver<State<K, O>>>)
+fn shut_down_unowned<K, O>(driver: Arc<Driver<Group>>, state: Arc<State<K, O>>)
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     O: DelayedOperation,
 {
-    let handle = Purgatory::from_shared(driver);
+    let handle = Purgatory::from_shared(driver, state);
     #[cfg(feature = "tokio")]
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
         drop(runtime.spawn_blocking(move || handle.shutdown()));
@@ -793,11 +821,36 @@ where
 /// blocking pool, whose threads exist to wait. It is dropped right here when the runtime
 /// is shutting down and its pool takes no more work (the closure is dropped unrun, and
 /// the driver with it), so the guarantee does not depend on the runtime.
-pub(crate) fn release<K, O>(driver: Arc<Driver<State<K, O>>>)
+pub(crate) fn release<K, O>(driver: Arc<Driver<Group>>, state: Arc<State<K, O>>)
 where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     O: DelayedOperation,
 {
+    // The state is dropped after the driver (whose group holds it too): its last
+    // reference goes with the driver's when that is the last, on the same thread.
+    #[cfg(feature = "tokio")]
+    if let Some(last) = Arc::into_inner(driver) {
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn_blocking(move || {
+                drop(last);
+                drop(state);
+            })),
+            Err(_) => {
+                drop(last);
+                drop(state);
+            }
+        }
+        return;
+    }
+    #[cfg(not(feature = "tokio"))]
+    drop(driver);
+    drop(state);
+}
+
+/// [`release`] for a reference to a driver alone (the tokio-time task's): the last one
+/// is dropped off a runtime's worker, as there.
+#[cfg(feature = "tokio")]
+pub(crate) fn release_driver(driver: Arc<Driver<Group>>) {
     #[cfg(feature = "tokio")]
     if let Some(last) = Arc::into_inner(driver) {
         match tokio::runtime::Handle::try_current() {
@@ -805,8 +858,6 @@ where
             Err(_) => drop(last),
         }
     }
-    #[cfg(not(feature = "tokio"))]
-    drop(driver);
 }
 
 impl<K, O> std::fmt::Debug for Purgatory<K, O>

@@ -55,7 +55,7 @@ pub(crate) fn outcome(count: Count) -> Option<usize> {
         Count::Expired => Some(2),
         Count::Cancelled => Some(3),
         Count::ShutdownExpired => Some(4),
-        Count::Purged | Count::Refused => None,
+        Count::Purged | Count::Refused | Count::Accepted => None,
     }
 }
 

@@ -22,6 +22,7 @@
 //! key's `Eq` under a watcher shard lock.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use timer_core::{TimerCore, TimerTask};
 
@@ -41,7 +42,15 @@ pub(crate) struct State<K, O: DelayedOperation> {
     pub(crate) id: u64,
     pub(crate) name: String,
     pub(crate) table: OpTable<O>,
-    pub(crate) timer: TimerCore<Expiry>,
+    /// The timer: this purgatory's own, or the one it shares with the other members of
+    /// its [`TimerGroup`](crate::TimerGroup) (`group.rs`).
+    pub(crate) timer: Arc<TimerCore<Expiry>>,
+    /// This purgatory's place in its group: what its timer tasks carry, so the group's
+    /// rounds hand each expiry to its own purgatory.
+    pub(crate) member: u32,
+    /// On a `TimerGroup`'s shared timer: counts what its watches accept, for `pending`
+    /// (`stats.rs`).
+    pub(crate) in_group: bool,
     pub(crate) watchers: Watchers<K>,
     pub(crate) counters: Counters,
     pub(crate) purge: PurgePolicy,
@@ -66,7 +75,9 @@ pub(crate) struct State<K, O: DelayedOperation> {
 impl<K, O: DelayedOperation> State<K, O> {
     pub(crate) fn new(
         name: String,
-        timer: TimerCore<Expiry>,
+        timer: Arc<TimerCore<Expiry>>,
+        member: u32,
+        in_group: bool,
         watchers: Watchers<K>,
         purge: PurgePolicy,
         runtime: RuntimeContext,
@@ -79,6 +90,8 @@ impl<K, O: DelayedOperation> State<K, O> {
             name,
             table: OpTable::new(),
             timer,
+            member,
+            in_group,
             watchers,
             counters: Counters::default(),
             purge,
@@ -105,12 +118,19 @@ impl<K: std::hash::Hash + Eq + Clone, O: DelayedOperation> State<K, O> {
     }
 }
 
-/// The timer task of one watched operation: the name of the operation to expire.
-pub(crate) struct Expiry(pub(crate) OpRef);
+/// The timer task of one watched operation: the name of the operation to expire, and
+/// the purgatory of its group it is in (`group.rs`). 12 bytes: a timer entry is 40
+/// bytes with or without the member (an `Option` of an `OpRef` alone takes 12 too).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Expiry {
+    pub(crate) op: OpRef,
+    pub(crate) member: u32,
+}
 
 impl TimerTask for Expiry {
-    /// Never called: the purgatory's driver hands expiries to `State::expire` (`expiry.rs`), which
-    /// needs the op table and counters a task does not carry.
+    /// Never called: the group's driver hands expiries to their purgatory's `expire_run`
+    /// (`group.rs`, `expiry.rs`), which needs the op table and counters a task does not
+    /// carry.
     fn run(self) {}
 }
 

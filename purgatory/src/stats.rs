@@ -1,5 +1,6 @@
 //! A snapshot of one purgatory's figures, for metrics.
 
+use crate::counters::Totals;
 use crate::operation::DelayedOperation;
 use crate::state::State;
 
@@ -82,7 +83,7 @@ impl<K, O: DelayedOperation> State<K, O> {
         let stale = usize::try_from(self.watchers.stale()).unwrap_or(0);
         let timer = self.timer.stats();
         PurgatoryStats {
-            pending: timer.pending,
+            pending: self.pending_of(&totals, timer.pending),
             watched,
             watched_live: watched.saturating_sub(stale),
             keys: self.watchers.keys(),
@@ -97,6 +98,32 @@ impl<K, O: DelayedOperation> State<K, O> {
             stand_ins: timer.stand_ins,
             stand_in_limit_reached: timer.stand_in_limit_reached,
         }
+    }
+}
+
+impl<K, O: DelayedOperation> State<K, O> {
+    /// Operations waiting for their timeout: the timer's armed tasks (applied the queued
+    /// cancels first); on a `TimerGroup`, whose timer is every member's, what this one
+    /// accepted and did not answer yet (a recent value: a count read while calls run).
+    pub(crate) fn pending(&self) -> usize {
+        self.cancels.flush(&self.timer);
+        if self.in_group {
+            self.pending_of(&self.counters.totals(), 0)
+        } else {
+            self.timer.len()
+        }
+    }
+
+    fn pending_of(&self, totals: &Totals, armed: usize) -> usize {
+        if !self.in_group {
+            return armed;
+        }
+        let answered = totals.completed
+            + totals.forced
+            + totals.expired
+            + totals.shutdown_expired
+            + totals.cancelled;
+        usize::try_from(totals.accepted.saturating_sub(answered)).unwrap_or(usize::MAX)
     }
 }
 

@@ -40,9 +40,9 @@ use timer_core::{Clock, Driver};
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
 
+use crate::group::Group;
 use crate::operation::DelayedOperation;
-use crate::purgatory::{release, Purgatory};
-use crate::state::State;
+use crate::purgatory::{release_driver, Purgatory};
 
 /// A [`Clock`] that reads tokio's time (`tokio::time::Instant`) in one runtime's context:
 /// paused, advanced and auto-advanced with it in tests (tokio's `test-util`), the
@@ -103,7 +103,7 @@ where
     O: DelayedOperation,
 {
     let driver = purgatory.driver();
-    let state = driver.target();
+    let state = purgatory.state();
     let Some(runtime) = state.runtime.handle() else {
         return;
     };
@@ -116,11 +116,7 @@ where
 }
 
 /// The driving task's loop (see the module doc).
-async fn drive<K, O>(driver: ShutDownWithTheRuntime<K, O>, wake: Arc<Notify>)
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    O: DelayedOperation,
-{
+async fn drive(driver: ShutDownWithTheRuntime, wake: Arc<Notify>) {
     loop {
         let Some(wait) = round(&driver.0) else {
             return;
@@ -138,48 +134,36 @@ where
 
 /// Steps 1-3: one round; returns how long to wait (`Some(None)`: until woken), or `None`
 /// when the purgatory is gone or shut down.
-fn round<K, O>(driver: &Weak<Driver<State<K, O>>>) -> Option<Option<Duration>>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    O: DelayedOperation,
-{
+fn round(driver: &Weak<Driver<Group>>) -> Option<Option<Duration>> {
     let driver = driver.upgrade()?;
     if driver.is_shutdown() {
-        release(driver);
+        release_driver(driver);
         return None;
     }
     // What the round's hooks allow (a purge left unfinished, the next metrics publish),
     // as the reaper thread would wait under it.
     let (_, next) = driver.round_now();
-    let state = driver.target();
-    let wait = match state.timer.next_expiration() {
-        Some(at) => at.saturating_sub(state.timer.now()).min(next.queued),
+    let timer = driver.target().timer();
+    let wait = match timer.next_expiration() {
+        Some(at) => at.saturating_sub(timer.now()).min(next.queued),
         None => next.empty,
     };
-    release(driver);
+    release_driver(driver);
     Some((wait != Duration::MAX).then_some(wait))
 }
 
 /// Held by the driving task: when the runtime drops the task (it is shutting down, or
 /// gone), the purgatory shuts down with it, expiring what is pending, since nothing would
 /// expire it any more. A task that ends by itself finds the purgatory shut down or gone.
-struct ShutDownWithTheRuntime<K, O>(Weak<Driver<State<K, O>>>)
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    O: DelayedOperation;
+struct ShutDownWithTheRuntime(Weak<Driver<Group>>);
 
-impl<K, O> Drop for ShutDownWithTheRuntime<K, O>
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    O: DelayedOperation,
-{
+impl Drop for ShutDownWithTheRuntime {
     fn drop(&mut self) {
         if let Some(driver) = self.0.upgrade() {
             if !driver.is_shutdown() {
-                Purgatory::from_shared(driver).shutdown();
-            } else {
-                release(driver);
+                crate::group::shut_down(&driver);
             }
+            release_driver(driver);
         }
     }
 }

@@ -81,6 +81,7 @@ use timer_core::{AddError, Driver, DriverWork, TimerHandle};
 use crate::completion::Receipt;
 use crate::counters::Count;
 use crate::error::{WatchError, WatchErrorKind};
+use crate::group::Group;
 use crate::handle::{OperationHandle, WatchOutcome};
 use crate::op_table::{HandedOver, Locked, OpRef, Taken, TakenExpiry, Vacated};
 use crate::operation::{Completion, DelayedOperation};
@@ -103,7 +104,7 @@ pub(crate) type WatchResult<O> = Result<WatchOutcome<O>, WatchError<O>>;
 struct ArmedAt(#[cfg(feature = "metrics")] u64);
 
 /// The driver of a purgatory's state.
-type DriverOf<K, O> = Driver<State<K, O>>;
+type DriverOf = Driver<Group>;
 
 /// What became of an operation tried once ([`State::try_held`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -117,15 +118,14 @@ pub(crate) enum Tried {
 }
 
 /// What steps 1 to 5 of a single watch made of its operation, for step 6.
-pub(crate) enum Watched<'a, K, O>
+pub(crate) enum Watched<'a, O>
 where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
     O: DelayedOperation,
 {
     /// Ready at the first or second try: taken (under the driver's work, so a shutdown
     /// waits for the answer), its callbacks still to run. The operation itself is in the
     /// caller's place ([`State::watch_one`]'s `placed`).
-    Completed(Receipt, DriverWork<'a, State<K, O>>),
+    Completed(Receipt, DriverWork<'a, Group>),
     /// Waiting on its keys and timeout, unless its timeout fired while the watch held
     /// it: then handed over, its slot still held, to be expired.
     Pending(OpRef, Option<HandedOver<'a, O>>),
@@ -218,8 +218,8 @@ where
     fn try_member<'d>(
         &self,
         m: &mut Member<'_, K, O>,
-        driver: &'d DriverOf<K, O>,
-    ) -> Option<(Taken<O>, Vacated, DriverWork<'d, Self>)> {
+        driver: &'d DriverOf,
+    ) -> Option<(Taken<O>, Vacated, DriverWork<'d, Group>)> {
         if !self.is_ready(m.locked()) {
             return None;
         }
@@ -237,14 +237,14 @@ where
     }
 
     /// A single watch's refusal after its slot was freed: closes its span, gives its error.
-    fn refuse_one<'a>(&self, refusal: Refusal<O>, placed: &mut Option<O>) -> Watched<'a, K, O> {
+    fn refuse_one<'a>(&self, refusal: Refusal<O>, placed: &mut Option<O>) -> Watched<'a, O> {
         self.table.vacate(&[refusal.vacated]);
         refusal.span.close(&self.user);
         Self::refused(refusal.error, placed)
     }
 
     /// [`Watched::Refused`], the operation of `error` put in `placed`.
-    fn refused<'a>(error: WatchError<O>, placed: &mut Option<O>) -> Watched<'a, K, O> {
+    fn refused<'a>(error: WatchError<O>, placed: &mut Option<O>) -> Watched<'a, O> {
         let (op, kind) = error.into_parts();
         *placed = Some(op);
         Watched::Refused(kind)
@@ -307,8 +307,8 @@ where
         placed: &mut Option<O>,
         keys: Keys<K>,
         keyless: bool,
-        driver: &'a DriverOf<K, O>,
-    ) -> Watched<'a, K, O> {
+        driver: &'a DriverOf,
+    ) -> Watched<'a, O> {
         let op = placed
             .take()
             .expect("the operation to watch lies in placed");
@@ -344,7 +344,13 @@ where
                 return Self::completed(taken, work, placed);
             }
         }
-        let arming = self.timer.add(m.timeout, Expiry(m.op));
+        let arming = self.timer.add(
+            m.timeout,
+            Expiry {
+                op: m.op,
+                member: self.member,
+            },
+        );
         match self.armed(&mut m, arming, self.armed_at()) {
             Ok(handed_over) => Watched::Pending(m.op, handed_over),
             Err(refusal) => self.refuse_one(refusal, placed),
@@ -355,9 +361,9 @@ where
     #[inline(always)]
     fn completed<'a>(
         taken: Taken<O>,
-        work: DriverWork<'a, Self>,
+        work: DriverWork<'a, Group>,
         placed: &mut Option<O>,
-    ) -> Watched<'a, K, O> {
+    ) -> Watched<'a, O> {
         let (op, receipt) = Receipt::split(taken);
         *placed = Some(op);
         Watched::Completed(receipt, work)
@@ -373,9 +379,9 @@ where
     #[inline(always)]
     pub(crate) fn settle(
         &self,
-        watched: Watched<'_, K, O>,
+        watched: Watched<'_, O>,
         placed: &mut Option<O>,
-        driver: &Driver<Self>,
+        driver: &Driver<Group>,
     ) -> Result<WatchOutcome<O>, WatchErrorKind> {
         match watched {
             Watched::Completed(receipt, _work) => {
@@ -399,7 +405,11 @@ where
     /// from, a single watch's [`settle`](Self::settle) above all, do not keep its locals.
     #[cold]
     #[inline(never)]
-    pub(crate) fn answer_handed_over(&self, handed_over: HandedOver<'_, O>, driver: &Driver<Self>) {
+    pub(crate) fn answer_handed_over(
+        &self,
+        handed_over: HandedOver<'_, O>,
+        driver: &Driver<Group>,
+    ) {
         let _work = driver.work();
         self.complete_expiry(handed_over.take());
     }
@@ -410,7 +420,7 @@ where
         &self,
         batch: impl ExactSizeIterator<Item = (O, Keys<K>)>,
         results: &mut Vec<WatchResult<O>>,
-        driver: &Driver<Self>,
+        driver: &Driver<Group>,
     ) {
         debug_assert!(batch.len() <= CHUNK);
         // Both live in this frame and are lent to the steps: moving their inline arrays
@@ -526,7 +536,15 @@ where
         let mut tasks: Vec<(Duration, Expiry)> = members
             .iter()
             .filter(|m| m.locked.is_some())
-            .map(|m| (m.timeout, Expiry(m.op)))
+            .map(|m| {
+                (
+                    m.timeout,
+                    Expiry {
+                        op: m.op,
+                        member: self.member,
+                    },
+                )
+            })
             .collect();
         let mut armings = Vec::with_capacity(tasks.len());
         self.timer.add_batch(&mut tasks, &mut armings);
@@ -555,7 +573,7 @@ where
     /// Step 5 for a chunk: tries each operation still waiting once, under its slot
     /// (waiting for a holder), answering at once what it completes and any expiry its
     /// unlock hands over.
-    fn try_chunk(&self, chunk: &mut Chunk<O>, driver: &Driver<Self>) {
+    fn try_chunk(&self, chunk: &mut Chunk<O>, driver: &Driver<Group>) {
         let pin = self.table.pin();
         for &position in &chunk.positions {
             let Some(Ok(WatchOutcome::Pending(handle))) = &chunk.out[position] else {
@@ -579,7 +597,7 @@ where
     pub(crate) fn try_held(
         &self,
         mut locked: Locked<'_, O>,
-        driver: &Driver<Self>,
+        driver: &Driver<Group>,
         #[cfg_attr(not(feature = "metrics"), allow(unused_variables))] never_waited: bool,
     ) -> Tried {
         if self.is_ready(&mut locked) {

@@ -19,6 +19,7 @@ use std::sync::{Arc, Weak};
 
 use timer_core::Driver;
 
+use crate::group::Group;
 use crate::operation::DelayedOperation;
 use crate::purgatory::Purgatory;
 use crate::state::State;
@@ -32,7 +33,8 @@ where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     O: DelayedOperation,
 {
-    driver: Weak<Driver<State<K, O>>>,
+    driver: Weak<Driver<Group>>,
+    state: Weak<State<K, O>>,
 }
 
 impl<K, O> WeakPurgatory<K, O>
@@ -48,7 +50,7 @@ where
     /// calls are refused from then on). A purgatory shut down by `shutdown` while owners
     /// live still upgrades: its calls are refused or find nothing, as on any handle.
     pub fn upgrade(&self) -> Option<Purgatory<K, O>> {
-        let handle = Purgatory::from_shared(self.driver.upgrade()?);
+        let handle = Purgatory::from_shared(self.driver.upgrade()?, self.state.upgrade()?);
         // No owner left: its shutdown has begun (or is queued on a runtime's blocking
         // pool).
         (handle.state().owners.load(Ordering::Acquire) > 0).then_some(handle)
@@ -64,6 +66,7 @@ where
     pub fn downgrade(&self) -> WeakPurgatory<K, O> {
         WeakPurgatory {
             driver: Arc::downgrade(self.driver()),
+            state: Arc::downgrade(self.shared_state()),
         }
     }
 }
@@ -76,6 +79,7 @@ where
     fn clone(&self) -> Self {
         WeakPurgatory {
             driver: Weak::clone(&self.driver),
+            state: Weak::clone(&self.state),
         }
     }
 }

@@ -387,11 +387,29 @@ fn run_epoch(number: u64, budget: Duration, totals: &mut Totals) {
     if stalls {
         timer = timer.stand_in(Some(Duration::from_millis(3)));
     }
-    let purgatory: Purgatory<u64, Probe> = PurgatoryBuilder::new()
-        .name("ledger")
-        .timer(timer)
-        .build()
-        .unwrap();
+    // Every third epoch (1, 4, 7, ...), the purgatory is a member of a `TimerGroup`,
+    // beside a neighbour of other types whose own traffic (and whose callbacks) share the
+    // reaper; the group's shutdown (from the neighbour, in turn with the purgatory's own
+    // call) answers both.
+    let group = (number % 3 == 1).then(|| {
+        purgatory::TimerGroup::builder()
+            .name("ledger-group")
+            .timer(timer.clone())
+            .build()
+            .unwrap()
+    });
+    let purgatory: Purgatory<u64, Probe> = match &group {
+        Some(group) => PurgatoryBuilder::new()
+            .name("ledger")
+            .build_on(group)
+            .unwrap(),
+        None => PurgatoryBuilder::new()
+            .name("ledger")
+            .timer(timer)
+            .build()
+            .unwrap(),
+    };
+    let neighbour = group.as_ref().map(|group| Neighbour::start(group, number));
     let readiness: Readiness = {
         let epoch = Arc::clone(&epoch);
         Arc::new(move |id, _| epoch.ready[id].load(SeqCst))
@@ -439,12 +457,21 @@ fn run_epoch(number: u64, budget: Duration, totals: &mut Totals) {
 
     if explicit_shutdown {
         epoch.shut_down.store(true, SeqCst);
-        purgatory.shutdown();
+        match &neighbour {
+            // A member's shutdown is the group's: the neighbour's call answers ours.
+            Some(neighbour) if number % 2 == 0 => neighbour.purgatory.shutdown(),
+            _ => purgatory.shutdown(),
+        }
     }
     let stats = purgatory.stats();
     STAND_INS.fetch_add(stats.stand_ins, SeqCst);
-    // The last handle: with no explicit shutdown, its drop expires what is pending.
+    // The last handle: with no explicit shutdown, its drop expires what is pending (on
+    // a group, the drop of the last handle of the group and of every member).
     drop(purgatory);
+    drop(group);
+    if let Some(neighbour) = neighbour {
+        neighbour.finish(number, explicit_shutdown);
+    }
 
     let handed = epoch.next_id.load(SeqCst).min(OPS);
     let ledger = &epoch.ledger;
@@ -570,6 +597,119 @@ fn run_epoch(number: u64, budget: Duration, totals: &mut Totals) {
     totals.refused += refused_total;
     totals.resets[0] += epoch.resets[0].load(SeqCst);
     totals.resets[1] += epoch.resets[1].load(SeqCst);
+}
+
+/// The other member of an epoch's `TimerGroup`: keyed by strings, one thread watching
+/// operations of 1 to 30 ms (a few ready at once, some checked ready later, some taken
+/// back) until the group shuts down or the epoch's neighbour is told to stop.
+struct Neighbour {
+    purgatory: Purgatory<String, Probe>,
+    ledger: Arc<Ledger>,
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<(usize, u64, u64)>,
+}
+
+impl Neighbour {
+    const OPS: usize = 100_000;
+
+    fn start(group: &purgatory::TimerGroup, number: u64) -> Self {
+        let purgatory: Purgatory<String, Probe> = PurgatoryBuilder::new()
+            .name("neighbour")
+            .build_on(group)
+            .unwrap();
+        let ledger = Ledger::new(Self::OPS);
+        let stop = Arc::new(AtomicBool::new(false));
+        let ready: Arc<Vec<AtomicBool>> =
+            Arc::new((0..Self::OPS).map(|_| AtomicBool::new(false)).collect());
+        let thread = {
+            let (purgatory, ledger, stop) =
+                (purgatory.clone(), Arc::clone(&ledger), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let read = Arc::clone(&ready);
+                let readiness: Readiness = Arc::new(move |id, _| read[id].load(SeqCst));
+                let mut rng = Rng::new(number ^ 0x6e65_6967);
+                let (mut returned, mut refused) = (0u64, 0u64);
+                let mut id = 0;
+                while id < Self::OPS && !stop.load(SeqCst) {
+                    let key = format!("n{}", rng.below(50));
+                    let timeout = Duration::from_millis(1 + rng.below(30));
+                    ready[id].store(rng.percent(5), SeqCst);
+                    let op = Probe::new(id, timeout, &ledger, &readiness);
+                    match purgatory.watch(op, [key.clone()]) {
+                        Ok(WatchOutcome::Pending(handle)) => {
+                            if rng.percent(10) {
+                                returned += u64::from(purgatory.cancel(&handle).is_some());
+                            } else if rng.percent(10) {
+                                ready[id].store(true, SeqCst);
+                                purgatory.check_and_complete(&key);
+                            }
+                        }
+                        Ok(WatchOutcome::Completed) => {}
+                        Err(_) => refused += 1,
+                    }
+                    id += 1;
+                    if id % 64 == 0 {
+                        std::thread::sleep(Duration::from_micros(200));
+                    }
+                }
+                (id, returned, refused)
+            })
+        };
+        Neighbour {
+            purgatory,
+            ledger,
+            stop,
+            thread,
+        }
+    }
+
+    /// Stops the thread once the group is gone and checks the neighbour's ledger: each
+    /// operation answered once, taken back, or refused.
+    fn finish(self, number: u64, explicit_shutdown: bool) {
+        self.stop.store(true, SeqCst);
+        let (handed, returned, refused) = self.thread.join().unwrap();
+        if !explicit_shutdown {
+            // The group lives while the neighbour's handle does: its drop is the last.
+            drop(self.purgatory);
+        } else {
+            assert!(
+                self.purgatory.is_shutdown(),
+                "epoch {number}: the group's shutdown"
+            );
+            drop(self.purgatory);
+        }
+        let ledger = &self.ledger;
+        let mut wrong = Vec::new();
+        let mut counted_returned = 0;
+        for id in 0..handed {
+            match ledger.completions(id) {
+                1 => {}
+                0 => counted_returned += 1,
+                n => wrong.push(format!("neighbour op {id}: {n} answers")),
+            }
+            if ledger.drops(id) != 1 {
+                wrong.push(format!(
+                    "neighbour op {id}: dropped {} times",
+                    ledger.drops(id)
+                ));
+            }
+        }
+        assert!(
+            wrong.is_empty(),
+            "epoch {number}: {:#?}",
+            &wrong[..wrong.len().min(10)]
+        );
+        assert_eq!(
+            ledger.violations(),
+            0,
+            "epoch {number}: neighbour violations"
+        );
+        assert_eq!(
+            counted_returned,
+            returned + refused,
+            "epoch {number}: the neighbour's unanswered operations are those taken back or refused"
+        );
+    }
 }
 
 /// Stand-ins started over every epoch (the purgatories' `stats().stand_ins`).

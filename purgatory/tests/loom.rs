@@ -1232,3 +1232,78 @@ fn a_give_back_that_stops_setting_aside_loses_no_slot() {
         stop_setting_aside_model,
     );
 }
+
+/// Two purgatories on one `TimerGroup` (`group.rs`): A's operation times out while B's
+/// waits on a far timeout, and a watch on B races the round that expires A (driven through
+/// A's handle) and the group's shutdown (called through B's handle). Whatever the
+/// interleaving: A's operation is expired by its timeout once, by the round of the shared
+/// timer that hands it to A; B's waiting operation is answered once, `Shutdown`; the racing
+/// watch is refused (the operation given back) or answered once; each member's figures
+/// count its own.
+fn group_expiry_watch_and_shutdown_model() {
+    EXPLORED.fetch_add(1, SeqCst);
+    let clock = ManualClock::new();
+    let group = purgatory::TimerGroup::builder()
+        .name("loom-group")
+        .timer(
+            TimerBuilder::new()
+                .shards(1)
+                .clock(clock.clone())
+                .reaper(false),
+        )
+        .build()
+        .expect("valid configuration");
+    let member = || -> Purgatory<u8, Op> {
+        PurgatoryBuilder::new()
+            .shards(1)
+            .build_on(&group)
+            .expect("a place in the group")
+    };
+    let (a, b) = (member(), member());
+    let (op_a, outcome_a) = never_ready(TIMEOUT);
+    let (op_b, outcome_b) = never_ready(Duration::from_secs(60));
+    assert!(matches!(a.watch(op_a, [KEY]), Ok(WatchOutcome::Pending(_))));
+    assert!(matches!(
+        b.watch_keyless(op_b),
+        Ok(WatchOutcome::Pending(_))
+    ));
+    let (late, outcome_late) = never_ready(Duration::from_secs(60));
+    let watcher = {
+        let b = b.clone();
+        spawn(move || b.watch(late, [KEY]).is_ok())
+    };
+    let expirer = {
+        let a = a.clone();
+        spawn(move || {
+            clock.advance(TIMEOUT);
+            a.advance_clock(Duration::ZERO);
+        })
+    };
+    expirer.join().unwrap();
+    b.shutdown();
+    let accepted = watcher.join().unwrap();
+    assert!(a.is_shutdown(), "B's shutdown is the group's");
+    assert_expired_once(&outcome_a, "A's operation");
+    assert_eq!(outcome_b.completions.load(SeqCst), 1, "B's: answered once");
+    assert_eq!(outcome_b.how.load(SeqCst), 4, "B's: told Shutdown");
+    assert_eq!(
+        outcome_late.completions.load(SeqCst),
+        usize::from(accepted),
+        "the racing watch: answered once if accepted, never if refused"
+    );
+    let (sa, sb) = (a.stats(), b.stats());
+    assert_eq!((sa.expired, sa.expired_at_shutdown), (1, 0));
+    assert_eq!(
+        (sb.expired, sb.expired_at_shutdown, sb.refused),
+        (0, 1 + u64::from(accepted), u64::from(!accepted))
+    );
+    assert_eq!((sa.pending, sb.pending), (0, 0));
+}
+
+#[test]
+fn members_of_a_group_each_answer_their_own_once_across_expiry_and_shutdown() {
+    explore(
+        "group: expiry, watch and shutdown",
+        group_expiry_watch_and_shutdown_model,
+    );
+}
