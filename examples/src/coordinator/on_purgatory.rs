@@ -1,6 +1,7 @@
 //! The coordinator's sessions on the purgatory: two purgatories, `sessions` (one keyless
 //! operation per live member, its deadline moved by each heartbeat) and `joins` (one
-//! parked operation per member waiting at its group's barrier, keyed by the group).
+//! parked operation per member waiting at its group's barrier, keyed by the group), on
+//! one timer and its threads (`TimerGroup`: one reaper and one watchdog for both).
 //!
 //! # Invariants
 //! - A member's session is one operation, watched once when its group's barrier opens;
@@ -19,7 +20,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use purgatory::{Completion, DelayedOperation, OperationHandle, Purgatory, Reply, WatchOutcome};
+use purgatory::{
+    Completion, DelayedOperation, OperationHandle, Purgatory, Reply, TimerGroup, WatchOutcome,
+};
 
 use super::protocol::{Stats, NONE, REBALANCE_IN_PROGRESS, UNKNOWN_MEMBER_ID};
 use super::{BoxFuture, Config, Coordinator, Record};
@@ -99,8 +102,11 @@ pub struct OnPurgatory {
 }
 
 impl OnPurgatory {
-    /// Both purgatories, built in the current tokio runtime (their callbacks run in its
-    /// context; the joins' answers are awaited on it).
+    /// Both purgatories, on one timer, built in the current tokio runtime (their
+    /// callbacks run in its context; the joins' answers are awaited on it).
+    ///
+    /// # Panics
+    /// If the operating system cannot spawn the timer's reaper thread.
     pub fn new(config: Config) -> Self {
         let members = config.members as usize;
         let shared = Arc::new(Shared {
@@ -112,10 +118,18 @@ impl OnPurgatory {
             group_joins: (0..config.groups()).map(|_| AtomicU32::new(0)).collect(),
             record: Record::default(),
         });
+        let timer = TimerGroup::new("coordinator");
+        let build = "a new timer group takes two purgatories";
         OnPurgatory {
             shared,
-            sessions: Purgatory::new("sessions"),
-            joins: Purgatory::new("joins"),
+            sessions: Purgatory::builder()
+                .name("sessions")
+                .build_on(&timer)
+                .expect(build),
+            joins: Purgatory::builder()
+                .name("joins")
+                .build_on(&timer)
+                .expect(build),
         }
     }
 
@@ -201,10 +215,8 @@ impl Coordinator for OnPurgatory {
     }
 
     fn shutdown(&self) -> BoxFuture<()> {
-        let (sessions, joins) = (self.sessions.clone(), self.joins.clone());
-        Box::pin(async move {
-            joins.shutdown_async().await;
-            sessions.shutdown_async().await;
-        })
+        // The group's shutdown: both purgatories' waiting operations are answered.
+        let joins = self.joins.clone();
+        Box::pin(async move { joins.shutdown_async().await })
     }
 }
