@@ -21,6 +21,7 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("pool", pool),
     ("inside", inside),
     ("last-drop", last_drop),
+    ("group", group),
     #[cfg(feature = "tokio")]
     ("parked", parked),
 ];
@@ -102,6 +103,43 @@ fn watch(name: String) -> World {
     w.shutdown();
     let late = w.op(LONG);
     w.watch(late, &[8]);
+    w
+}
+
+/// On a `TimerGroup` beside a neighbour member holding operations of its own: watches
+/// (one ready at its second try, keyless ones), an event, a deadline moved in, a force, a
+/// cancel, rounds of the shared timer that expire both members' operations, shutdown
+/// (the group's), a watch after it.
+fn group(name: String) -> World {
+    let mut w = World::on_group(name);
+    let a = w.op(LONG);
+    let a_id = a.0.id;
+    let _a = w.watch(a, &[1]);
+    let b = w.op(LONG);
+    w.ready_from(b.0.id, 2);
+    w.watch(b, &[2]);
+    let k = w.op(MS);
+    w.watch_keyless(k);
+    let r = w.op(LONG);
+    if let Some(r) = w.watch(r, &[3]) {
+        w.reset(&r, Duration::ZERO);
+    }
+    let f = w.op(LONG);
+    if let Some(f) = w.watch(f, &[4]) {
+        w.force(&[&f]);
+    }
+    let c = w.op(LONG);
+    if let Some(c) = w.watch(c, &[4]) {
+        w.cancel(&c);
+    }
+    w.advance(MS);
+    w.ready_from(a_id, 1);
+    w.check(1);
+    w.check(2);
+    w.still_expiring();
+    w.shutdown();
+    let late = w.op(LONG);
+    w.watch(late, &[5]);
     w
 }
 

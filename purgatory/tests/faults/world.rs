@@ -20,6 +20,8 @@ use crate::probe::{Ledger, Probe, Readiness};
 
 /// Most operations one scenario makes.
 const OPS: usize = 128;
+/// Operations the neighbour of a world on a group holds.
+const NEIGHBOUR_OPS: usize = 8;
 
 /// What the test knows became of an operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +58,10 @@ pub struct World {
     pub propagated: Vec<&'static str>,
     /// Answers counted when shutdown returned.
     answered_at_shutdown: Option<u64>,
+    /// On a `TimerGroup` ([`World::on_group`]): the other member, its ledger, and how
+    /// many operations it holds (each waiting on a long timeout until the group's
+    /// shutdown, some expiring at the world's rounds).
+    neighbour: Option<(Purgatory<Key, Faulty>, Arc<Ledger>, usize)>,
 }
 
 impl World {
@@ -66,6 +72,15 @@ impl World {
         build: impl FnOnce(PurgatoryBuilder<Key, Faulty>, TimerBuilder) -> PurgatoryBuilder<Key, Faulty>,
     ) -> Self {
         let clock = ManualClock::new();
+        let timer = TimerBuilder::new()
+            .clock(FaultyClock(clock.clone()))
+            .reaper(false);
+        let builder = build(PurgatoryBuilder::new().name(&name), timer);
+        let purgatory = builder.build().expect("a valid configuration");
+        Self::with(name, clock, purgatory)
+    }
+
+    fn with(name: String, clock: ManualClock, purgatory: Purgatory<Key, Faulty>) -> Self {
         let ready_from: Arc<Vec<AtomicU32>> =
             Arc::new((0..OPS).map(|_| AtomicU32::new(0)).collect());
         let read = Arc::clone(&ready_from);
@@ -73,11 +88,6 @@ impl World {
             let from = read[id].load(SeqCst);
             from != 0 && attempt >= from
         });
-        let timer = TimerBuilder::new()
-            .clock(FaultyClock(clock.clone()))
-            .reaper(false);
-        let builder = build(PurgatoryBuilder::new().name(&name), timer);
-        let purgatory = builder.build().expect("a valid configuration");
         World {
             name,
             purgatory: Some(purgatory),
@@ -88,7 +98,51 @@ impl World {
             fate: vec![Fate::Unused; OPS],
             propagated: Vec::new(),
             answered_at_shutdown: None,
+            neighbour: None,
         }
+    }
+
+    /// A world whose purgatory is a member of a `TimerGroup` on the faulty clock (no
+    /// reaper: the world's `advance` runs the group's rounds), beside a neighbour member
+    /// that holds operations of its own (half of them on a 1 ms timeout, expired by the
+    /// world's rounds, the others answered by the group's shutdown, which the world's
+    /// `shutdown` is). The neighbour's operations are user code too, so faults reach
+    /// them; the checks then also ask that each of them was answered exactly once.
+    pub fn on_group(name: String) -> Self {
+        let clock = ManualClock::new();
+        let timer = TimerBuilder::new()
+            .clock(FaultyClock(clock.clone()))
+            .reaper(false);
+        let group = purgatory::TimerGroup::builder()
+            .name(&name)
+            .timer(timer)
+            .build()
+            .expect("a valid configuration");
+        let purgatory = PurgatoryBuilder::new()
+            .name(&name)
+            .build_on(&group)
+            .expect("a place in the group");
+        let mut world = Self::with(name.clone(), clock, purgatory);
+        let neighbour: Purgatory<Key, Faulty> = PurgatoryBuilder::new()
+            .name(&format!("{name}-neighbour"))
+            .build_on(&group)
+            .expect("a place in the group");
+        let ledger = Ledger::new(NEIGHBOUR_OPS);
+        let never: Readiness = Arc::new(|_, _| false);
+        for id in 0..NEIGHBOUR_OPS {
+            let timeout = if id % 2 == 0 {
+                Duration::from_millis(1)
+            } else {
+                Duration::from_secs(60)
+            };
+            let op = Faulty(Probe::new(id, timeout, &ledger, &never), None);
+            // Refused (a fault in its key or timeout) or waiting: checked at the end.
+            let _ = super::injector::call(&mut world.propagated, "neighbour watch", || {
+                neighbour.watch(op, [Key(id as u32)])
+            });
+        }
+        world.neighbour = Some((neighbour, ledger, NEIGHBOUR_OPS));
+        world
     }
 
     pub fn purgatory(&self) -> &Purgatory<Key, Faulty> {
@@ -334,6 +388,41 @@ impl World {
         });
         let answered_at_shutdown = self.answered_at_shutdown;
         drop(self.purgatory.take());
+        // On a group, a panic the neighbour's door caught is counted in its figures; a
+        // clock's is the shared timer's, counted in both.
+        let mut neighbour_panicked = 0;
+        if let Some((neighbour, ledger, made)) = self.neighbour.take() {
+            // The world's shutdown was the group's: the neighbour is closed, and each of
+            // its operations was answered once (or refused at its watch, never answered).
+            assert!(neighbour.is_shutdown(), "{context}: the group's shutdown");
+            let stats = neighbour.stats();
+            drop(neighbour);
+            assert_eq!(
+                ledger.violations(),
+                0,
+                "{context}: the neighbour's contract"
+            );
+            for id in 0..made {
+                assert!(
+                    ledger.completions(id) <= 1 && ledger.drops(id) == 1,
+                    "{context}: the neighbour's operation {id} answered {} times, dropped {}",
+                    ledger.completions(id),
+                    ledger.drops(id)
+                );
+            }
+            assert_eq!(
+                ledger.total_completions() + stats.refused,
+                made as u64,
+                "{context}: the neighbour's operations, answered or refused: {stats:?}"
+            );
+            assert_eq!(
+                (stats.pending, stats.watched),
+                (0, 0),
+                "{context}: the neighbour left behind"
+            );
+            let clock = u64::from(matches!(hit, Some((Kind::Clock, true))));
+            neighbour_panicked = stats.panicked - clock.min(stats.panicked);
+        }
         let ledger = &self.ledger;
         assert_eq!(
             ledger.violations(),
@@ -380,7 +469,7 @@ impl World {
                 stats.expired_at_shutdown,
                 stats.cancelled,
                 stats.refused,
-                stats.panicked,
+                stats.panicked + neighbour_panicked,
             ),
             (
                 ledger.count(Completion::Ready),
