@@ -13,7 +13,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use purgatory::{Completion, DelayedOperation, Purgatory};
+use purgatory::{Completion, DelayedOperation, Purgatory, PurgatoryBuilder, TimerGroup};
 
 #[path = "../../timer-core/tests/support/on_time.rs"]
 mod support;
@@ -52,9 +52,11 @@ impl DelayedOperation for Timed {
     }
 }
 
-/// A purgatory with the default configuration, and what it answered.
+/// A purgatory with the default configuration, and what it answered; on a group, the
+/// slow operations go to a second member of the group.
 struct Scenario {
     purgatory: Purgatory<u64, Timed>,
+    slow_member: Option<Purgatory<u64, Timed>>,
     answers: Answers,
     watched: usize,
 }
@@ -63,6 +65,20 @@ impl Scenario {
     fn new(name: &str) -> Self {
         Scenario {
             purgatory: Purgatory::new(name),
+            slow_member: None,
+            answers: Arc::default(),
+            watched: 0,
+        }
+    }
+
+    /// Two purgatories on one `TimerGroup` with the default configuration: the quick
+    /// operations on one, the slow ones on the other.
+    fn on_group(name: &str) -> Self {
+        let group = TimerGroup::new(name);
+        let member = || PurgatoryBuilder::new().build_on(&group).unwrap();
+        Scenario {
+            purgatory: member(),
+            slow_member: Some(member()),
             answers: Arc::default(),
             watched: 0,
         }
@@ -79,7 +95,11 @@ impl Scenario {
         };
         self.watched += 1;
         let key = self.watched as u64;
-        assert!(!self.purgatory.try_complete_else_watch(op, [key]).unwrap());
+        let purgatory = match &self.slow_member {
+            Some(slow) if !holds.is_zero() => slow,
+            _ => &self.purgatory,
+        };
+        assert!(!purgatory.try_complete_else_watch(op, [key]).unwrap());
     }
 
     /// Waits for every answer; returns the latest lateness of the quick ones.
@@ -109,7 +129,10 @@ impl Scenario {
 /// the same tick, behind them in their batch (a timer bucket hands out its newest first,
 /// so they are watched first); 20 quick ones due at 40 ms, while they block.
 fn behind_blocked(name: &str, blocked: usize, holds: Duration) -> Duration {
-    let mut scenario = Scenario::new(name);
+    behind_blocked_in(Scenario::new(name), blocked, holds)
+}
+
+fn behind_blocked_in(mut scenario: Scenario, blocked: usize, holds: Duration) -> Duration {
     let at = Duration::from_millis(10);
     for _ in 0..20 {
         scenario.watch(at, Duration::ZERO);
@@ -142,6 +165,18 @@ fn sixteen_blocked_callbacks_delay_no_other_timeout() {
     in_one_of_three(|| {
         let late = behind_blocked("sixteen-blocked", 16, Duration::from_secs(1));
         on_time("behind sixteen blocked callbacks", late)
+    });
+}
+
+/// On a `TimerGroup` (issue #37): sixteen callbacks of one purgatory blocked a second
+/// each, at once, hold no timeout of another purgatory on the same timer.
+#[test]
+fn sixteen_blocked_callbacks_of_one_member_delay_no_other_members_timeout() {
+    let _turn = one_at_a_time();
+    in_one_of_three(|| {
+        let scenario = Scenario::on_group("group-blocked");
+        let late = behind_blocked_in(scenario, 16, Duration::from_secs(1));
+        on_time("behind sixteen blocked callbacks of another member", late)
     });
 }
 
