@@ -168,7 +168,7 @@ pub enum BuildError {
     /// was asked for, but `build` ran outside a tokio runtime and no runtime was named,
     /// or the runtime has no time driver (built without `enable_time`).
     NoRuntime,
-    /// A [`TimerGroup`](crate::TimerGroup) takes 1 ..= 65,536 purgatories.
+    /// A [`TimerGroup`](crate::TimerGroup) takes 1 ..= 1,024 purgatories.
     InvalidMaxMembers(usize),
     /// The [`TimerGroup`](crate::TimerGroup) already holds as many purgatories as it
     /// takes (its `max_members`).
@@ -176,8 +176,8 @@ pub enum BuildError {
     /// The [`TimerGroup`](crate::TimerGroup) has been shut down.
     GroupShutDown,
     /// A purgatory built on a [`TimerGroup`](crate::TimerGroup) uses the group's timer:
-    /// `timer` and `follow_tokio_time` are set on the group's builder, not the
-    /// purgatory's.
+    /// set `timer` on the group's builder, not the purgatory's. A group cannot follow
+    /// tokio's time (`follow_tokio_time`): its reaper is a thread.
     TimerOnGroup,
 }
 
@@ -198,7 +198,7 @@ impl fmt::Display for BuildError {
             BuildError::InvalidMaxMembers(n) => {
                 write!(
                     f,
-                    "a timer group's max_members {n} is out of range (1 ..= 65536)"
+                    "a timer group's max_members {n} is out of range (1 ..= 1024)"
                 )
             }
             BuildError::GroupFull(n) => {
@@ -206,7 +206,7 @@ impl fmt::Display for BuildError {
             }
             BuildError::GroupShutDown => f.write_str("the timer group has been shut down"),
             BuildError::TimerOnGroup => f.write_str(
-                "a purgatory on a timer group uses the group's timer: set it on the group",
+                "a purgatory on a timer group uses the group's timer: set `timer` on the group's builder (a group cannot follow tokio's time)",
             ),
         }
     }

@@ -118,7 +118,7 @@ pub mod with_tokio {}
 
 pub use builder::{default_shards, PurgatoryBuilder};
 pub use error::{BuildError, WatchError, WatchErrorKind};
-pub use group::{TimerGroup, TimerGroupBuilder, DEFAULT_MAX_MEMBERS};
+pub use group::{TimerGroup, TimerGroupBuilder, DEFAULT_MAX_MEMBERS, MAX_MEMBERS_LIMIT};
 pub use guard::CancelOnDrop;
 pub use handle::{OperationHandle, WatchOutcome};
 #[cfg(feature = "tokio")]

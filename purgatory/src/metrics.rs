@@ -50,7 +50,8 @@
 //! Every metric has the label `purgatory`: the purgatory's name, unless another live
 //! purgatory of that name was built before it: then `name#2`, `name#3`, ... (the lowest
 //! number free), so two purgatories never write each other's series (`series.rs`). The
-//! label is freed when the purgatory is dropped (its last handle), not at shutdown. The
+//! label is freed when the purgatory is dropped (its last handle; on a `TimerGroup`, when
+//! the group is dropped: the group holds its members), not at shutdown. The
 //! facade cannot remove a series: after a purgatory is dropped its series keep their
 //! final values (gauges 0) until a later purgatory of the same name takes the label, whose counters then start again from 0 (a counter reset, as after a
 //! restart).

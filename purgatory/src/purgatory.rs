@@ -847,9 +847,8 @@ where
     drop(state);
 }
 
-/// [`release`] for a reference to a driver alone (the tokio-time task's): the last one
-/// is dropped off a runtime's worker, as there.
-#[cfg(feature = "tokio")]
+/// [`release`] for a reference to a driver alone (the tokio-time task's, a
+/// `TimerGroup`'s): the last one is dropped off a runtime's worker, as there.
 pub(crate) fn release_driver(driver: Arc<Driver<Group>>) {
     #[cfg(feature = "tokio")]
     if let Some(last) = Arc::into_inner(driver) {
@@ -858,6 +857,8 @@ pub(crate) fn release_driver(driver: Arc<Driver<Group>>) {
             Err(_) => drop(last),
         }
     }
+    #[cfg(not(feature = "tokio"))]
+    drop(driver);
 }
 
 impl<K, O> std::fmt::Debug for Purgatory<K, O>

@@ -10,7 +10,8 @@
 //!   in use; their calls are refused from then on, as on any shut-down purgatory.
 //! - `upgrade` gives a handle while an owner lives, `None` once the last owner was
 //!   dropped (its shutdown begun, or queued on a runtime's blocking pool: it answers
-//!   every operation that was pending). An upgraded handle that happens to be the last
+//!   every operation that was pending). A member of a `TimerGroup` is not shut down by
+//!   its last owner's drop: it upgrades until the group's shutdown. An upgraded handle that happens to be the last
 //!   reference frees the purgatory when dropped, as the last handle does.
 
 use std::hash::Hash;
@@ -52,8 +53,13 @@ where
     pub fn upgrade(&self) -> Option<Purgatory<K, O>> {
         let handle = Purgatory::from_shared(self.driver.upgrade()?, self.state.upgrade()?);
         // No owner left: its shutdown has begun (or is queued on a runtime's blocking
-        // pool).
-        (handle.state().owners.load(Ordering::Acquire) > 0).then_some(handle)
+        // pool). A member of a `TimerGroup` lives on without owners until the group shuts
+        // down (`group.rs`): it upgrades meanwhile, so a `Parked` dropped still cancels
+        // its operation.
+        let state = handle.state();
+        let alive =
+            state.owners.load(Ordering::Acquire) > 0 || (state.in_group && !handle.is_shutdown());
+        alive.then_some(handle)
     }
 }
 
