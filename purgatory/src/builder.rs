@@ -232,28 +232,21 @@ where
         let timer = self.timer;
         let (timer, driver) = timer.build_parts()?;
         let group = Group::private(timer);
-        let place = group.take_place().expect("a private group has one place");
-        let state = Arc::new(State::new(
-            self.name,
-            Arc::clone(group.timer()),
-            place,
+        let state = Self::member_of(
+            &group,
             false,
-            Watchers::new(self.shards),
-            PurgePolicy::new(self.purge_interval),
+            self.name,
+            self.shards,
+            self.purge_interval,
             #[cfg(feature = "tokio")]
-            RuntimeContext::new(runtime),
-            #[cfg(not(feature = "tokio"))]
-            RuntimeContext,
-        ));
-        group.set(place, Arc::clone(&state) as Arc<dyn Member>);
+            runtime,
+        )
+        .expect("a private group has one place");
         let reaper = format!("{}-reaper", state.name);
         let driver = driver.start(group, &reaper).map_err(BuildError::Spawn)?;
         let purgatory = Purgatory::from_parts(Arc::new(driver), state);
         #[cfg(feature = "tokio")]
-        {
-            let state = purgatory.state();
-            state.runtime.warn_if_none(&state.name, &state.user);
-        }
+        warn_if_no_runtime(&purgatory);
         #[cfg(feature = "tokio")]
         if self.tokio_time {
             crate::tokio_time::spawn_driver(&purgatory);
@@ -284,30 +277,47 @@ where
         if driver.is_shutdown() {
             return Err(BuildError::GroupShutDown);
         }
-        let shared = driver.target();
-        let place = shared
-            .take_place()
-            .ok_or_else(|| BuildError::GroupFull(group.max_members()))?;
-        let state = Arc::new(State::new(
-            self.name,
-            Arc::clone(shared.timer()),
-            place,
+        let state = Self::member_of(
+            driver.target(),
             true,
-            Watchers::new(self.shards),
-            PurgePolicy::new(self.purge_interval),
+            self.name,
+            self.shards,
+            self.purge_interval,
+            #[cfg(feature = "tokio")]
+            runtime,
+        )
+        .ok_or_else(|| BuildError::GroupFull(group.max_members()))?;
+        let purgatory = Purgatory::from_parts(Arc::clone(driver), state);
+        #[cfg(feature = "tokio")]
+        warn_if_no_runtime(&purgatory);
+        Ok(purgatory)
+    }
+
+    /// The state of a new purgatory, set in the next place of `group` (`None` if every
+    /// place is taken).
+    fn member_of(
+        group: &Group,
+        in_group: bool,
+        name: String,
+        shards: usize,
+        purge_interval: usize,
+        #[cfg(feature = "tokio")] runtime: Option<tokio::runtime::Handle>,
+    ) -> Option<Arc<State<K, O>>> {
+        let place = group.take_place()?;
+        let state = Arc::new(State::new(
+            name,
+            Arc::clone(group.timer()),
+            place,
+            in_group,
+            Watchers::new(shards),
+            PurgePolicy::new(purge_interval),
             #[cfg(feature = "tokio")]
             RuntimeContext::new(runtime),
             #[cfg(not(feature = "tokio"))]
             RuntimeContext,
         ));
-        shared.set(place, Arc::clone(&state) as Arc<dyn Member>);
-        let purgatory = Purgatory::from_parts(Arc::clone(driver), state);
-        #[cfg(feature = "tokio")]
-        {
-            let state = purgatory.state();
-            state.runtime.warn_if_none(&state.name, &state.user);
-        }
-        Ok(purgatory)
+        group.set(place, Arc::clone(&state) as Arc<dyn Member>);
+        Some(state)
     }
 
     fn check(&self) -> Result<(), BuildError> {
@@ -319,4 +329,15 @@ where
         }
         Ok(())
     }
+}
+
+/// Warns, once, if a new purgatory has no runtime for its callbacks (`runtime.rs`).
+#[cfg(feature = "tokio")]
+fn warn_if_no_runtime<K, O>(purgatory: &Purgatory<K, O>)
+where
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+    O: DelayedOperation,
+{
+    let state = purgatory.state();
+    state.runtime.warn_if_none(&state.name, &state.user);
 }
