@@ -287,6 +287,12 @@ where
             runtime,
         )
         .ok_or_else(|| BuildError::GroupFull(group.max_members()))?;
+        // The new handle owns the group with the others (`group.rs`); it comes from an
+        // existing owner, `group`, as `Arc::clone` does.
+        driver
+            .target()
+            .owners
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let purgatory = Purgatory::from_parts(Arc::clone(driver), state);
         #[cfg(feature = "tokio")]
         warn_if_no_runtime(&purgatory);

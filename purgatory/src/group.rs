@@ -27,10 +27,14 @@
 //!   hands what was pending to [`Group::finish`], which gives each member its own (an
 //!   empty list included, so each also empties its watcher lists). A member cannot be
 //!   shut down alone: `Purgatory::shutdown` on any member shuts the group down.
-//! - A member outlives its last handle while the group lives (the group holds it): its
-//!   operations are still answered, by their timeouts, an event through another handle
-//!   of a key's producer, or the group's shutdown; none is lost. A purgatory built alone
-//!   is the one member of its group, which its last owning handle shuts down, as before.
+//! - Ownership is the group's: `owners` counts the `TimerGroup`'s handles and every
+//!   member's owning handles, and the last one's drop shuts the group down, whatever
+//!   handles a `WeakPurgatory` upgraded to are in use (their calls are refused from
+//!   then on). A member outlives its own last handle while the group has an owner (the
+//!   group holds it): its operations are still answered, by their timeouts or the
+//!   group's shutdown, and its `WeakPurgatory`s upgrade; none is lost. A purgatory built
+//!   alone is the one member of its group, whose owners are its handles: its last one
+//!   shuts it down, as before.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -76,28 +80,28 @@ pub(crate) struct Group {
     /// Each member, once its place is set; `joined` places handed out so far.
     members: Box<[OnceLock<Arc<dyn Member>>]>,
     joined: AtomicUsize,
-    /// Built as a [`TimerGroup`] (members may join while it runs), not for one purgatory.
-    shared: bool,
+    /// The owning handles: the `TimerGroup`'s and its clones, and every member's owning
+    /// handles (`Purgatory::new`, `build`, `build_on`, and their clones; not the handles
+    /// a `WeakPurgatory` upgrades to). The last one's drop shuts the group down
+    /// (`purgatory.rs`, `weak.rs`); a `WeakPurgatory` of any member upgrades while one
+    /// lives. It starts at 1: the first handle, the `TimerGroup` or the purgatory built
+    /// alone.
+    pub(crate) owners: AtomicUsize,
 }
 
 impl Group {
-    fn new(core: TimerCore<Expiry>, capacity: usize, shared: bool) -> Self {
+    fn new(core: TimerCore<Expiry>, capacity: usize) -> Self {
         Group {
             core: Arc::new(core),
             members: (0..capacity).map(|_| OnceLock::new()).collect(),
             joined: AtomicUsize::new(0),
-            shared,
+            owners: AtomicUsize::new(1),
         }
     }
 
     /// The group of one purgatory built alone.
     pub(crate) fn private(core: TimerCore<Expiry>) -> Self {
-        Self::new(core, 1, false)
-    }
-
-    /// Whether this is a [`TimerGroup`]'s (several purgatories may be on it).
-    pub(crate) fn is_shared(&self) -> bool {
-        self.shared
+        Self::new(core, 1)
     }
 
     /// The timer, for a member to hold.
@@ -251,11 +255,12 @@ pub(crate) fn shut_down(driver: &Driver<Group>) {
 /// of stand-ins at once, 32 by default, for all members together).
 ///
 /// The group shuts down when [`shutdown`](Self::shutdown) (or any member's `shutdown`)
-/// is called, or when its last handle and every member's last handle are dropped; every
-/// member's pending operations are then expired ([`Completion::Shutdown`]), so every
-/// waiting request is answered. Dropping a member's last handle does not shut the group
-/// down: that member's operations are still answered, by their timeouts or the group's
-/// shutdown.
+/// is called, or when its last owner is dropped: its last handle and every member's
+/// owning handles (not the handles a `WeakPurgatory` upgraded to, which keep no group
+/// alive). Every member's pending operations are then expired
+/// ([`Completion::Shutdown`]), so every waiting request is answered. Dropping a member's
+/// last handle does not shut the group down: that member's operations are still
+/// answered, by their timeouts or the group's shutdown.
 ///
 /// [`Completion::Shutdown`]: crate::Completion::Shutdown
 ///
@@ -289,6 +294,8 @@ pub struct TimerGroup {
 
 impl Clone for TimerGroup {
     fn clone(&self) -> Self {
+        // As `Arc::clone`: a new owner comes from an existing one.
+        self.driver.target().owners.fetch_add(1, Ordering::Relaxed);
         TimerGroup {
             driver: std::mem::ManuallyDrop::new(Arc::clone(&self.driver)),
         }
@@ -296,14 +303,21 @@ impl Clone for TimerGroup {
 }
 
 impl Drop for TimerGroup {
-    /// The group's last handle (and no member's left) shuts it down, as a purgatory's
-    /// last handle does: with the feature `tokio`, in a runtime's context, on the
-    /// runtime's blocking pool, so the drop does not wait for callbacks on a worker.
+    /// The group's last owning handle (no `TimerGroup` handle and no member's owning
+    /// handle left) shuts it down, as a purgatory's last handle does, though handles a
+    /// `WeakPurgatory` upgraded to may be in use: with the feature `tokio`, in a
+    /// runtime's context, on the runtime's blocking pool, so the drop does not wait for
+    /// callbacks on a worker.
     fn drop(&mut self) {
         // SAFETY: `driver` is taken here, once, and `self` is never used again: this is
         // its drop.
         let driver = unsafe { std::mem::ManuallyDrop::take(&mut self.driver) };
-        crate::purgatory::release_driver(driver);
+        // As `Arc`'s drop: the last owner sees every other owner's work before it.
+        if driver.target().owners.fetch_sub(1, Ordering::AcqRel) == 1 {
+            crate::purgatory::shut_down_group(driver);
+        } else {
+            crate::purgatory::release_driver(driver);
+        }
     }
 }
 
@@ -423,7 +437,7 @@ impl TimerGroupBuilder {
             return Err(BuildError::InvalidMaxMembers(self.max_members));
         }
         let (core, driver) = self.timer.build_parts()?;
-        let group = Group::new(core, self.max_members, true);
+        let group = Group::new(core, self.max_members);
         let reaper = format!("{}-reaper", self.name);
         let driver = driver.start(group, &reaper).map_err(BuildError::Spawn)?;
         Ok(TimerGroup {

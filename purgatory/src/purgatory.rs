@@ -89,7 +89,7 @@ where
     driver: ManuallyDrop<Arc<Driver<Group>>>,
     /// This purgatory's own state (its group holds it too). Taken only by `drop`.
     state: ManuallyDrop<Arc<State<K, O>>>,
-    /// Counted among the owners (`State::owners`): every handle but one a `WeakPurgatory`
+    /// Counted among the owners (`Group::owners`): every handle but one a `WeakPurgatory`
     /// upgraded to (and its clones).
     owner: bool,
 }
@@ -103,7 +103,7 @@ where
         if self.owner {
             // As `Arc::clone`: a new owner comes from an existing one, which keeps the
             // count above zero meanwhile.
-            self.state().owners.fetch_add(1, Ordering::Relaxed);
+            self.driver.target().owners.fetch_add(1, Ordering::Relaxed);
         }
         Purgatory {
             driver: ManuallyDrop::new(Arc::clone(&self.driver)),
@@ -139,7 +139,7 @@ where
         crate::PurgatoryBuilder::new()
     }
 
-    /// The first owning handle of a new purgatory (`State::owners` starts at 1), member
+    /// An owning handle of a new purgatory (counted in `Group::owners` by the caller), member
     /// of the group `driver` drives.
     pub(crate) fn from_parts(driver: Arc<Driver<Group>>, state: Arc<State<K, O>>) -> Self {
         Purgatory {
@@ -779,13 +779,10 @@ where
                 ManuallyDrop::take(&mut self.state),
             )
         };
-        // As `Arc`'s drop: the last owner sees every other owner's work before it. A
-        // member of a `TimerGroup` is not shut down alone: the group answers its
-        // operations (`group.rs`).
-        if self.owner
-            && state.owners.fetch_sub(1, Ordering::AcqRel) == 1
-            && !driver.target().is_shared()
-        {
+        // As `Arc`'s drop: the last owner sees every other owner's work before it. The
+        // owners are the group's (`group.rs`): a member of a `TimerGroup` is not shut
+        // down by its own last handle, the group by its last owner, whichever it is.
+        if self.owner && driver.target().owners.fetch_sub(1, Ordering::AcqRel) == 1 {
             shut_down_unowned(driver, state);
         } else {
             release(driver, state);
@@ -845,6 +842,21 @@ where
     #[cfg(not(feature = "tokio"))]
     drop(driver);
     drop(state);
+}
+
+/// The last owner of a group was a `TimerGroup` handle: as [`shut_down_unowned`], for a
+/// driver alone.
+pub(crate) fn shut_down_group(driver: Arc<Driver<Group>>) {
+    #[cfg(feature = "tokio")]
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        drop(runtime.spawn_blocking(move || {
+            crate::group::shut_down(&driver);
+            release_driver(driver);
+        }));
+        return;
+    }
+    crate::group::shut_down(&driver);
+    release_driver(driver);
 }
 
 /// [`release`] for a reference to a driver alone (the tokio-time task's, a

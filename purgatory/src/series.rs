@@ -6,7 +6,8 @@
 //! - No two live purgatories have the same label: the first purgatory of a name is
 //!   labelled with the name, the next ones built while it lives `name#2`, `name#3`, ...
 //!   (the lowest number no live purgatory of that name has). A label is freed when the
-//!   purgatory's state is dropped (its last handle is gone), not at shutdown: an answer
+//!   purgatory's state is dropped (its last handle is gone; on a `TimerGroup`, the group
+//!   too, which holds its members), not at shutdown: an answer
 //!   made after shutdown (a `try_complete` that was running then, see `slot.rs`) is still
 //!   counted and published under it, and its wait sampled. The next purgatory of that
 //!   name may then take it.

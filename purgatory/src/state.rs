@@ -63,10 +63,6 @@ pub(crate) struct State<K, O: DelayedOperation> {
     pub(crate) user: UserCode,
     #[cfg(feature = "metrics")]
     pub(crate) metrics: crate::series::Series,
-    /// The owning handles (`Purgatory::new`, `build`, and their clones; not the handles a
-    /// `WeakPurgatory` upgrades to): the last one's drop shuts the purgatory down
-    /// (`purgatory.rs`, `weak.rs`).
-    pub(crate) owners: std::sync::atomic::AtomicUsize,
     /// Housekeeping passes left during which the timer's give-back is looked at
     /// (`housekeeping.rs`).
     pub(crate) timer_looks: std::sync::atomic::AtomicU8,
@@ -100,8 +96,6 @@ impl<K, O: DelayedOperation> State<K, O> {
             user,
             #[cfg(feature = "metrics")]
             metrics,
-            // The handle `Purgatory::from_driver` makes of this state.
-            owners: std::sync::atomic::AtomicUsize::new(1),
             timer_looks: std::sync::atomic::AtomicU8::new(0),
         }
     }

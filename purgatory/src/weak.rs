@@ -5,13 +5,15 @@
 //! # Invariants
 //! - A `WeakPurgatory` never keeps the purgatory alive nor delays its shutdown, and
 //!   neither does a handle it upgrades to: such a handle is not an owner
-//!   (`State::owners` counts the others). The drop of the last owning handle shuts the
+//!   (`Group::owners` counts the others, for every member of the group). The drop of the last owning handle shuts the
 //!   purgatory down (`purgatory.rs`, `shut_down_unowned`) whatever upgraded handles are
 //!   in use; their calls are refused from then on, as on any shut-down purgatory.
 //! - `upgrade` gives a handle while an owner lives, `None` once the last owner was
 //!   dropped (its shutdown begun, or queued on a runtime's blocking pool: it answers
-//!   every operation that was pending). A member of a `TimerGroup` is not shut down by
-//!   its last owner's drop: it upgrades until the group's shutdown. An upgraded handle that happens to be the last
+//!   every operation that was pending). For a member of a `TimerGroup`, the owners are
+//!   the group's: the `TimerGroup`'s handles and every member's owning handles. It
+//!   upgrades while one of them lives, and its upgraded handles keep the group alive no
+//!   more than any other purgatory's. An upgraded handle that happens to be the last
 //!   reference frees the purgatory when dropped, as the last handle does.
 
 use std::hash::Hash;
@@ -50,15 +52,18 @@ where
     /// ever; the last owner's drop shuts the purgatory down even while it is in use (its
     /// calls are refused from then on). A purgatory shut down by `shutdown` while owners
     /// live still upgrades: its calls are refused or find nothing, as on any handle.
+    ///
+    /// For a purgatory on a [`TimerGroup`](crate::TimerGroup), the owners are the
+    /// group's: its `TimerGroup` handles and every member's owning handles. It upgrades
+    /// while one of them lives (its own last handle gone or not), and the last one's drop
+    /// shuts the whole group down. `shutdown` on the handle given shuts the group down
+    /// too, as on any member.
     pub fn upgrade(&self) -> Option<Purgatory<K, O>> {
         let handle = Purgatory::from_shared(self.driver.upgrade()?, self.state.upgrade()?);
-        // No owner left: its shutdown has begun (or is queued on a runtime's blocking
-        // pool). A member of a `TimerGroup` lives on without owners until the group shuts
-        // down (`group.rs`): it upgrades meanwhile, so a `Parked` dropped still cancels
-        // its operation.
-        let state = handle.state();
-        let alive =
-            state.owners.load(Ordering::Acquire) > 0 || (state.in_group && !handle.is_shutdown());
+        // No owner left: its group's shutdown has begun (or is queued on a runtime's
+        // blocking pool). The owners are the group's (`group.rs`): a member of a
+        // `TimerGroup` upgrades while the group has one, its own last handle gone or not.
+        let alive = handle.driver().target().owners.load(Ordering::Acquire) > 0;
         alive.then_some(handle)
     }
 }

@@ -466,3 +466,39 @@ fn a_parked_dropped_after_its_members_last_handle_still_cancels() {
     drop(stays);
     group.shutdown();
 }
+
+/// Row "the group's last owner dropped": handles a `WeakPurgatory` upgraded to are not
+/// owners, so feeders that upgrade, call and let go, overlapping, do not keep a group
+/// alive once its `TimerGroup` and every member's owning handle are dropped. The group
+/// shuts down at the last owner's drop, answering what is pending, and the upgraded
+/// handle still in use sees it. Before (review of issue #37), an upgraded handle held the
+/// group open, and overlapping feeders kept it open for good.
+#[test]
+fn an_upgraded_handle_does_not_keep_an_abandoned_group_alive() {
+    let group = TimerGroup::new("grp-abandoned");
+    let ledger = Ledger::new(1);
+    let no = never();
+    let member: Purgatory<u64, Probe> = PurgatoryBuilder::new().build_on(&group).unwrap();
+    waits(member.watch(Probe::new(0, LONG, &ledger, &no), [1]));
+    let weak = member.downgrade();
+    let feeding = weak.upgrade().expect("an owner lives");
+    drop(member);
+    let also = weak
+        .upgrade()
+        .expect("the group still has an owner: its handle");
+    drop(also);
+    drop(group);
+    assert_eq!(
+        ledger.how(0),
+        Some(Completion::Shutdown),
+        "answered at the last owner's drop"
+    );
+    assert!(feeding.is_shutdown(), "the handle in use sees the shutdown");
+    assert!(weak.upgrade().is_none(), "no owner left");
+    assert!(matches!(
+        feeding.watch(Probe::new(0, LONG, &Ledger::new(1), &no), [1]),
+        Err(WatchError::Shutdown(_))
+    ));
+    drop(feeding);
+    assert_eq!(ledger.violations(), 0);
+}
