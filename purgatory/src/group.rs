@@ -288,7 +288,7 @@ pub(crate) fn shut_down(driver: &Driver<Group>) {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct TimerGroup {
-    /// Taken only by `drop`, which hands it to `release_driver`.
+    /// Taken only by `drop`, which hands it to `release` (or `shut_down_unowned`).
     driver: std::mem::ManuallyDrop<Arc<Driver<Group>>>,
 }
 
@@ -314,9 +314,9 @@ impl Drop for TimerGroup {
         let driver = unsafe { std::mem::ManuallyDrop::take(&mut self.driver) };
         // As `Arc`'s drop: the last owner sees every other owner's work before it.
         if driver.target().owners.fetch_sub(1, Ordering::AcqRel) == 1 {
-            crate::purgatory::shut_down_group(driver);
+            crate::purgatory::shut_down_unowned(driver, ());
         } else {
-            crate::purgatory::release_driver(driver);
+            crate::purgatory::release(driver, ());
         }
     }
 }

@@ -790,87 +790,56 @@ where
     }
 }
 
-/// The last owning handle is gone: shuts the purgatory down though handles that a
-/// `WeakPurgatory` upgraded to may still be in use (their calls are refused from now on),
-/// then lets go of this reference. With the feature `tokio`, on a thread in a runtime's
-/// context, the shutdown runs on that runtime's blocking pool, as `release` does the last
-/// drop. (If that pool takes no more work, the runtime shutting down, the last reference's
-/// drop shuts the purgatory down instead, whenever it comes.)
-fn shut_down_unowned<K, O>(driver: Arc<Driver<Group>>, state: Arc<State<K, O>>)
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    O: DelayedOperation,
-{
-    let handle = Purgatory::from_shared(driver, state);
+/// The last owner of a group is gone (a purgatory's owning handle, or a `TimerGroup`'s):
+/// shuts the group down though handles that a `WeakPurgatory` upgraded to may still be in
+/// use (their calls are refused from now on), then lets go of this reference to its
+/// driver, and of `also` after it (a member's state), as [`release`] does. With the
+/// feature `tokio`, on a thread in a runtime's context, the shutdown runs on that
+/// runtime's blocking pool, as `release` does the last drop. (If that pool takes no more
+/// work, the runtime shutting down, the last reference's drop shuts the group down
+/// instead, whenever it comes.)
+pub(crate) fn shut_down_unowned<A: Send + 'static>(driver: Arc<Driver<Group>>, also: A) {
+    let shut_down = move || {
+        crate::group::shut_down(&driver);
+        release(driver, also);
+    };
     #[cfg(feature = "tokio")]
     if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        drop(runtime.spawn_blocking(move || handle.shutdown()));
+        drop(runtime.spawn_blocking(shut_down));
         return;
     }
-    handle.shutdown();
+    shut_down();
 }
 
-/// Lets go of one reference to a purgatory's driver. The last one shuts the purgatory
-/// down (the driver's drop: every pending operation is expired and answered).
+/// Lets go of one reference to a group's driver, and of `also` (a member's state, which
+/// the group holds too: its last reference goes with the driver's when that is the last,
+/// on the same thread). The last reference shuts the group down (the driver's drop: every
+/// pending operation is expired and answered).
 ///
 /// With the feature `tokio`, a last drop on a thread in a tokio runtime's context (a
 /// worker, most often) does not block it: the driver is dropped on that runtime's
 /// blocking pool, whose threads exist to wait. It is dropped right here when the runtime
 /// is shutting down and its pool takes no more work (the closure is dropped unrun, and
 /// the driver with it), so the guarantee does not depend on the runtime.
-pub(crate) fn release<K, O>(driver: Arc<Driver<Group>>, state: Arc<State<K, O>>)
-where
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    O: DelayedOperation,
-{
-    // The state is dropped after the driver (whose group holds it too): its last
-    // reference goes with the driver's when that is the last, on the same thread.
+pub(crate) fn release<A: Send + 'static>(driver: Arc<Driver<Group>>, also: A) {
     #[cfg(feature = "tokio")]
     if let Some(last) = Arc::into_inner(driver) {
+        let drop_both = move || {
+            drop(last);
+            drop(also);
+        };
         match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn_blocking(move || {
-                drop(last);
-                drop(state);
-            })),
-            Err(_) => {
-                drop(last);
-                drop(state);
-            }
+            Ok(runtime) => drop(runtime.spawn_blocking(drop_both)),
+            Err(_) => drop_both(),
         }
-        return;
+    } else {
+        drop(also);
     }
     #[cfg(not(feature = "tokio"))]
-    drop(driver);
-    drop(state);
-}
-
-/// The last owner of a group was a `TimerGroup` handle: as [`shut_down_unowned`], for a
-/// driver alone.
-pub(crate) fn shut_down_group(driver: Arc<Driver<Group>>) {
-    #[cfg(feature = "tokio")]
-    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-        drop(runtime.spawn_blocking(move || {
-            crate::group::shut_down(&driver);
-            release_driver(driver);
-        }));
-        return;
+    {
+        drop(driver);
+        drop(also);
     }
-    crate::group::shut_down(&driver);
-    release_driver(driver);
-}
-
-/// [`release`] for a reference to a driver alone (the tokio-time task's, a
-/// `TimerGroup`'s): the last one is dropped off a runtime's worker, as there.
-pub(crate) fn release_driver(driver: Arc<Driver<Group>>) {
-    #[cfg(feature = "tokio")]
-    if let Some(last) = Arc::into_inner(driver) {
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn_blocking(move || drop(last))),
-            Err(_) => drop(last),
-        }
-    }
-    #[cfg(not(feature = "tokio"))]
-    drop(driver);
 }
 
 impl<K, O> std::fmt::Debug for Purgatory<K, O>

@@ -42,7 +42,7 @@ use tokio::sync::Notify;
 
 use crate::group::Group;
 use crate::operation::DelayedOperation;
-use crate::purgatory::{release_driver, Purgatory};
+use crate::purgatory::{release, Purgatory};
 
 /// A [`Clock`] that reads tokio's time (`tokio::time::Instant`) in one runtime's context:
 /// paused, advanced and auto-advanced with it in tests (tokio's `test-util`), the
@@ -137,7 +137,7 @@ async fn drive(driver: ShutDownWithTheRuntime, wake: Arc<Notify>) {
 fn round(driver: &Weak<Driver<Group>>) -> Option<Option<Duration>> {
     let driver = driver.upgrade()?;
     if driver.is_shutdown() {
-        release_driver(driver);
+        release(driver, ());
         return None;
     }
     // What the round's hooks allow (a purge left unfinished, the next metrics publish),
@@ -148,7 +148,7 @@ fn round(driver: &Weak<Driver<Group>>) -> Option<Option<Duration>> {
         Some(at) => at.saturating_sub(timer.now()).min(next.queued),
         None => next.empty,
     };
-    release_driver(driver);
+    release(driver, ());
     Some((wait != Duration::MAX).then_some(wait))
 }
 
@@ -163,7 +163,7 @@ impl Drop for ShutDownWithTheRuntime {
             if !driver.is_shutdown() {
                 crate::group::shut_down(&driver);
             }
-            release_driver(driver);
+            release(driver, ());
         }
     }
 }
