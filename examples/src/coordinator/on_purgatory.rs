@@ -16,10 +16,9 @@
 //!   cannot open its group's barrier early by joining twice.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
 use purgatory::{
     Completion, DelayedOperation, OperationHandle, Purgatory, Reply, TimerGroup, WatchOutcome,
 };
@@ -33,8 +32,9 @@ struct Shared {
     epoch: Instant,
     /// Each member's current deadline, nanoseconds after `epoch`.
     deadlines: Box<[AtomicU64]>,
-    /// Each member's session, once its group's barrier opened.
-    handles: Box<[Mutex<Option<OperationHandle<Session>>>]>,
+    /// Each member's session, once its group's barrier opened: set once (a member joins
+    /// once), then read by every heartbeat with one load, no lock.
+    handles: Box<[OnceLock<OperationHandle<Session>>]>,
     /// Whether each member has joined.
     joined: Box<[AtomicBool]>,
     /// Joins so far, per group.
@@ -113,7 +113,7 @@ impl OnPurgatory {
             config,
             epoch: Instant::now(),
             deadlines: (0..members).map(|_| AtomicU64::new(0)).collect(),
-            handles: (0..members).map(|_| Mutex::new(None)).collect(),
+            handles: (0..members).map(|_| OnceLock::new()).collect(),
             joined: (0..members).map(|_| AtomicBool::new(false)).collect(),
             group_joins: (0..config.groups()).map(|_| AtomicU32::new(0)).collect(),
             record: Record::default(),
@@ -143,7 +143,8 @@ impl OnPurgatory {
         };
         match sessions.watch_keyless(session) {
             Ok(WatchOutcome::Pending(handle)) => {
-                *shared.handles[member as usize].lock() = Some(handle);
+                // The only set: `join` lets each member through once.
+                let _ = shared.handles[member as usize].set(handle);
                 NONE
             }
             // Never ready; refused only after shutdown.
@@ -195,13 +196,13 @@ impl Coordinator for OnPurgatory {
             shared.record.unknown();
             return UNKNOWN_MEMBER_ID;
         };
-        let Some(handle) = *slot.lock() else {
+        let Some(handle) = slot.get() else {
             shared.record.unknown();
             return UNKNOWN_MEMBER_ID;
         };
         let timeout = shared.config.session_timeout;
         let deadline = shared.now_nanos() + nanos(timeout);
-        if self.sessions.reset_timeout(&handle, timeout) {
+        if self.sessions.reset_timeout(handle, timeout) {
             shared.deadlines[member as usize].store(deadline, Ordering::Relaxed);
             NONE
         } else {
