@@ -546,6 +546,45 @@ where
     /// the call returns (`on_complete`, `on_expiration`), as a watch does: do not call
     /// it holding a lock those callbacks take. The call then returns `false` for the old
     /// deadline and `true` for the new one.
+    ///
+    /// A timer per key, where scheduling a key again replaces what waits for it (what
+    /// Kafka's coordinator timer does), is a map from the key to the handle: move the
+    /// waiting operation's deadline, and watch a new one only when `false` says the old
+    /// one is answered. (To replace the operation itself, not only its deadline,
+    /// [`cancel`](Self::cancel) the old one and watch the new one.)
+    ///
+    /// ```
+    /// use std::collections::HashMap;
+    /// use std::time::Duration;
+    /// use purgatory::{Completion, DelayedOperation, OperationHandle, Purgatory, WatchOutcome};
+    ///
+    /// /// A partition's retry backoff: a timer-only operation.
+    /// struct Backoff { delay: Duration }
+    /// impl DelayedOperation for Backoff {
+    ///     fn timeout(&self) -> Duration { self.delay }
+    ///     fn try_complete(&mut self) -> bool { false }
+    ///     fn on_complete(&mut self, _how: Completion) { /* retry the partition */ }
+    /// }
+    ///
+    /// let backoffs: Purgatory<u32, Backoff> = Purgatory::new("backoffs");
+    /// let mut timers: HashMap<u32, OperationHandle<Backoff>> = HashMap::new();
+    /// let mut schedule = |partition: u32, delay: Duration| {
+    ///     if let Some(handle) = timers.get(&partition) {
+    ///         if backoffs.reset_timeout(handle, delay) {
+    ///             return; // the waiting one now fires `delay` from now, and only then
+    ///         }
+    ///     }
+    ///     // None waiting (or it already fired): a new one.
+    ///     if let Ok(WatchOutcome::Pending(handle)) = backoffs.watch_keyless(Backoff { delay }) {
+    ///         timers.insert(partition, handle);
+    ///     }
+    /// };
+    /// schedule(7, Duration::from_secs(5));
+    /// schedule(7, Duration::from_secs(8)); // replaces partition 7's timer
+    /// schedule(9, Duration::from_secs(5));
+    /// assert_eq!(backoffs.pending(), 2);
+    /// backoffs.shutdown();
+    /// ```
     pub fn reset_timeout(&self, handle: &OperationHandle<O>, timeout: Duration) -> bool {
         let state = self.state();
         if handle.purgatory != state.id {
