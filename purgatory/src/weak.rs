@@ -5,9 +5,10 @@
 //! # Invariants
 //! - A `WeakPurgatory` never keeps the purgatory alive nor delays its shutdown, and
 //!   neither does a handle it upgrades to: such a handle is not an owner
-//!   (`Group::owners` counts the others, for every member of the group). The drop of the last owning handle shuts the
-//!   purgatory down (`purgatory.rs`, `shut_down_unowned`) whatever upgraded handles are
-//!   in use; their calls are refused from then on, as on any shut-down purgatory.
+//!   (`Group::owners` counts the others, for every member of the group). The drop of
+//!   the last owning handle shuts the purgatory down (`purgatory.rs`,
+//!   `shut_down_unowned`) whatever upgraded handles are in use; their calls are refused
+//!   from then on, as on any shut-down purgatory.
 //! - `upgrade` gives a handle while an owner lives, `None` once the last owner was
 //!   dropped (its shutdown begun, or queued on a runtime's blocking pool: it answers
 //!   every operation that was pending). For a member of a `TimerGroup`, the owners are
