@@ -350,8 +350,15 @@ impl<T> TimerCore<T> {
 
     /// Fires what is due; if nothing was, waits (see [`NextRound`]: `wait.queued` at most
     /// while a task is queued, `wait.empty` at most while none is) for the earliest bucket,
-    /// an earlier add or shutdown, and fires what is due then.
-    pub(crate) fn advance_with(&self, wait: NextRound, expired: &mut Vec<T>) -> Fired {
+    /// an earlier add or shutdown, and fires what is due then. `before_sleep` is told,
+    /// just before such a wait, when it will end at the latest (`None`: not before a
+    /// wake): a driving thread's watchdog then knows whether it is back before its look.
+    pub(crate) fn advance_with(
+        &self,
+        wait: NextRound,
+        expired: &mut Vec<T>,
+        before_sleep: impl FnOnce(Option<Instant>),
+    ) -> Fired {
         let fired = self.fire_due(expired);
         if fired.count > 0 || self.closed.load(Ordering::SeqCst) {
             return fired;
@@ -387,6 +394,7 @@ impl<T> TimerCore<T> {
         } else {
             Instant::now().checked_add(Duration::from_nanos(wake_nanos.saturating_sub(now)))
         };
+        before_sleep(deadline);
         self.sleeper.sleep(wake_tick, deadline, |wake_tick| {
             self.closed.load(Ordering::SeqCst) || self.earliest() < wake_tick
         });
@@ -575,7 +583,7 @@ impl<T> TimerCore<T> {
     /// tasks expired. With `Duration::ZERO` it never waits; after shutdown it moves
     /// nothing. The caller runs (or drops) the expired tasks: nothing here runs them.
     pub fn advance_into(&self, max_wait: Duration, expired: &mut Vec<T>) -> usize {
-        self.advance_with(NextRound::at_most(max_wait), expired)
+        self.advance_with(NextRound::at_most(max_wait), expired, |_| {})
             .count
     }
 

@@ -538,10 +538,16 @@ impl<E: Expire> Shared<E> {
                 self.target.before_round()
             });
         });
+        // In the core, about to sleep there until the next bucket: the watchdog's look
+        // may be called off (`StandIn::sleeps_in_core`).
         let Fired {
             count: fired,
             overdue,
-        } = self.target.core().advance_with(wait, batch);
+        } = self.target.core().advance_with(wait, batch, |wake| {
+            if let Some((stand_in, slot)) = watched {
+                stand_in.sleeps_in_core(slot, wake);
+            }
+        });
         if fired > 0 {
             match &self.executor {
                 Executor::Inline => match (&self.stand_in, driving.as_deref_mut()) {

@@ -46,6 +46,7 @@
 // "Available on crate feature X only" badge.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod alarm;
 mod builder;
 mod clock;
 mod core;

@@ -3,8 +3,15 @@
 //! callback that blocks, many short ones that add up, a panic printing its backtrace, a
 //! slow subscriber or recorder, an owner's hook), as long as at most
 //! [`DEFAULT_MAX_STAND_INS`] callbacks are held at once. The cost: a watchdog thread that
-//! looks every half bound while expiry is under way, one clock reading per batch, and per
-//! task nothing but its claim and one store on its thread's own line.
+//! sleeps on an alarm while the driving threads keep up, the alarm armed when work
+//! begins and put off as a driving thread goes to sleep in the core (on Linux a
+//! `timerfd`, `alarm.rs`: a system call about once a `late` under a steady load, once a
+//! round when rounds are further apart); one clock reading per batch and hook; per task
+//! nothing but its claim and one store on its thread's own line.
+//! Where the alarm cannot move without waking the watchdog (another system, or no
+//! descriptor to be had), the watchdog instead looks every half bound while expiry is
+//! under way (about 100 wake-ups a second, 45 us of CPU each on the project's VM:
+//! `benches/examples/timed_wake.rs`).
 //!
 //! # The rule
 //! Work that another thread could take over is *late* once it has waited `late` (half the
@@ -27,9 +34,15 @@
 //! a look, and for the rounds one, both only while fewer threads are on moving batches
 //! than twice the cores: past that the cores are busy with what is due, and a thread more
 //! would share them, not add to them. While anything is late it looks again every `ramp` (a twentieth of the
-//! bound); otherwise at the moment the first batch under way would become late, and at
-//! least every `look` (half the bound). A batch that begins late, or would become late
-//! before the watchdog's next look, wakes it (see [`StandIn::begin`]), so relief of a
+//! bound); otherwise at the moment the first batch under way would become late, and,
+//! without a quiet alarm, at least every `look` (half the bound). A batch that would
+//! become late before the watchdog's next look arms the alarm for that moment (see
+//! [`StandIn::begin`]; without a quiet alarm it wakes the watchdog to plan it), and a
+//! hook for `late` from its beginning; a driving thread about to sleep in the core puts
+//! the look off to `late` after its wake (or calls it off, for a sleep without a
+//! deadline) if nothing else is under way and it will not be back before the look
+//! ([`StandIn::sleeps_in_core`]): nothing can be late while a thread is in the core and
+//! no batch has unclaimed tasks. So relief of a
 //! batch or of the rounds begins about `late` after the work came due, and each further
 //! held thread is met within a `ramp` or two. Measured in a release build: one callback
 //! blocked, the others 10.5-12 ms late; sixteen at once, 15-19 ms in most runs (some
@@ -74,9 +87,13 @@
 //!
 //! | value | means | set by |
 //! |---|---|---|
-//! | [`IDLE`] | it sleeps until work begins | the watchdog, after [`IDLE_AFTER`] looks with nothing under way |
-//! | a time | it looks then | the watchdog, before each timed sleep |
-//! | [`NOW`] | it was woken to look at once | a thread beginning work it would otherwise look at too late (under the control lock) |
+//! | [`IDLE`] | it sleeps until work begins | the watchdog, after a look with nothing under way ([`IDLE_AFTER`] such looks without a quiet alarm); a driving thread about to sleep in the core until woken, nothing else under way (a quiet alarm only) |
+//! | a time | it looks then | the watchdog, before each sleep; a thread beginning work that would be late before it; a driving thread about to sleep in the core past it, nothing else under way, putting it off (a quiet alarm only) |
+//! | [`NOW`] | it was woken to look at once | a thread beginning work it would otherwise look at too late (without a quiet alarm); shutdown |
+//!
+//! Every write of `planned` is made under the control lock together with the alarm's
+//! (none for [`IDLE`], a passed deadline for [`NOW`]), so outside that lock the alarm
+//! holds the plan; the watchdog sleeps on the alarm without the lock.
 //!
 //! # Invariants
 //! - Every task of a batch is claimed exactly once, by its thread or a stand-in
@@ -109,14 +126,17 @@
 //!   then stops after its round, and an outside shutdown joins it.
 //! - No work goes unwatched past its time: the watchdog publishes its plan and then reads
 //!   every slot; a thread beginning work publishes its phase and batch and then reads the
-//!   plan, waking the watchdog if it would look too late. `SeqCst` on both sides, so one
-//!   sees the other (`sleep_until`; the loom models below check it).
+//!   plan, arming the alarm (or waking the watchdog) if it would look too late. A thread
+//!   putting the look off publishes the later plan and then reads every slot, keeping
+//!   the plan if any is under way. `SeqCst` on all sides, so one sees the other
+//!   (`sleep_until`, `put_off_if_quiet`; the loom models below check both).
 
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::alarm::Alarm;
 use crate::core::TimerCore;
 use crate::shared_batch::SharedBatch;
 use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex};
@@ -141,6 +161,10 @@ const IDLE: u64 = u64::MAX;
 
 /// `StandIn::planned` once woken to look at once.
 const NOW: u64 = 0;
+
+/// How much earlier than the next work's relief a driving thread about to sleep puts
+/// the watchdog's look off to ([`StandIn::sleeps_in_core`]).
+const PUT_OFF_MARGIN: Duration = Duration::from_micros(100);
 
 /// A driving thread in the core, or in the driver's own code between user code.
 const IN_CORE: usize = 0;
@@ -202,6 +226,9 @@ pub(crate) struct DrivingSlot<T> {
     in_use: AtomicBool,
     phase: AtomicUsize,
     steps: AtomicU64,
+    /// `steps` when its thread last began a batch: what a look that has no earlier
+    /// look of it to go by (after a sleep on the alarm) measures its moves from.
+    begun: AtomicU64,
     batch: Mutex<Option<Arc<SharedBatch<T>>>>,
     /// The work the watchdog hands the stand-in of this slot (started for it, or woken
     /// from `PARKED`), and where that stand-in waits for it.
@@ -219,6 +246,7 @@ impl<T> DrivingSlot<T> {
             in_use: AtomicBool::new(false),
             phase: AtomicUsize::new(IN_CORE),
             steps: AtomicU64::new(0),
+            begun: AtomicU64::new(0),
             batch: Mutex::new(None),
             mailbox: Mutex::new(None),
             doorbell: Condvar::default(),
@@ -263,7 +291,15 @@ pub(crate) struct StandIn<T> {
     timing: Timing,
     slots: Box<[DrivingSlot<T>]>,
     control: Mutex<Control>,
-    wake: Condvar,
+    /// What the watchdog sleeps on: set to `planned` (none for [`IDLE`], now for
+    /// [`NOW`]) under the control lock, by whoever writes `planned`.
+    alarm: Alarm,
+    /// The alarm moves without waking the watchdog (`alarm.rs`): the driving threads
+    /// then arm it for their work and disarm it before they sleep, and the watchdog
+    /// sleeps whenever nothing is under way. Otherwise it keeps looking every `look`
+    /// while tasks are claimed, and a thread beginning work it would look at too late
+    /// wakes it.
+    quiet_alarm: bool,
     /// When the watchdog looks next, in nanoseconds since `epoch`: [`IDLE`] while it
     /// sleeps without a deadline (nothing under way), [`NOW`] once woken to look at once.
     /// Written under the control lock.
@@ -296,6 +332,8 @@ impl<T> StandIn<T> {
         let slots: Box<[DrivingSlot<T>]> = (0..drivers).map(|_| DrivingSlot::new()).collect();
         // Slot 0 is the reaper's, from its start.
         slots[0].in_use.store(true, Relaxed);
+        let alarm = Alarm::new();
+        let quiet_alarm = alarm.moves_quietly();
         StandIn {
             timing: Timing::of(bound),
             slots,
@@ -303,7 +341,8 @@ impl<T> StandIn<T> {
                 stopped: false,
                 threads: Vec::new(),
             }),
-            wake: Condvar::default(),
+            alarm,
+            quiet_alarm,
             planned: AtomicU64::new(IDLE),
             epoch: Instant::now(),
             saturated: AtomicBool::new(false),
@@ -328,13 +367,19 @@ impl<T> StandIn<T> {
     pub(crate) fn begin(&self, index: usize, batch: &Arc<SharedBatch<T>>, now: Instant) {
         let slot = &self.slots[index];
         *slot.batch.lock() = Some(Arc::clone(batch));
+        slot.begun.store(slot.steps.load(Relaxed), Relaxed);
         slot.phase.store(IN_BATCH, SeqCst);
-        // A batch fired late may be late before the watchdog's next look: then it looks
-        // as soon as it is, or a ramp from now if it is late already (see `sleep_until`
-        // for the other side of this handshake).
+        // The batch may be late before the watchdog's next look: then it looks as soon
+        // as it is, or a ramp from now if it is late already (see `sleep_until` for the
+        // other side of this handshake): the alarm set for then, or, where the alarm
+        // cannot move quietly, the watchdog woken to plan it.
         let relief_at = (batch.due_at() + self.timing.late).max(now + self.timing.ramp);
         if self.nanos_at(relief_at) < self.planned_look() {
-            self.wake_watchdog();
+            if self.quiet_alarm {
+                self.arm(relief_at);
+            } else {
+                self.wake_watchdog();
+            }
         }
     }
 
@@ -368,8 +413,91 @@ impl<T> StandIn<T> {
     #[inline]
     fn begin_work(&self, index: usize, phase: usize) {
         self.slots[index].phase.store(phase, SeqCst);
-        if self.planned_look() == IDLE {
+        if self.quiet_alarm {
+            // Held here, it holds up the rounds: their due work is late a `late` from
+            // now at the latest.
+            let relief_at = Instant::now() + self.timing.late;
+            if self.nanos_at(relief_at) < self.planned_look() {
+                self.arm(relief_at);
+            }
+        } else if self.planned_look() == IDLE {
             self.wake_watchdog();
+        }
+    }
+
+    /// Slot `index`'s thread is in the core and about to sleep there until `wake` at the
+    /// latest (`None`: until woken). Nothing is late while it sleeps, unless another
+    /// driving thread is in a batch or a hook (no batch of its has unclaimed tasks, and
+    /// it is in the core to fire what comes due). So with a quiet alarm, if the
+    /// watchdog's look would come before this thread is back (a ramp before it), the
+    /// look is put off to a `late` after its wake (the earliest its next work can be
+    /// late), or called off if it sleeps until woken; unless another thread is under
+    /// way. A driver that keeps up then never wakes the watchdog, and moves its alarm
+    /// about once a `late` under a steady load (rounds a few milliseconds apart) or once
+    /// a round when they are further apart; a move is a system call (about 3 us right
+    /// after a wake-up on the project's VM, where the watchdog's wake-up was 25-45 us).
+    #[inline]
+    pub(crate) fn sleeps_in_core(&self, index: usize, wake: Option<Instant>) {
+        debug_assert_eq!(self.slots[index].phase.load(Relaxed), IN_CORE);
+        if !self.quiet_alarm {
+            return;
+        }
+        // A plain load: this read only spares the lock when there is nothing to put
+        // off (the decision is made under it). (Loom lets a read-modify-write, the
+        // handshake's read there, write back a value older than a store made under the
+        // lock meanwhile, which no real run can: a stop's `NOW` put off in the models.)
+        let planned = self.planned.load(SeqCst);
+        if planned == IDLE || planned == NOW {
+            return;
+        }
+        match wake {
+            // Back in the core before the look: the round then decides.
+            Some(wake) if self.nanos_at(wake + self.timing.ramp) < planned => {}
+            // Its next work begins at `wake` at the earliest, so is late `late` after
+            // it at the earliest (a little before: the two readings of the clock that
+            // turn the wheel's times into instants differ by nanoseconds, and a look
+            // later than a batch's relief would make the batch arm the alarm again).
+            Some(wake) => {
+                let next_relief = wake + self.timing.late;
+                self.put_off_if_quiet(next_relief.checked_sub(PUT_OFF_MARGIN));
+            }
+            None => self.put_off_if_quiet(None),
+        }
+    }
+
+    /// Moves the watchdog's look to `at`, if that is earlier than its plan: the alarm
+    /// is set, the watchdog not woken (a quiet alarm only).
+    fn arm(&self, at: Instant) {
+        let _control = self.control.lock();
+        let want = self.nanos_at(at).max(1);
+        if want < self.planned.load(SeqCst) {
+            self.planned.store(want, SeqCst);
+            self.alarm.set(Some(at));
+        }
+    }
+
+    /// Puts the watchdog's planned look off to `to` (`None`: off), unless a driving
+    /// thread is in a batch or a hook, or the look is planned later already. The new
+    /// plan is published before the slots are read: a thread beginning work publishes
+    /// its phase before it reads the plan, so (all `SeqCst`) either it is seen here and
+    /// the plan stands, or it reads the new one and arms the alarm for itself if it
+    /// needs it earlier (the loom models below check it).
+    fn put_off_if_quiet(&self, to: Option<Instant>) {
+        let _control = self.control.lock();
+        let planned = self.planned.load(SeqCst);
+        if planned == IDLE || planned == NOW {
+            return;
+        }
+        let plan = to.map_or(IDLE, |at| self.nanos_at(at).max(1));
+        if plan <= planned {
+            return;
+        }
+        self.planned.store(plan, SeqCst);
+        if self.under_way() {
+            // The alarm still holds the plan.
+            self.planned.store(planned, SeqCst);
+        } else {
+            self.alarm.set(to);
         }
     }
 
@@ -394,7 +522,7 @@ impl<T> StandIn<T> {
     fn wake_watchdog(&self) {
         let _control = self.control.lock();
         self.planned.store(NOW, SeqCst);
-        self.wake.notify_all();
+        self.alarm.set(Some(Instant::now()));
     }
 
     /// A late batch with tasks left to claim, for a stand-in looking for work.
@@ -430,9 +558,15 @@ impl<T> StandIn<T> {
     /// Stops the watchdog: no stand-in starts or is woken with work after this, and
     /// those parked leave.
     pub(crate) fn stop(&self) {
-        self.control.lock().stopped = true;
+        {
+            let mut control = self.control.lock();
+            control.stopped = true;
+            // `NOW`, which nothing but the watchdog's next look replaces: a driving
+            // thread still in a round cannot put the look (and this wake) off.
+            self.planned.store(NOW, SeqCst);
+            self.alarm.set(Some(Instant::now()));
+        }
         self.stopping.store(true, SeqCst);
-        self.wake.notify_all();
         for slot in self.slots.iter() {
             // Under its lock: a stand-in that has just seen no stop is in its wait.
             let _mailbox = slot.mailbox.lock();
@@ -568,6 +702,8 @@ impl<T> StandIn<T> {
                     eyes.quiet = 0;
                     Some(due)
                 }
+                // With a quiet alarm, the next work arms it: nothing to look at till then.
+                Seen::Quiet if self.quiet_alarm => None,
                 Seen::Quiet => {
                     eyes.quiet += 1;
                     if eyes.quiet >= IDLE_AFTER {
@@ -592,24 +728,34 @@ impl<T> StandIn<T> {
     /// checks it). The wake comes under the control lock, held here from the plan to the
     /// wait, so it cannot fall in between.
     fn sleep_until(&self, next: Option<Instant>, eyes: &mut Eyes) -> bool {
-        let mut control = self.control.lock();
         let mut at = next;
         loop {
+            let control = self.control.lock();
             if control.stopped {
                 return false;
             }
-            let planned = self.planned.load(SeqCst);
-            if planned == NOW {
-                // Woken: look at once.
-                self.planned
-                    .store(self.nanos_at(Instant::now()).max(1), SeqCst);
-                return true;
-            }
-            if at.is_some_and(|at| Instant::now() >= at) {
-                return true;
-            }
-            let plan = at.map_or(IDLE, |at| self.nanos_at(at).max(1));
-            if plan != planned {
+            loop {
+                let planned = self.planned.load(SeqCst);
+                if planned == NOW {
+                    // Woken: look at once.
+                    self.planned
+                        .store(self.nanos_at(Instant::now()).max(1), SeqCst);
+                    return true;
+                }
+                if planned != IDLE {
+                    // A driving thread may have moved the look earlier (`arm`).
+                    let theirs = self.epoch + Duration::from_nanos(planned);
+                    if at.is_none_or(|at| theirs < at) {
+                        at = Some(theirs);
+                    }
+                }
+                if at.is_some_and(|at| Instant::now() >= at) {
+                    return true;
+                }
+                let plan = at.map_or(IDLE, |at| self.nanos_at(at).max(1));
+                if plan == planned {
+                    break;
+                }
                 self.planned.store(plan, SeqCst);
                 // Work that began before the plan was published read the old one: it
                 // is looked at here.
@@ -633,22 +779,17 @@ impl<T> StandIn<T> {
                     at = Instant::now().checked_add(self.timing.look);
                     continue;
                 }
+                break;
             }
-            match at {
-                None => {
-                    control = self.wake.wait_until(control, None);
-                    // After a sleep without a deadline, the last look is no measure.
-                    eyes.forget();
-                }
-                Some(at) => {
-                    // Under loom (which has no time) a near deadline passes at once, and
-                    // a far one (a plan the handshake must cut short) only by a wake.
-                    #[cfg(loom)]
-                    if at < Instant::now() + Duration::from_secs(60) {
-                        return true;
-                    }
-                    control = self.wake.wait_until(control, Some(at));
-                }
+            // The alarm holds the plan; sleep on it without the control lock, which
+            // driving threads take to move it. A move or a stop that comes between the
+            // unlock and the wait is not lost: the alarm's deadline has passed then.
+            self.alarm.set(at);
+            drop(control);
+            self.alarm.wait();
+            if at.is_none() {
+                // After a sleep without a deadline, the last look is no measure.
+                eyes.forget();
             }
         }
     }
@@ -711,8 +852,9 @@ impl<T> StandIn<T> {
             // Moving: two claims or more since the last look (one may be the claim that
             // led it into the task it is held in now, so it finished at least one). A
             // stand-in counts from its steps when it was started (no claim yet: not
-            // running, not moving); a slot seen for the first time (after an idle
-            // sleep) as moving.
+            // running, not moving); a slot not seen since an idle sleep from its
+            // steps when it began its batch with a quiet alarm, or else as moving
+            // (woken by the batch's beginning, the look has no time to judge by).
             let mut started = true;
             let base = match eyes.unstarted[i] {
                 Some(at_start) if at_start == steps => {
@@ -723,6 +865,10 @@ impl<T> StandIn<T> {
                     eyes.unstarted[i] = None;
                     at_start
                 }
+                // Not looked at since it began its batch (after a sleep on a quiet
+                // alarm, which the batch armed a while after its beginning): its moves
+                // count from the batch's beginning.
+                None if eyes.seen[i] == FRESH && self.quiet_alarm => slot.begun.load(Relaxed),
                 None => eyes.seen[i],
             };
             let moved = base == FRESH || steps.wrapping_sub(base) >= 2;
@@ -757,10 +903,11 @@ impl<T> StandIn<T> {
             }
         }
         if !busy {
-            // Quiet only when nothing was claimed since the last look either: under a
-            // steady load it keeps looking every `look` rather than sleeping and being
-            // woken by the next batch.
-            return if stepped {
+            // Without a quiet alarm, quiet only when nothing was claimed since the last
+            // look either: under a steady load it keeps looking every `look` rather than
+            // sleeping and being woken by the next batch. With one, the next batch arms
+            // it without a wake.
+            return if stepped && !self.quiet_alarm {
                 Seen::UnderWay(now + look)
             } else {
                 Seen::Quiet
@@ -1310,6 +1457,90 @@ mod loom_models {
             assert!(stand_in.sleep_until(None, &mut eyes), "the watchdog looks");
             worker.join().unwrap();
         });
+    }
+
+    /// The handshake of a driving thread about to sleep in the core (`sleeps_in_core`,
+    /// which puts the watchdog's look off, to `wake`'s relief or altogether) and a batch
+    /// beginning on another slot, which would leave the look where it is if it read the
+    /// plan before it was put off: either the put-off sees the batch and keeps the plan,
+    /// or the batch reads the later plan and arms the alarm itself. Never a batch under
+    /// way with its look planned after it would be late.
+    fn a_batch_beginning_while_the_look_is_put_off_stays_watched(wake: Option<Duration>) {
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(3);
+        builder.check(move || {
+            let stand_in: Arc<StandIn<u8>> =
+                Arc::new(StandIn::new(Duration::from_millis(20), 1, "m".into()));
+            assert!(stand_in.quiet_alarm, "loom models the quiet alarm");
+            // A stand-in's slot, taken as the watchdog takes it.
+            assert_eq!(stand_in.take_slot(), Some(1));
+            // The reaper's last batch armed a look an hour from now.
+            let armed = Instant::now() + Duration::from_secs(3600);
+            stand_in.arm(armed);
+            let mut tasks = vec![1u8];
+            let mut batch = SharedBatch::new();
+            // Due after the look planned (a thread that reads that plan arms nothing),
+            // before the reaper's next wake.
+            let due = armed + Duration::from_secs(60);
+            batch.refill(&mut tasks, due);
+            let batch = std::sync::Arc::new(batch);
+            let stand_in_b = Arc::clone(&stand_in);
+            let begins = loom::thread::spawn(move || stand_in_b.begin(1, &batch, Instant::now()));
+            stand_in.sleeps_in_core(0, wake.map(|wake| armed + wake));
+            begins.join().unwrap();
+            let planned = stand_in.planned.load(SeqCst);
+            assert_ne!(planned, IDLE, "a batch under way with no look planned");
+            let look = stand_in.epoch + Duration::from_nanos(planned);
+            assert_eq!(
+                stand_in.alarm.deadline(),
+                Some(look),
+                "the alarm holds the plan"
+            );
+            assert!(look <= due + stand_in.timing.late, "the look comes in time");
+        });
+    }
+
+    /// Shutdown stops the watchdog (its alarm set to now) while the reaper, still in a
+    /// round, puts the look off as it goes to sleep in the core: the watchdog still
+    /// wakes and returns (a put-off that moved the alarm past the stop, as a `timerfd`
+    /// moved again before its sleeper runs, would leave it asleep, and shutdown, which
+    /// joins it, hung: a deadlock in the model).
+    #[test]
+    fn a_stop_is_never_put_off() {
+        let mut builder = loom::model::Builder::new();
+        builder.preemption_bound = Some(3);
+        builder.check(|| {
+            let stand_in: Arc<StandIn<u8>> =
+                Arc::new(StandIn::new(Duration::from_millis(20), 1, "m".into()));
+            let far = Instant::now() + Duration::from_secs(3600);
+            stand_in.arm(far);
+            let watchdog = {
+                let stand_in = Arc::clone(&stand_in);
+                loom::thread::spawn(move || {
+                    let mut eyes = Eyes::new(2);
+                    stand_in.sleep_until(Some(far), &mut eyes)
+                })
+            };
+            let reaper = {
+                let stand_in = Arc::clone(&stand_in);
+                loom::thread::spawn(move || stand_in.sleeps_in_core(0, None))
+            };
+            stand_in.stop();
+            reaper.join().unwrap();
+            assert!(!watchdog.join().unwrap(), "the watchdog sees the stop");
+        });
+    }
+
+    /// The reaper sleeps until woken: the look is called off.
+    #[test]
+    fn a_batch_beginning_while_the_look_is_called_off_stays_watched() {
+        a_batch_beginning_while_the_look_is_put_off_stays_watched(None);
+    }
+
+    /// The reaper sleeps two hours: the look is put off past the batch's relief.
+    #[test]
+    fn a_batch_beginning_while_the_look_is_put_off_past_it_stays_watched() {
+        a_batch_beginning_while_the_look_is_put_off_stays_watched(Some(Duration::from_secs(7200)));
     }
 
     /// The handshake of `sleep_until` and a batch's begin: a batch already late when it
