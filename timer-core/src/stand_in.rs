@@ -738,18 +738,22 @@ impl<T> StandIn<T> {
                 let planned = self.planned.load(SeqCst);
                 if planned == NOW {
                     // Woken: look at once.
-                    self.planned
-                        .store(self.nanos_at(Instant::now()).max(1), SeqCst);
+                    let looking = self.nanos_at(Instant::now()).max(1);
+                    self.planned.store(looking, SeqCst);
+                    eyes.looked_on = looking;
                     return true;
                 }
-                if planned != IDLE {
-                    // A driving thread may have moved the look earlier (`arm`).
+                if planned != IDLE && planned != eyes.looked_on {
+                    // A driving thread moved the look (`arm`, or a put-off): earlier
+                    // counts. (The plan this watchdog last looked on is its own, passed:
+                    // taken for an arm, it would look again at once, without end.)
                     let theirs = self.epoch + Duration::from_nanos(planned);
                     if at.is_none_or(|at| theirs < at) {
                         at = Some(theirs);
                     }
                 }
                 if at.is_some_and(|at| Instant::now() >= at) {
+                    eyes.looked_on = planned;
                     return true;
                 }
                 let plan = at.map_or(IDLE, |at| self.nanos_at(at).max(1));
@@ -852,9 +856,10 @@ impl<T> StandIn<T> {
             // Moving: two claims or more since the last look (one may be the claim that
             // led it into the task it is held in now, so it finished at least one). A
             // stand-in counts from its steps when it was started (no claim yet: not
-            // running, not moving); a slot not seen since an idle sleep from its
-            // steps when it began its batch with a quiet alarm, or else as moving
-            // (woken by the batch's beginning, the look has no time to judge by).
+            // running, not moving); with a quiet alarm, a slot whose batch began after
+            // the last look from its steps then; without one, a slot not seen since an
+            // idle sleep as moving (woken by the batch's beginning, the look has no
+            // time to judge by).
             let mut started = true;
             let base = match eyes.unstarted[i] {
                 Some(at_start) if at_start == steps => {
@@ -865,10 +870,18 @@ impl<T> StandIn<T> {
                     eyes.unstarted[i] = None;
                     at_start
                 }
-                // Not looked at since it began its batch (after a sleep on a quiet
-                // alarm, which the batch armed a while after its beginning): its moves
-                // count from the batch's beginning.
-                None if eyes.seen[i] == FRESH && self.quiet_alarm => slot.begun.load(Relaxed),
+                // With a quiet alarm, a slot that began its batch after the last look
+                // (which may be long ago: the driving threads moved the look while they
+                // kept up) counts its moves from the batch's beginning.
+                None if self.quiet_alarm => {
+                    let begun = slot.begun.load(Relaxed);
+                    let seen = eyes.seen[i];
+                    if seen == FRESH || begun.wrapping_sub(seen) < u64::MAX / 2 {
+                        begun
+                    } else {
+                        seen
+                    }
+                }
                 None => eyes.seen[i],
             };
             let moved = base == FRESH || steps.wrapping_sub(base) >= 2;
@@ -1174,6 +1187,9 @@ struct Eyes {
     /// The claims of each batch under way at the last look, by batch (its address and
     /// the due time of its fill).
     claims: Vec<((usize, Instant), usize)>,
+    /// The plan (`StandIn::planned`) the watchdog last returned from its sleep to look
+    /// on: its own, passed, until a driving thread or the next plan replaces it.
+    looked_on: u64,
 }
 
 impl Eyes {
@@ -1185,6 +1201,7 @@ impl Eyes {
             last_steady: None,
             slow: false,
             claims: Vec::new(),
+            looked_on: NOW,
         }
     }
 

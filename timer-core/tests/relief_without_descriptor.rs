@@ -1,9 +1,11 @@
-//! Relief when the watchdog's alarm cannot be a `timerfd` (`src/alarm.rs`): a timer built
-//! while the process has no descriptor left falls back to a watchdog that looks every
-//! half bound, as on systems without one, and still starts every other task within the
-//! bound behind a blocked one. A timer built with descriptors to spare sleeps on a
-//! `timerfd`. Linux only (elsewhere every timer falls back); a binary of its own, since
-//! it lowers the process's descriptor limit for a moment.
+//! The watchdog's alarm (`src/alarm.rs`) both ways: a timer built with descriptors to
+//! spare sleeps on a `timerfd`, one built while the process has none left falls back to
+//! a watchdog that looks every half bound, as on systems without one. Either way every
+//! other task starts within the bound behind a blocked one, and the watchdog costs
+//! little CPU while idle and while it relieves (a watchdog that looked again at once
+//! after each look, as a review found one version do, spent all of a core). Linux only
+//! (elsewhere every timer falls back); a binary of its own, since it lowers the
+//! process's descriptor limit for a moment.
 //!
 //! Asserted at the bound in a release build (`cargo test --release -p purgatory-timer
 //! --test relief_without_descriptor`), twice the bound in a debug one, as the other
@@ -39,6 +41,35 @@ impl TimerTask for Recorded {
     }
 }
 
+/// The CPU time of the threads whose name starts with `name` (`/proc`, Linux), from
+/// `schedstat` (nanoseconds).
+fn cpu_of_threads(name: &str) -> Duration {
+    let mut total = Duration::ZERO;
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !comm.trim_end().starts_with(name) {
+            continue;
+        }
+        let ran = std::fs::read_to_string(task.path().join("schedstat")).unwrap_or_default();
+        let nanos = ran.split_whitespace().next().and_then(|n| n.parse().ok());
+        total += Duration::from_nanos(nanos.unwrap_or(0));
+    }
+    total
+}
+
+/// The most CPU the watchdog may spend over one scenario and a quiet second after it:
+/// its looks while it relieves (every ramp, a millisecond, for the 400 ms a task
+/// blocks), and none or a few a second while idle; a watchdog that never slept would
+/// spend the whole 1.5 s.
+const WATCHDOG_CPU: Duration = Duration::from_millis(150);
+
+/// Asserts that the threads named `name` spent less than [`WATCHDOG_CPU`] since `from`.
+fn assert_watchdog_cheap(name: &str, from: Duration) {
+    let spent = cpu_of_threads(name).saturating_sub(from);
+    eprintln!("the watchdog's CPU over the scenario and a quiet second: {spent:?}");
+    assert!(spent < WATCHDOG_CPU, "the watchdog spent {spent:?}");
+}
+
 /// How many of the process's descriptors are timerfds.
 fn timerfds() -> usize {
     std::fs::read_dir("/proc/self/fd")
@@ -68,7 +99,10 @@ fn built_without_descriptors() -> Timer<Recorded> {
     while let Ok(file) = File::open("/dev/null") {
         held.push(file);
     }
-    let timer = TimerBuilder::new().stand_in(Some(BOUND)).build();
+    let timer = TimerBuilder::new()
+        .thread_name("fallback")
+        .stand_in(Some(BOUND))
+        .build();
     drop(held);
     // SAFETY: as above; the limit goes back to what it was.
     unsafe {
@@ -118,6 +152,7 @@ fn without_a_descriptor_the_watchdog_looks_on_a_period_and_relieves_in_time() {
     let before = timerfds();
     let timer = built_without_descriptors();
     assert_eq!(timerfds(), before, "no timerfd could be made");
+    let cpu = cpu_of_threads("fallback-watch");
     in_one_of_three(|| {
         let late = latest_beside_a_blocked_task(&timer);
         on_time(
@@ -125,6 +160,8 @@ fn without_a_descriptor_the_watchdog_looks_on_a_period_and_relieves_in_time() {
             late,
         )
     });
+    std::thread::sleep(Duration::from_secs(1));
+    assert_watchdog_cheap("fallback-watch", cpu);
     timer.shutdown();
 }
 
@@ -132,12 +169,19 @@ fn without_a_descriptor_the_watchdog_looks_on_a_period_and_relieves_in_time() {
 fn with_descriptors_to_spare_the_watchdog_sleeps_on_a_timerfd_and_relieves_in_time() {
     let _turn = one_at_a_time();
     let before = timerfds();
-    let timer: Timer<Recorded> = TimerBuilder::new().stand_in(Some(BOUND)).build().unwrap();
+    let timer: Timer<Recorded> = TimerBuilder::new()
+        .thread_name("alarm")
+        .stand_in(Some(BOUND))
+        .build()
+        .unwrap();
     assert_eq!(timerfds(), before + 1, "the watchdog's alarm");
+    let cpu = cpu_of_threads("alarm-watchdog");
     in_one_of_three(|| {
         let late = latest_beside_a_blocked_task(&timer);
         on_time("behind a blocked task, the watchdog on its alarm", late)
     });
+    std::thread::sleep(Duration::from_secs(1));
+    assert_watchdog_cheap("alarm-watchdog", cpu);
     timer.shutdown();
     drop(timer);
     // (The driver's state may be dropped on a thread of its own, a moment later.)
