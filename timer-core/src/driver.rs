@@ -215,6 +215,11 @@ impl DriverConfig {
     /// is in user code) is taken over by a stand-in thread, whatever holds the driving
     /// thread (`stand_in.rs`). `None`: no stand-in; expiry then waits for slow code. A
     /// pool executor, or a driver without a reaper, has none either way.
+    ///
+    /// The watchdog that hands work to stand-ins is a thread, and on Linux it sleeps on
+    /// a `timerfd` (one file descriptor per driver) that the driving threads move while
+    /// they keep up, so it does not wake. Where none can be made (the descriptor limit
+    /// reached, another system) it looks every half bound while expiry goes on instead.
     pub fn stand_in(mut self, bound: Option<Duration>) -> Self {
         self.stand_in = bound;
         self
