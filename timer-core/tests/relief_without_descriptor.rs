@@ -13,33 +13,14 @@
 #![cfg(target_os = "linux")]
 
 use std::fs::File;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use timer_core::{Timer, TimerBuilder, TimerTask};
+use timer_core::{Timer, TimerBuilder};
 
 #[path = "support/on_time.rs"]
 mod support;
-use support::{in_one_of_three, on_time, one_at_a_time, BOUND};
-
-/// When each task ran, by its deadline.
-type Ran = Arc<Mutex<Vec<(Duration, Instant)>>>;
-
-struct Recorded {
-    deadline: Duration,
-    blocks: Duration,
-    ran: Ran,
-}
-
-impl TimerTask for Recorded {
-    fn run(self) {
-        self.ran
-            .lock()
-            .unwrap()
-            .push((self.deadline, Instant::now()));
-        std::thread::sleep(self.blocks);
-    }
-}
+use support::{in_one_of_three, on_time, one_at_a_time, Ran, Recorded, BOUND};
 
 /// The CPU time of the threads whose name starts with `name` (`/proc`, Linux), from
 /// `schedstat` (nanoseconds).

@@ -12,14 +12,14 @@
 //! (`support/on_time.rs`).
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use timer_core::{Timer, TimerBuilder, TimerTask};
+use timer_core::{Timer, TimerBuilder};
 
 #[path = "support/on_time.rs"]
 mod support;
-use support::{in_one_of_three, on_time, under};
+use support::{in_one_of_three, on_time, under, Ran, Recorded};
 
 /// Events the subscriber was given.
 static EVENTS: AtomicUsize = AtomicUsize::new(0);
@@ -42,26 +42,6 @@ impl tracing::Subscriber for SlowForTheTimer {
     }
     fn enter(&self, _: &tracing::span::Id) {}
     fn exit(&self, _: &tracing::span::Id) {}
-}
-
-/// What ran: each task's deadline and when it started.
-type Ran = Arc<Mutex<Vec<(Duration, Instant)>>>;
-
-/// Records when it ran, then blocks for `blocks`.
-struct Recorded {
-    deadline: Duration,
-    blocks: Duration,
-    ran: Ran,
-}
-
-impl TimerTask for Recorded {
-    fn run(self) {
-        self.ran
-            .lock()
-            .unwrap()
-            .push((self.deadline, Instant::now()));
-        std::thread::sleep(self.blocks);
-    }
 }
 
 #[test]

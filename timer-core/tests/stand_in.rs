@@ -19,29 +19,7 @@ use timer_core::{Timer, TimerBuilder, TimerTask};
 
 #[path = "support/on_time.rs"]
 mod support;
-use support::{in_one_of_three, on_time, one_at_a_time, BOUND};
-
-/// What ran: each task's deadline and when it started.
-type Ran = Arc<Mutex<Vec<(Duration, Instant)>>>;
-
-/// A task that records when it ran (and its deadline), after blocking for `blocks`.
-struct Recorded {
-    deadline: Duration,
-    blocks: Duration,
-    ran: Ran,
-}
-
-impl TimerTask for Recorded {
-    fn run(self) {
-        self.ran
-            .lock()
-            .unwrap()
-            .push((self.deadline, Instant::now()));
-        if !self.blocks.is_zero() {
-            std::thread::sleep(self.blocks);
-        }
-    }
-}
+use support::{in_one_of_three, on_time, one_at_a_time, Ran, Recorded, BOUND};
 
 /// Adds a task due at `deadline` that blocks `blocks`, recording into `ran`.
 fn add(timer: &Timer<Recorded>, ran: &Ran, deadline: Duration, blocks: Duration) {

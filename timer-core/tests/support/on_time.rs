@@ -12,8 +12,8 @@
 
 #![allow(dead_code)] // Each suite uses what it needs.
 
-use std::sync::{Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 /// The promise under test: the default bound (20 ms).
 pub const BOUND: Duration = timer_core::DEFAULT_STAND_IN_BOUND;
@@ -70,4 +70,26 @@ pub fn in_one_of_three(mut scenario: impl FnMut() -> Result<String, String>) {
         }
     }
     panic!("past the bound in each of {ATTEMPTS} runs: {past:#?}");
+}
+
+/// What ran: each task's deadline and when it started.
+pub type Ran = Arc<Mutex<Vec<(Duration, Instant)>>>;
+
+/// A timer task that records when it ran (and its deadline), then blocks for `blocks`.
+pub struct Recorded {
+    pub deadline: Duration,
+    pub blocks: Duration,
+    pub ran: Ran,
+}
+
+impl timer_core::TimerTask for Recorded {
+    fn run(self) {
+        self.ran
+            .lock()
+            .unwrap()
+            .push((self.deadline, Instant::now()));
+        if !self.blocks.is_zero() {
+            std::thread::sleep(self.blocks);
+        }
+    }
 }
