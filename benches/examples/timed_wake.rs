@@ -10,7 +10,10 @@
 //!    notifies, as the reaper and the watchdog sleep: the thread's CPU time per sleep
 //!    (the wake-up, the switch in and out, and on a virtual machine the timer's exits).
 //! 2. On Linux, 100 x `N` re-arms of a `timerfd` to 10 ms ahead, which never fires: the
-//!    CPU time per re-arm (one system call, no switch).
+//!    CPU time per re-arm (one system call, no switch), in a tight loop.
+//! 3. On Linux, the sleeps of 1 again, each followed by an arm and a disarm of that
+//!    `timerfd`: the CPU per sleep, and its difference from 1's, what two moves cost
+//!    right after a wake-up (on the project's VM within the wake-ups' own spread).
 //!
 //! # Invariants
 //! - Each figure is the calling thread's own CPU time (`CLOCK_THREAD_CPUTIME_ID`) over
@@ -32,8 +35,9 @@ fn thread_cpu() -> Duration {
     Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
-/// CPU per timed sleep of `period`, over `n` sleeps, and the mean lateness of the wake.
-fn timed_sleeps(n: u32, period: Duration) -> (Duration, Duration) {
+/// CPU per timed sleep of `period`, over `n` sleeps, each followed by `after`, and the
+/// mean lateness of the wake.
+fn timed_sleeps(n: u32, period: Duration, mut after: impl FnMut()) -> (Duration, Duration) {
     let lock = Mutex::new(());
     let never = Condvar::new();
     let mut guard = lock.lock();
@@ -43,36 +47,49 @@ fn timed_sleeps(n: u32, period: Duration) -> (Duration, Duration) {
         let until = Instant::now() + period;
         let _ = never.wait_until(&mut guard, until);
         late += Instant::now().saturating_duration_since(until);
+        after();
     }
     ((thread_cpu() - start) / n, late / n)
 }
 
-/// CPU per re-arm of a `timerfd` that never fires, over `n` re-arms.
+/// A `timerfd` this example arms and disarms.
 #[cfg(target_os = "linux")]
-fn rearms(n: u32) -> Duration {
-    // SAFETY: plain system calls on a descriptor this function creates and closes; the
-    // `itimerspec` passed lives for each call.
-    unsafe {
-        let fd = libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_CLOEXEC);
+struct TimerFd(libc::c_int);
+
+#[cfg(target_os = "linux")]
+impl TimerFd {
+    fn new() -> Self {
+        // SAFETY: a plain system call with constant flags; the descriptor is this
+        // value's, closed on drop.
+        let fd = unsafe { libc::timerfd_create(libc::CLOCK_MONOTONIC, libc::TFD_CLOEXEC) };
         assert!(fd >= 0, "timerfd_create");
-        let ahead = libc::itimerspec {
-            it_interval: libc::timespec {
-                tv_sec: 0,
-                tv_nsec: 0,
-            },
+        TimerFd(fd)
+    }
+
+    /// Arms it `nanos` ahead (0: disarms).
+    fn set(&self, nanos: libc::c_long) {
+        let zero = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        let setting = libc::itimerspec {
+            it_interval: zero,
             it_value: libc::timespec {
                 tv_sec: 0,
-                tv_nsec: 10_000_000,
+                tv_nsec: nanos,
             },
         };
-        let start = thread_cpu();
-        for _ in 0..n {
-            let rc = libc::timerfd_settime(fd, 0, &ahead, std::ptr::null_mut());
-            assert_eq!(rc, 0, "timerfd_settime");
-        }
-        let per = (thread_cpu() - start) / n;
-        libc::close(fd);
-        per
+        // SAFETY: `self.0` is an open timerfd; `setting` lives for the call.
+        let rc = unsafe { libc::timerfd_settime(self.0, 0, &setting, std::ptr::null_mut()) };
+        assert_eq!(rc, 0, "timerfd_settime");
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl Drop for TimerFd {
+    fn drop(&mut self) {
+        // SAFETY: the descriptor is this value's alone, and nothing uses it after.
+        unsafe { libc::close(self.0) };
     }
 }
 
@@ -81,7 +98,7 @@ fn main() {
         .nth(1)
         .map_or(3_000, |a| a.parse().expect("a count"));
     let period = Duration::from_millis(2);
-    let (per_sleep, late) = timed_sleeps(n, period);
+    let (per_sleep, late) = timed_sleeps(n, period, || {});
     println!(
         "timed sleep of {period:?} (parking_lot Condvar::wait_until), {n} of them: \
          {:.1} us CPU each, woken {:.0} us late on average",
@@ -90,11 +107,26 @@ fn main() {
     );
     #[cfg(target_os = "linux")]
     {
+        let alarm = TimerFd::new();
         let m = n.saturating_mul(100);
-        let per = rearms(m);
+        let start = thread_cpu();
+        for _ in 0..m {
+            alarm.set(10_000_000);
+        }
+        let per = (thread_cpu() - start) / m;
         println!(
-            "timerfd re-armed 10 ms ahead, never firing, {m} times: {:.2} us CPU each",
+            "timerfd re-armed 10 ms ahead, never firing, {m} times in a loop: {:.2} us CPU each",
             per.as_secs_f64() * 1e6
+        );
+        let (with_moves, _) = timed_sleeps(n, period, || {
+            alarm.set(10_000_000);
+            alarm.set(0);
+        });
+        println!(
+            "the same sleeps, each followed by an arm and a disarm: {:.1} us CPU each, \
+             {:+.1} us for the two moves",
+            with_moves.as_secs_f64() * 1e6,
+            (with_moves.as_secs_f64() - per_sleep.as_secs_f64()) * 1e6
         );
     }
 }

@@ -1,10 +1,11 @@
 //! The watchdog's alarm: one deadline that any thread may move, and one thread sleeps
 //! until. On Linux it is a `timerfd`, so moving the deadline, earlier or later, is one
-//! system call (0.4 us on the project's VM) and never wakes the sleeper; a timed sleep
-//! that wakes costs a hundred times that there (`benches/examples/timed_wake.rs`). That
-//! is what lets the driving threads keep the watchdog asleep while they keep up: each
-//! round arms the alarm for when its work would become late, and disarms it when the
-//! work is done (`stand_in.rs`).
+//! system call (0.4 us in a tight loop on the project's VM) and never wakes the sleeper;
+//! a timed sleep that wakes costs a hundred times that there
+//! (`benches/examples/timed_wake.rs`). That is what lets the driving threads keep the
+//! watchdog asleep while they keep up: work that begins arms the alarm for when it would
+//! become late, and a driving thread going to sleep in the core puts it off
+//! (`stand_in.rs`).
 //!
 //! Elsewhere, under loom, or when a `timerfd` cannot be made, a deadline behind a mutex
 //! and a condition variable stands in: it must wake the sleeper to move its deadline

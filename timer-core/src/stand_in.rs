@@ -226,8 +226,9 @@ pub(crate) struct DrivingSlot<T> {
     in_use: AtomicBool,
     phase: AtomicUsize,
     steps: AtomicU64,
-    /// `steps` when its thread last began a batch: what a look that has no earlier
-    /// look of it to go by (after a sleep on the alarm) measures its moves from.
+    /// `steps` when its thread last began a batch: what a look measures its moves from
+    /// when the batch began after the last look (with a quiet alarm, that look may be
+    /// long ago).
     begun: AtomicU64,
     batch: Mutex<Option<Arc<SharedBatch<T>>>>,
     /// The work the watchdog hands the stand-in of this slot (started for it, or woken
@@ -295,10 +296,10 @@ pub(crate) struct StandIn<T> {
     /// [`NOW`]) under the control lock, by whoever writes `planned`.
     alarm: Alarm,
     /// The alarm moves without waking the watchdog (`alarm.rs`): the driving threads
-    /// then arm it for their work and disarm it before they sleep, and the watchdog
-    /// sleeps whenever nothing is under way. Otherwise it keeps looking every `look`
-    /// while tasks are claimed, and a thread beginning work it would look at too late
-    /// wakes it.
+    /// then arm it for their work and put it off as they go to sleep in the core, and
+    /// the watchdog sleeps whenever nothing is under way. Otherwise it keeps looking
+    /// every `look` while tasks are claimed, and a thread beginning work it would look
+    /// at too late wakes it.
     quiet_alarm: bool,
     /// When the watchdog looks next, in nanoseconds since `epoch`: [`IDLE`] while it
     /// sleeps without a deadline (nothing under way), [`NOW`] once woken to look at once.
@@ -434,8 +435,9 @@ impl<T> StandIn<T> {
     /// late), or called off if it sleeps until woken; unless another thread is under
     /// way. A driver that keeps up then never wakes the watchdog, and moves its alarm
     /// about once a `late` under a steady load (rounds a few milliseconds apart) or once
-    /// a round when they are further apart; a move is a system call (about 3 us right
-    /// after a wake-up on the project's VM, where the watchdog's wake-up was 25-45 us).
+    /// a round when they are further apart. A move is a system call: a move a round
+    /// (two, with the arm) cost the reaper about what the watchdog's wake-ups had cost,
+    /// 25-45 us each on the project's VM (`docs/benchmarks.md`, round 17).
     #[inline]
     pub(crate) fn sleeps_in_core(&self, index: usize, wake: Option<Instant>) {
         debug_assert_eq!(self.slots[index].phase.load(Relaxed), IN_CORE);
@@ -734,6 +736,8 @@ impl<T> StandIn<T> {
             if control.stopped {
                 return false;
             }
+            // Whether this sleep changed the plan: if not, the alarm holds it already.
+            let mut replanned = false;
             loop {
                 let planned = self.planned.load(SeqCst);
                 if planned == NOW {
@@ -761,6 +765,7 @@ impl<T> StandIn<T> {
                     break;
                 }
                 self.planned.store(plan, SeqCst);
+                replanned = true;
                 // Work that began before the plan was published read the old one: it
                 // is looked at here.
                 if let Some(relief) = self.first_relief() {
@@ -788,7 +793,9 @@ impl<T> StandIn<T> {
             // The alarm holds the plan; sleep on it without the control lock, which
             // driving threads take to move it. A move or a stop that comes between the
             // unlock and the wait is not lost: the alarm's deadline has passed then.
-            self.alarm.set(at);
+            if replanned {
+                self.alarm.set(at);
+            }
             drop(control);
             self.alarm.wait();
             if at.is_none() {
