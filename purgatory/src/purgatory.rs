@@ -40,7 +40,7 @@ use crate::span::CarriedSpan;
 use crate::state::State;
 use crate::stats::PurgatoryStats;
 use crate::user_code::report;
-use crate::watch::{refusal, Keys, Tried, CHUNK};
+use crate::watch::{collect_keys, refusal, Keys, Tried, CHUNK};
 
 /// Batches of fewer operations than this are watched one by one: the chunk's passes and
 /// buffers cost more than the locks it shares among that few (callgrind, 3 keys an
@@ -302,7 +302,7 @@ where
         I: IntoIterator<Item = K>,
     {
         // Collect the keys before taking any lock: the caller's iterator is user code.
-        let keys: Keys<K> = keys.into_iter().collect();
+        let keys: Keys<K> = collect_keys(keys);
         let state = self.state();
         // The operation's place while it is not in its slot (see `watch_one`).
         let mut placed = Some(op);
@@ -342,7 +342,7 @@ where
         // Run the caller's iterators before any lock is taken: they are user code.
         let staged: Vec<(O, Keys<K>)> = batch
             .into_iter()
-            .map(|(op, keys)| (op, keys.into_iter().collect()))
+            .map(|(op, keys)| (op, collect_keys(keys)))
             .collect();
         let mut results = Vec::with_capacity(staged.len());
         let state = self.state();

@@ -95,6 +95,23 @@ pub(crate) const CHUNK: usize = 64;
 /// The keys of one operation, collected before any lock is taken.
 pub(crate) type Keys<K> = SmallVec<[K; 4]>;
 
+/// Collects an operation's keys. The first four are pushed one by one (they fit inline,
+/// and `SmallVec`'s general `extend` costs about 80 instructions for three); any beyond
+/// go through `extend`.
+#[inline]
+pub(crate) fn collect_keys<K>(keys: impl IntoIterator<Item = K>) -> Keys<K> {
+    let mut keys = keys.into_iter();
+    let mut out = Keys::new();
+    while out.len() < out.inline_size() {
+        match keys.next() {
+            Some(key) => out.push(key),
+            None => return out,
+        }
+    }
+    out.extend(keys);
+    out
+}
+
 /// What watching one operation gave.
 pub(crate) type WatchResult<O> = Result<WatchOutcome<O>, WatchError<O>>;
 
