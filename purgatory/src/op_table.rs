@@ -778,6 +778,7 @@ impl<O: DelayedOperation> OpTable<O> {
     /// updated here, not left to `vacate` (which stores it again): the operation's
     /// callbacks, and the next ones of the batch, may purge or check a key, and to them
     /// an operation already taken must read as gone.
+    #[inline]
     pub(crate) fn take_for_expiry_deferred(
         &self,
         pin: &Pinned<'_>,
