@@ -9,6 +9,8 @@
 //! valgrind --tool=callgrind target/release/examples/expiring_watches 20000 [B]
 //! ```
 //!
+//! With `TIMEOUT_MS=200` in the environment every timeout is 200 ms (W3's), not 20.
+//!
 //! It uses only `Purgatory::new`, `try_complete_else_watch`, `watch_batch` and
 //! `shutdown`, so the same file also builds against older versions of the crate, for a
 //! before figure.
@@ -23,12 +25,14 @@ use std::time::Duration;
 use purgatory::{Completion, DelayedOperation, Purgatory};
 
 static EXPIRED: AtomicU64 = AtomicU64::new(0);
+/// Every request's timeout, ms: 20, or `TIMEOUT_MS` from the environment.
+static TIMEOUT_MS: AtomicU64 = AtomicU64::new(20);
 
 struct Request;
 
 impl DelayedOperation for Request {
     fn timeout(&self) -> Duration {
-        Duration::from_millis(20)
+        Duration::from_millis(TIMEOUT_MS.load(Ordering::Relaxed))
     }
     fn try_complete(&mut self) -> bool {
         false
@@ -46,6 +50,10 @@ fn main() {
             .map(|a| a.parse().expect("a number"))
     };
     let (n, batch) = (arg(1).unwrap_or(20_000), arg(2));
+    if let Some(ms) = std::env::var_os("TIMEOUT_MS") {
+        let ms = ms.to_str().and_then(|ms| ms.parse().ok());
+        TIMEOUT_MS.store(ms.expect("TIMEOUT_MS, a number of ms"), Ordering::Relaxed);
+    }
     let runtime = std::env::var_os("IN_RUNTIME").map(|_| {
         tokio::runtime::Builder::new_current_thread()
             .build()

@@ -10,6 +10,8 @@
 //! valgrind --tool=callgrind target/release/examples/expiring_watches_naive 20000 [B]
 //! ```
 //!
+//! `TIMEOUT_MS` sets the timeout as there.
+//!
 //! Per watch and its expiry: (total at N = 20,000 minus total at N = 100) / 19,900. The
 //! single watch is `naive_watch_one`'s inclusive cost over N (`callgrind_annotate
 //! --inclusive=yes`): it only calls `NaivePurgatory::watch`, kept out of line so the
@@ -26,12 +28,14 @@ use purgatory::{Completion, DelayedOperation};
 use purgatory_benches::peers::{NaiveHandle, NaivePurgatory};
 
 static EXPIRED: AtomicU64 = AtomicU64::new(0);
+/// Every request's timeout, ms: 20, or `TIMEOUT_MS` from the environment.
+static TIMEOUT_MS: AtomicU64 = AtomicU64::new(20);
 
 struct Request;
 
 impl DelayedOperation for Request {
     fn timeout(&self) -> Duration {
-        Duration::from_millis(20)
+        Duration::from_millis(TIMEOUT_MS.load(Ordering::Relaxed))
     }
     fn try_complete(&mut self) -> bool {
         false
@@ -58,6 +62,10 @@ fn main() {
             .map(|a| a.parse().expect("a number"))
     };
     let (n, batch) = (arg(1).unwrap_or(20_000), arg(2));
+    if let Some(ms) = std::env::var_os("TIMEOUT_MS") {
+        let ms = ms.to_str().and_then(|ms| ms.parse().ok());
+        TIMEOUT_MS.store(ms.expect("TIMEOUT_MS, a number of ms"), Ordering::Relaxed);
+    }
     let p: NaivePurgatory<u64, Request> = NaivePurgatory::start(1000).expect("a reaper");
     let keys = |i: u64| [i % 100, (i * 7 + 3) % 100, (i * 13 + 5) % 100];
     let mut out = Vec::new();
