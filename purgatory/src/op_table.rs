@@ -641,6 +641,7 @@ impl<O: DelayedOperation> OpTable<O> {
     }
 
     /// Puts `op` and its span in a free slot (not listed yet) and returns it locked.
+    #[inline]
     pub(crate) fn insert_one(&self, op: O, span: CarriedSpan) -> Locked<'_, O> {
         let index = self.allocate_one();
         self.occupy(index, (op, span))
