@@ -423,9 +423,14 @@ impl<K: Hash + Eq> Watchers<K> {
         op: OpRef,
         user: &UserCode,
     ) -> Result<Option<K>, K> {
-        let spare = match user.call(Site::KeyEq, || shard.find(hash, &key)) {
-            Some(Some(bucket)) => {
-                let list = shard.lists.get_bucket_mut(bucket).expect("found");
+        // The list itself, not its bucket: one probe, not a probe and a bucket check.
+        let found = user.call(Site::KeyEq, || {
+            shard
+                .lists
+                .find_mut(hash, |list| list.hash == hash && list.key == key)
+        });
+        let spare = match found {
+            Some(Some(list)) => {
                 list.ops.push(op);
                 Some(key)
             }
