@@ -385,12 +385,17 @@ impl<O> Segment<O> {
 }
 
 /// The segment and offset of slot `index`.
+///
+/// Segment `k` holds `FIRST_SEGMENT << k` slots from index `FIRST_SEGMENT * (2^k - 1)`,
+/// so `index + FIRST_SEGMENT` lies in `[FIRST_SEGMENT << k, FIRST_SEGMENT << (k + 1))`:
+/// its top bit gives the segment and the bits below it the offset (a few instructions
+/// fewer than dividing into blocks; eight lookups a watch and its expiry).
 #[inline]
 fn locate(index: u32) -> (usize, usize) {
-    let block = u64::from(index) / FIRST_SEGMENT as u64 + 1;
-    let segment = 63 - block.leading_zeros() as usize;
-    let start = FIRST_SEGMENT as u64 * ((1u64 << segment) - 1);
-    (segment, (u64::from(index) - start) as usize)
+    let shifted = u64::from(index) + FIRST_SEGMENT as u64;
+    let top = 63 - shifted.leading_zeros();
+    let segment = (top - FIRST_SEGMENT.trailing_zeros()) as usize;
+    (segment, (shifted ^ (1u64 << top)) as usize)
 }
 
 impl<O: DelayedOperation> OpTable<O> {
