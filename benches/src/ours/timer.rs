@@ -23,7 +23,7 @@ impl TimerTask for ChurnTask {
 }
 
 /// Our timer on a frozen manual clock, with the default configuration otherwise (tick
-/// 1 ms, wheel size 256, one shard per core).
+/// 1 ms, wheel size 20, one shard per core).
 pub struct OurChurnTimer {
     timer: Timer<ChurnTask>,
     /// Buffers of the batch calls, kept between calls so a batch allocates nothing.
