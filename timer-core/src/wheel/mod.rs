@@ -224,6 +224,7 @@ impl<T> Wheel<T> {
     /// `advance`, whichever comes first, unlinks it and frees its slot (see
     /// `deferred_unlinks.rs` for why). So at most 8 slots (256 bytes for pointer-sized
     /// tasks) per wheel wait to be reused.
+    #[inline]
     pub fn cancel(&mut self, key: SlotKey) -> Option<T> {
         // Bound by cache misses: reads the entry (one miss), prefetches its neighbours'
         // lines without waiting for them, and unlinks an entry cancelled 8 cancels ago,
