@@ -265,12 +265,16 @@ mod tests {
         seen: AtomicUsize,
     }
 
-    fn counted() -> (Arc<Counted>, CheckRounds) {
-        let counted = Arc::new(Counted {
+    fn zeroed() -> Arc<Counted> {
+        Arc::new(Counted {
             checks: AtomicUsize::new(0),
             events: AtomicUsize::new(0),
             seen: AtomicUsize::new(0),
-        });
+        })
+    }
+
+    fn counted() -> (Arc<Counted>, CheckRounds) {
+        let counted = zeroed();
         let inner = Arc::clone(&counted);
         let rounds = CheckRounds::start(
             "test-checks",
@@ -304,11 +308,7 @@ mod tests {
     /// 14,542 checks for 80,000 events, the events coming slower than the checks.
     #[test]
     fn a_flood_of_events_runs_few_checks_and_the_last_event_is_seen() {
-        let counted = Arc::new(Counted {
-            checks: AtomicUsize::new(0),
-            events: AtomicUsize::new(0),
-            seen: AtomicUsize::new(0),
-        });
+        let counted = zeroed();
         let started = Arc::new(AtomicUsize::new(0));
         let gate = Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
         let rounds = {
