@@ -46,8 +46,11 @@ impl DelayedOperation for Op {
         false
     }
     fn on_complete(&mut self, how: Completion) {
-        self.answers.fetch_add(1, SeqCst);
+        // How first, then the count: a reader that sees the count sees how. (The other
+        // order failed a CI run: the reaper, preempted between the two, left a round
+        // reading B answered once and not expired.)
         self.expired.store(how == Completion::Expired, SeqCst);
+        self.answers.fetch_add(1, SeqCst);
     }
 }
 
@@ -341,8 +344,8 @@ mod deterministic {
             false
         }
         fn on_complete(&mut self, how: Completion) {
-            self.answers.fetch_add(1, SeqCst);
             self.expired.store(how == Completion::Expired, SeqCst);
+            self.answers.fetch_add(1, SeqCst);
         }
     }
 
