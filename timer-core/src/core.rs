@@ -175,6 +175,25 @@ fn publish_earlier<T>(shard: &Shard<T>, state: &ShardState<T>) -> Option<u64> {
     })
 }
 
+/// After a change to a locked shard that may move its earliest expiration either way (a
+/// reset, or cancels that emptied its earliest bucket): publishes the wheel's earliest
+/// expiration if it differs from the one published, and returns it if it is earlier,
+/// for the caller to wake the driver once the lock is released. A later one is
+/// published too, so that a driver that reads it next does not wake for a bucket with
+/// nothing in it; one already asleep wakes at the earlier time and finds nothing due.
+fn publish_moved<T>(shard: &Shard<T>, state: &ShardState<T>) -> Option<u64> {
+    let next = state.wheel.next_expiration().unwrap_or(IDLE);
+    // A read-modify-write under loom, as in `publish_earlier`.
+    #[cfg(loom)]
+    let published = shard.next_expiration.fetch_add(0, Ordering::Relaxed);
+    #[cfg(not(loom))]
+    let published = shard.next_expiration.load(Ordering::Relaxed);
+    if next != published {
+        shard.next_expiration.store(next, Ordering::SeqCst);
+    }
+    (next < published).then_some(next)
+}
+
 impl<T> TimerCore<T> {
     pub(crate) fn new(wheel_size: u32, shards: usize, tick: Duration, clock: TimerClock) -> Self {
         let tick_nanos = saturating_nanos(tick);
@@ -506,7 +525,7 @@ impl<T> TimerCore<T> {
         if !state.wheel.reset(handle.key, expiration) {
             return false;
         }
-        let earlier = publish_earlier(shard, &state);
+        let earlier = publish_moved(shard, &state);
         drop(state);
         if let Some(next) = earlier {
             self.sleeper.wake_if_later_than(next);
@@ -521,7 +540,10 @@ impl<T> TimerCore<T> {
     /// Cheaper per task than one `cancel` each: `handles` is sorted in place by shard and
     /// slot, and each shard lock is taken once per run of at most 64 of its handles (so an
     /// adder never waits behind a long batch), walking its slab in address order. The
-    /// tasks are appended after each lock is released.
+    /// tasks are appended after each lock is released. Buckets the batch empties leave the
+    /// bucket queue when they are a shard's earliest, so [`next_expiration`](
+    /// Self::next_expiration) and the driver's next sleep go to the next bucket with a
+    /// task (a single [`cancel`](Self::cancel) leaves that to the next advance).
     pub fn cancel_batch(
         &self,
         handles: &mut [TimerHandle],
@@ -556,6 +578,14 @@ impl<T> TimerCore<T> {
                     }
                 }
                 state.cancelled += run.len() as u64;
+                if !run.is_empty() {
+                    // The driver's next sleep skips the buckets these cancels emptied.
+                    // Cancels move the earliest expiration later or leave it, and the one
+                    // published is never later than the wheel's: nobody needs waking.
+                    state.wheel.drop_emptied_front();
+                    let earlier = publish_moved(shard, &state);
+                    debug_assert_eq!(earlier, None, "a cancel made a bucket due earlier");
+                }
             }
             won += run.len();
             cancelled.extend(run.drain(..));

@@ -97,3 +97,44 @@ fn a_reset_to_an_earlier_deadline_wakes_the_reaper_sleeping_toward_the_old_one()
         "fired: the handle is stale"
     );
 }
+
+#[test]
+fn buckets_emptied_by_a_batch_cancel_or_a_reset_are_not_the_next_expiration() {
+    let clock = ManualClock::new();
+    let timer = TimerBuilder::new()
+        .clock(clock.clone())
+        .reaper(false)
+        .shards(1)
+        .build::<Task>()
+        .unwrap();
+    let ms = Duration::from_millis;
+    let early: Vec<_> = (0..3)
+        .map(|_| timer.add(ms(5), Box::new(|| {})).unwrap())
+        .collect();
+    let moved = timer.add(ms(9), Box::new(|| {})).unwrap();
+    let _last = timer.add(ms(15), Box::new(|| {})).unwrap();
+    assert_eq!(timer.next_expiration(), Some(ms(5)));
+
+    let mut handles = early.clone();
+    let mut cancelled = Vec::new();
+    assert_eq!(timer.cancel_batch(&mut handles, &mut cancelled), 3);
+    assert_eq!(
+        timer.next_expiration(),
+        Some(ms(9)),
+        "the driver would wake for the emptied 5 ms bucket"
+    );
+    assert!(timer.reset(moved, ms(18)));
+    assert_eq!(
+        timer.next_expiration(),
+        Some(ms(15)),
+        "the driver would wake for the bucket the reset left"
+    );
+    // Nothing is lost on the way: both remaining tasks fire at their own ticks.
+    clock.advance(ms(14));
+    assert_eq!(timer.advance_clock(Duration::ZERO), 0);
+    clock.advance(ms(1));
+    assert_eq!(timer.advance_clock(Duration::ZERO), 1);
+    clock.advance(ms(3));
+    assert_eq!(timer.advance_clock(Duration::ZERO), 1);
+    assert!(timer.is_empty());
+}

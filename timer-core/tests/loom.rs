@@ -15,6 +15,11 @@
 //! - **A reset to now racing the driver's sleep**: the moved task is never lost or run
 //!   twice (run, or handed back by the `shutdown` that ends the wait).
 //!
+//! - **A batch cancel emptying the earliest bucket, racing an add and the driver's
+//!   sleep**: the cancel publishes a later expiration (so the driver does not wake for
+//!   the emptied bucket); the add of a task due now is never hidden behind it: once both
+//!   have returned, the task has run or the published expiration says it is due.
+//!
 //! - **A wake after an add**: `wake` is never lost (even when it comes before the driver
 //!   sleeps), and the woken driver runs the task that became due.
 //! - **An add racing a driver that waits elsewhere** (an async task, woken through
@@ -37,8 +42,11 @@
 //!   `wake` instead.
 //!
 //! The models are kept small (two or three threads, one shard) because loom explores
-//! interleavings exponentially; they finish in well under a minute unbounded, so no
-//! `LOOM_MAX_PREEMPTIONS` is needed.
+//! interleavings exponentially. All but the batch-cancel model (three threads besides
+//! the main one) finish in well under a minute unbounded; that one takes minutes, and
+//! about 7 s with `LOOM_MAX_PREEMPTIONS=3`, the bound CI runs them with. It fails (the
+//! added task neither ran nor is published) when the cancel's publish is made after the
+//! shard lock is released.
 #![cfg(loom)]
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -154,6 +162,60 @@ fn a_reset_to_now_racing_the_drivers_sleep_is_never_lost() {
 
         let ran = runs.load(Ordering::SeqCst);
         assert_eq!(ran + handed_back, 1, "ran {ran}, handed back {handed_back}");
+        assert_eq!(fired, ran);
+    });
+}
+
+#[test]
+fn a_batch_cancel_emptying_the_earliest_bucket_never_hides_an_add() {
+    loom::model(|| {
+        let clock = ManualClock::new();
+        clock.advance(Duration::from_millis(5));
+        let timer = Arc::new(manual_timer(&clock));
+        let (early, late, added) = (
+            std::sync::Arc::new(AtomicUsize::new(0)),
+            std::sync::Arc::new(AtomicUsize::new(0)),
+            std::sync::Arc::new(AtomicUsize::new(0)),
+        );
+        // The earliest bucket (10 ms from now) holds one task, which the batch cancels;
+        // the next holds a task an hour away.
+        let first = timer
+            .add(Duration::from_millis(10), Counted(early.clone()))
+            .expect("timer is open");
+        timer
+            .add(Duration::from_secs(3_600), Counted(late.clone()))
+            .expect("timer is open");
+
+        // The driver finds nothing due and sleeps unless woken.
+        let driver = {
+            let timer = Arc::clone(&timer);
+            thread::spawn(move || timer.advance_clock(Duration::from_secs(3_600)))
+        };
+        let canceller = {
+            let timer = Arc::clone(&timer);
+            thread::spawn(move || {
+                let mut cancelled = Vec::new();
+                assert_eq!(timer.cancel_batch(&mut [first], &mut cancelled), 1);
+            })
+        };
+        // A task due now, added while the cancel publishes the hour-away bucket.
+        timer
+            .add(Duration::ZERO, Counted(added.clone()))
+            .expect("timer is open");
+        canceller.join().unwrap();
+
+        let due = timer.next_expiration().is_some_and(|at| at <= clock.now());
+        assert!(
+            added.load(Ordering::SeqCst) == 1 || due,
+            "the added task neither ran nor is published as due"
+        );
+        let handed_back = timer.shutdown().len();
+        let fired = driver.join().unwrap();
+
+        let ran = added.load(Ordering::SeqCst);
+        assert_eq!(early.load(Ordering::SeqCst), 0, "the cancelled task ran");
+        assert_eq!(late.load(Ordering::SeqCst), 0, "the hour-away task ran");
+        assert_eq!(ran + handed_back, 2, "ran {ran}, handed back {handed_back}");
         assert_eq!(fired, ran);
     });
 }

@@ -59,6 +59,8 @@ enum TimerOp {
     },
     /// Cancel the handle returned by the `pick`-th add (modulo the adds so far).
     Cancel { pick: usize },
+    /// Cancel the handles of the `picks`-th adds in one `cancel_batch` (repeats allowed).
+    CancelBatch { picks: Vec<usize> },
     /// Move the deadline of the `pick`-th add's task to `delay` from now (`reset`), or,
     /// when `at`, to the time `delay` (`reset_at`, in the past once the clock passed it).
     Reset {
@@ -98,6 +100,8 @@ fn timer_op_strategy() -> impl Strategy<Value = TimerOp> {
         2 => (delay_strategy(), any::<bool>(), 0usize..8)
             .prop_map(|(offset, past, via)| TimerOp::AddAt { offset, past, via }),
         3 => any::<usize>().prop_map(|pick| TimerOp::Cancel { pick }),
+        2 => prop::collection::vec(any::<usize>(), 1..6)
+            .prop_map(|picks| TimerOp::CancelBatch { picks }),
         3 => (any::<usize>(), delay_strategy(), prop::bool::weighted(0.2))
             .prop_map(|(pick, delay, at)| TimerOp::Reset { pick, delay, at }),
         4 => (move_strategy(), prop::bool::weighted(0.8))
@@ -259,6 +263,32 @@ fn check_timer_against_model(
                         None => prop_assert!(!pending, "cancel lost to nobody"),
                     }
                     prop_assert!(!timer.is_pending(handle));
+                }
+                TimerOp::CancelBatch { ref picks } => {
+                    if handles.is_empty() {
+                        continue;
+                    }
+                    let chosen: Vec<(usize, _)> =
+                        picks.iter().map(|p| handles[p % handles.len()]).collect();
+                    let expected: BTreeSet<usize> = chosen
+                        .iter()
+                        .map(|(id, _)| *id)
+                        .filter(|id| model.pending.contains_key(id))
+                        .collect();
+                    let mut batch: Vec<_> = chosen.iter().map(|(_, h)| *h).collect();
+                    let mut back = Vec::new();
+                    let won = timer.cancel_batch(&mut batch, &mut back);
+                    let got: BTreeSet<usize> = back.iter().map(|t| t.id).collect();
+                    prop_assert_eq!(won, back.len());
+                    prop_assert_eq!(back.len(), got.len(), "a task was given back twice");
+                    prop_assert_eq!(&got, &expected, "cancel_batch gave back the wrong tasks");
+                    for id in &got {
+                        model.pending.remove(id);
+                    }
+                    model.cancelled += got.len() as u64;
+                    for (_, handle) in &chosen {
+                        prop_assert!(!timer.is_pending(*handle));
+                    }
                 }
                 TimerOp::Reset { pick, delay, at } => {
                     if handles.is_empty() {

@@ -11,8 +11,10 @@
 //!   queue. Otherwise it is the tick at which the bucket's range starts, and the bucket
 //!   queue holds exactly one `(expiration, id)` item for it: a bucket is never queued twice
 //!   for one round.
-//! - A bucket may be queued and empty (all its entries were cancelled); flushing it then
-//!   costs one queue pop and nothing else.
+//! - A bucket may be queued and empty (all its entries were cancelled or moved). Once it
+//!   is the earliest queued, the next `advance`, `reset` or batch cancel takes it out of
+//!   the queue (`Wheel::drop_emptied_front`); flushing one costs a queue pop and nothing
+//!   else.
 
 use super::slab::{Slab, NIL};
 

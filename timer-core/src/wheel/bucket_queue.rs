@@ -27,6 +27,16 @@ impl BucketQueue {
         self.heap.peek().map(|Reverse((expiration, _))| *expiration)
     }
 
+    /// The earliest queued pair.
+    pub(crate) fn first(&self) -> Option<(u64, u32)> {
+        self.heap.peek().map(|Reverse(pair)| *pair)
+    }
+
+    /// Removes the earliest pair.
+    pub(crate) fn pop(&mut self) {
+        self.heap.pop();
+    }
+
     /// Removes and returns the earliest pair if it is due at `now`.
     pub(crate) fn pop_due(&mut self, now: u64) -> Option<(u64, u32)> {
         match self.heap.peek() {

@@ -17,6 +17,11 @@
 //!   current time, and within one interval of it, so a bucket never mixes two rounds.
 //! - Every bucket with entries (and possibly some emptied by cancels or resets) is in the
 //!   bucket queue exactly once, under its expiration.
+//! - After `advance`, `reset`, and the batch cancels of `TimerCore::cancel_batch`, the
+//!   earliest queued bucket has an entry linked (`drop_emptied_front`): a driver sleeping
+//!   until [`Wheel::next_expiration`] is not woken for a bucket those emptied. A single
+//!   `cancel` defers its unlink (`deferred_unlinks.rs`), so a bucket it empties stays
+//!   queued until one of those comes by (at the latest the `advance` that reaches it).
 //! - A bucket list may still hold up to 8 cancelled entries (no task, no key names them)
 //!   whose unlink a cancel deferred (see `deferred_unlinks.rs`). `advance` unlinks them
 //!   before it walks any list, so flushing meets live entries only, and `len` does not
@@ -170,6 +175,23 @@ impl<T> Wheel<T> {
         self.queue.peek()
     }
 
+    /// Takes the buckets that cancels or resets emptied off the front of the bucket
+    /// queue, so that [`next_expiration`](Self::next_expiration) names a bucket that
+    /// holds an entry (or one whose cancelled entries still wait to be unlinked, see
+    /// `deferred_unlinks.rs`). A driver that sleeps until then no longer wakes for a
+    /// bucket with nothing in it. Stops at the first bucket with an entry linked.
+    pub(crate) fn drop_emptied_front(&mut self) {
+        while let Some((expiration, id)) = self.queue.first() {
+            let bucket = &mut self.buckets[id as usize];
+            if bucket.head != NIL {
+                return;
+            }
+            debug_assert_eq!(bucket.expiration, expiration, "bucket queued twice");
+            bucket.expiration = NOT_QUEUED;
+            self.queue.pop();
+        }
+    }
+
     /// Stores `task` to expire at tick `expiration` and returns its key.
     ///
     /// An expiration at or before the current tick is due now: the task goes into the
@@ -291,8 +313,9 @@ impl<T> Wheel<T> {
     /// the new expiration belongs to another one (a deadline moved within its bucket's
     /// range costs one write).
     ///
-    /// A bucket the entry leaves may be left empty; it stays queued until `advance`
-    /// pops it (as after a cancel).
+    /// A bucket the entry leaves may be left empty: it leaves the bucket queue at once
+    /// if it was the earliest queued (see [`drop_emptied_front`](Self::drop_emptied_front)),
+    /// else when it comes to the front.
     pub fn reset(&mut self, key: SlotKey, expiration: u64) -> bool {
         let expiration = expiration.min(LAST_TICK).max(self.levels[0].current);
         let Some(entry) = self.slab.lookup(key) else {
@@ -311,6 +334,7 @@ impl<T> Wheel<T> {
             entry.bucket = NIL;
             self.buckets[bucket as usize].unlink_between(prev, next, &mut self.slab);
             self.place(key.index, expiration);
+            self.drop_emptied_front();
         }
         true
     }
@@ -360,6 +384,7 @@ impl<T> Wheel<T> {
             }
         }
         self.advance_levels(now);
+        self.drop_emptied_front();
         expired.len() - before
     }
 
@@ -506,6 +531,57 @@ mod tests {
         assert!(wheel.levels() <= 15);
         let mut out = Vec::new();
         assert_eq!(wheel.advance(u64::MAX / 2, &mut out), 1);
+    }
+
+    #[test]
+    fn emptied_buckets_leave_the_front_of_the_queue() {
+        let mut wheel = Wheel::new(20, 0);
+        let early = wheel.insert(3, 'a');
+        let also_early = wheel.insert(3, 'b');
+        let middle = wheel.insert(7, 'c');
+        wheel.insert(12, 'd');
+        assert_eq!(wheel.next_expiration(), Some(3));
+
+        // Emptied by batch cancels (unlinked at once): gone from the front.
+        assert_eq!(wheel.cancel_prefetched(early), Some('a'));
+        wheel.drop_emptied_front();
+        assert_eq!(wheel.next_expiration(), Some(3), "still holds 'b'");
+        assert_eq!(wheel.cancel_prefetched(also_early), Some('b'));
+        wheel.drop_emptied_front();
+        assert_eq!(wheel.next_expiration(), Some(7));
+
+        // Emptied by a reset to later: gone at once.
+        assert!(wheel.reset(middle, 15));
+        assert_eq!(wheel.next_expiration(), Some(12));
+
+        // Emptied by a single cancel, whose unlink waits: kept until an advance unlinks
+        // it, and that advance drops it (no bucket is due at 5).
+        let late = wheel.insert(12, 'e');
+        let late = wheel.location(late).map(|(.., at)| at);
+        assert_eq!(late, Some(12));
+        let keys: Vec<_> = (0..2).map(|_| wheel.insert(9, 'f')).collect();
+        for key in keys {
+            assert_eq!(wheel.cancel(key), Some('f'));
+        }
+        assert_eq!(
+            wheel.next_expiration(),
+            Some(9),
+            "cancelled entries still linked"
+        );
+        let mut out = Vec::new();
+        assert_eq!(wheel.advance(5, &mut out), 0);
+        assert_eq!(wheel.next_expiration(), Some(12));
+
+        // A dropped bucket is queued again by the next entry it takes, which fires.
+        wheel.insert(7, 'g');
+        assert_eq!(wheel.next_expiration(), Some(7));
+        assert_eq!(wheel.advance(7, &mut out), 1);
+        assert_eq!(out, vec!['g']);
+        out.clear();
+        assert_eq!(wheel.advance(15, &mut out), 3);
+        out.sort_unstable();
+        assert_eq!(out, vec!['c', 'd', 'e']);
+        assert_eq!(wheel.queued_buckets(), 0);
     }
 
     #[test]
