@@ -23,8 +23,9 @@ use crate::runtime::RuntimeContext;
 use crate::state::{PurgePolicy, State};
 use crate::watchers::Watchers;
 
-/// Builds a [`Purgatory`]. Defaults follow Kafka's: tick 1 ms, wheel size 20, purge
-/// interval 1,000 completed entries still listed; plus watcher shards scaled to the
+/// Builds a [`Purgatory`]. Defaults follow Kafka's where it has one: tick 1 ms, purge
+/// interval 1,000 completed entries still listed; a wheel of 256 buckets a level
+/// (Kafka's has 20; see [`TimerBuilder`]'s defaults); plus watcher shards scaled to the
 /// machine (see [`default_shards`]), one timer shard per core, expirations run inline
 /// on the reaper thread, the system clock.
 ///

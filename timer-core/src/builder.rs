@@ -15,8 +15,16 @@ use crate::TimerTask;
 /// Two groups of settings, as the timer has two parts: the core's geometry and clock
 /// (`tick`, `wheel_size`, `shards`, `clock`; [`build_core`](Self::build_core)), and how
 /// it is driven (`executor`, `reaper`, `thread_name`: a [`DriverConfig`]). Defaults: tick
-/// 1 ms, wheel size 20 (Kafka's), one shard per available core (at least 2), the system
+/// 1 ms (Kafka's), wheel size 256, one shard per available core (at least 2), the system
 /// clock, expired tasks run inline on a reaper thread named `timer-reaper`.
+///
+/// Kafka's wheel size is 20. An entry is placed once more for each level it starts
+/// above level 0, so the wider default places a 200 ms timeout once where Kafka's
+/// geometry places it twice, and timeouts up to 65 s at most twice (Kafka's: up to four
+/// times); `wheel_size(20)` gives Kafka's geometry. A level costs 16 bytes a bucket
+/// (4 KiB per level and shard at 256). A timeout under 256 ms sits in a bucket one tick
+/// wide from the start; a bucket its cancels empty does not wake the driver (see
+/// `docs/timer.md`, "The bucket queue"), so the finer buckets cost no extra wake-ups.
 #[derive(Clone)]
 #[must_use = "a builder does nothing until it is built"]
 pub struct TimerBuilder {
@@ -31,7 +39,7 @@ impl Default for TimerBuilder {
     fn default() -> Self {
         TimerBuilder {
             tick: Duration::from_millis(1),
-            wheel_size: 20,
+            wheel_size: 256,
             shards: None,
             clock: None,
             driver: DriverConfig::new(),

@@ -425,7 +425,7 @@ impl<T> TimerCore<T> {
     /// Schedules `task` to run once `delay` has passed: at the first advance at or after
     /// the deadline rounded up to a tick boundary (a zero delay included: added half a
     /// tick in, it fires at the next boundary; never on the calling thread). A deadline beyond the
-    /// wheel's range is clamped to its end: with wheel sizes up to 256 (the default is 20)
+    /// wheel's range is clamped to its end: with wheel sizes up to 256 (the default is 256)
     /// the range exceeds every deadline a `u64` of nanoseconds can hold, so nothing is
     /// clamped; larger sizes cover less (at least `2^46.5` ticks: about 3 years at a 1 us
     /// tick, 3,000 years at 1 ms), and a later deadline fires at the range's end.

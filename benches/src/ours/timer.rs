@@ -23,7 +23,7 @@ impl TimerTask for ChurnTask {
 }
 
 /// Our timer on a frozen manual clock, with the default configuration otherwise (tick
-/// 1 ms, wheel size 20, one shard per core).
+/// 1 ms, wheel size 256, one shard per core).
 pub struct OurChurnTimer {
     timer: Timer<ChurnTask>,
     /// Buffers of the batch calls, kept between calls so a batch allocates nothing.
@@ -122,9 +122,9 @@ impl BatchChurnTimer for OurChurnTimer {
     }
 }
 
-/// Our bare single-threaded [`Wheel`] (tick = 1 ms, size 20), without the `Timer`'s
-/// lock, clock and shards: a diagnostic W1 implementation (`wheel`) that separates the
-/// data structure's cost from the thread-safe wrapper's.
+/// Our bare single-threaded [`Wheel`] (tick = 1 ms, size 256, the timer's default),
+/// without the `Timer`'s lock, clock and shards: a diagnostic W1 implementation (`wheel`)
+/// that separates the data structure's cost from the thread-safe wrapper's.
 pub struct OurBareWheel {
     wheel: Wheel<u32>,
 }
@@ -132,7 +132,7 @@ pub struct OurBareWheel {
 impl Default for OurBareWheel {
     fn default() -> Self {
         OurBareWheel {
-            wheel: Wheel::new(20, 0),
+            wheel: Wheel::new(256, 0),
         }
     }
 }
