@@ -21,10 +21,13 @@ use crate::TimerTask;
 /// Kafka's wheel size is 20. An entry is placed once more for each level it starts
 /// above level 0, so the wider default places a 200 ms timeout once where Kafka's
 /// geometry places it twice, and timeouts up to 65 s at most twice (Kafka's: up to four
-/// times); `wheel_size(20)` gives Kafka's geometry. A level costs 16 bytes a bucket
-/// (4 KiB per level and shard at 256). A timeout under 256 ms sits in a bucket one tick
-/// wide from the start; a bucket its cancels empty does not wake the driver (see
-/// `docs/timer.md`, "The bucket queue"), so the finer buckets cost no extra wake-ups.
+/// times); `wheel_size(20)` gives Kafka's geometry. A level costs 16 bytes a bucket and
+/// up to 16 more in the bucket queue (up to 8 KiB per level and shard at 256). A timeout
+/// under 256 ms sits in a bucket one tick wide from the start; a bucket that batch
+/// cancels empty leaves the queue's front, so the driver's next sleep skips it (see
+/// `docs/timer.md`, "The bucket queue", for the limits): where most operations complete
+/// early, the finer buckets do not make the purgatory's reaper wake more often (round 19
+/// of `docs/benchmarks.md`: fewer times than with 20).
 #[derive(Clone)]
 #[must_use = "a builder does nothing until it is built"]
 pub struct TimerBuilder {

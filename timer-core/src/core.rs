@@ -24,9 +24,12 @@
 //!   expiry racing on two threads have exactly one winner: `cancel` returns `Some` only
 //!   if it won; so do a reset (which moves a pending task within its wheel) and expiry:
 //!   `reset` returns `true` only if the task was still pending.
-//! - `shard.next_expiration` is only lowered by add and reset and only recomputed by
-//!   advance, all under the shard lock; it is never later than the shard's earliest
-//!   queued bucket.
+//! - `shard.next_expiration` is written under the shard lock only: lowered by an add,
+//!   set to the wheel's earliest queued bucket by an advance, a reset and a batch cancel
+//!   (which may raise it, past buckets they emptied), and set to idle by the drain. The
+//!   wheel's earliest queued bucket only moves later in an advance or when emptied
+//!   buckets are dropped, both followed by such a store, so the published value is never
+//!   later than the shard's earliest queued bucket.
 //! - Once closed, an advance fires nothing and adds and resets are refused; once a shard
 //!   is drained it refuses them itself, so no task can slip in, or move, after the drain.
 

@@ -394,7 +394,7 @@ proptest! {
     #[test]
     fn timer_matches_the_model(
         tick in tick_strategy(),
-        wheel_size in prop_oneof![Just(2u32), Just(3), Just(8), Just(20), Just(64)],
+        wheel_size in prop_oneof![Just(2u32), Just(3), Just(8), Just(20), Just(64), Just(256)],
         shards in 1usize..=4,
         ops in prop::collection::vec(timer_op_strategy(), 1..120),
     ) {
