@@ -313,9 +313,8 @@ impl<T> Wheel<T> {
     /// the new expiration belongs to another one (a deadline moved within its bucket's
     /// range costs one write).
     ///
-    /// A bucket the entry leaves may be left empty: it leaves the bucket queue at once
-    /// if it was the earliest queued (see [`drop_emptied_front`](Self::drop_emptied_front)),
-    /// else when it comes to the front.
+    /// A bucket the entry leaves may be left empty: it leaves the bucket queue at once if
+    /// it was the earliest queued, else when it comes to the front (see the module doc).
     pub fn reset(&mut self, key: SlotKey, expiration: u64) -> bool {
         let expiration = expiration.min(LAST_TICK).max(self.levels[0].current);
         let Some(entry) = self.slab.lookup(key) else {
