@@ -32,9 +32,12 @@ impl DelayedOperation for Op {
 
 /// The voluntary context switches of this process's thread named `name`.
 fn switches_of(name: &str) -> Option<u64> {
-    for task in std::fs::read_dir("/proc/self/task").ok()? {
-        let dir = task.ok()?.path();
-        let comm = std::fs::read_to_string(dir.join("comm")).ok()?;
+    // A thread that exits meanwhile (another test's) fails its reads: skipped.
+    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let dir = task.path();
+        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+            continue;
+        };
         if comm.trim_end() == name {
             let status = std::fs::read_to_string(dir.join("status")).ok()?;
             return status
@@ -50,12 +53,15 @@ fn switches_of(name: &str) -> Option<u64> {
 fn the_reaper_does_not_wake_for_a_bucket_whose_operations_were_all_answered() {
     let ms = Duration::from_millis;
     let op = |timeout, done| Op { timeout, done };
-    // Each attempt: an operation with a 60 ms timeout answered at once (force), one with
+    // Each attempt: an operation with a 60 ms timeout answered at once (forced: its timer
+    // cancel is queued, and applied in a batch at the reaper's next round), one with
     // 20 ms that expires, and one an hour away. The reaper wakes at 20 ms, applies the
-    // answered one's cancel, expires the 20 ms one and sleeps; it must not wake for the
-    // emptied 60 ms bucket. An attempt the machine stalled proves nothing and is tried
-    // again. Fails when emptied buckets stay queued (`Wheel::drop_emptied_front` a no-op).
-    for _attempt in 0..20 {
+    // cancel, expires the 20 ms one and sleeps; it must not wake for the emptied 60 ms
+    // bucket. An attempt the machine stalled proves nothing and is tried again; eight
+    // must run unstalled. Fails when emptied buckets stay queued
+    // (`Wheel::drop_emptied_front` a no-op).
+    let mut measured = 0;
+    for _attempt in 0..60 {
         let p: Purgatory<u64, Op> = Purgatory::new("wp");
         let start = Instant::now();
         let (tx, rx) = mpsc::channel();
@@ -88,9 +94,12 @@ fn the_reaper_does_not_wake_for_a_bucket_whose_operations_were_all_answered() {
              bucket was"
         );
         p.shutdown();
-        return;
+        measured += 1;
+        if measured == 8 {
+            return;
+        }
     }
-    // Twenty attempts stalled: the machine measured nothing (the test skips rather than
-    // fail CI for the machine's sake; it has failed whenever an attempt ran unstalled).
-    eprintln!("every attempt was stalled by the machine: nothing measured");
+    // Attempts the machine stalled measured nothing (the test does not fail CI for the
+    // machine's sake; every attempt that ran unstalled was checked above).
+    eprintln!("{measured} of 8 attempts ran unstalled: the rest measured nothing");
 }
