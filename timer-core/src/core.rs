@@ -26,7 +26,8 @@
 //!   `reset` returns `true` only if the task was still pending.
 //! - `shard.next_expiration` is written under the shard lock only: lowered by an add,
 //!   set to the wheel's earliest queued bucket by an advance, a reset and a batch cancel
-//!   (which may raise it, past buckets they emptied), and set to idle by the drain. The
+//!   that leaves the shard a task (which may raise it, past buckets they emptied), and
+//!   set to idle by the drain. The
 //!   wheel's earliest queued bucket only moves later in an advance or when emptied
 //!   buckets are dropped, both followed by such a store, so the published value is never
 //!   later than the shard's earliest queued bucket.
@@ -546,7 +547,10 @@ impl<T> TimerCore<T> {
     /// tasks are appended after each lock is released. Buckets the batch empties leave the
     /// bucket queue when they are a shard's earliest, so [`next_expiration`](
     /// Self::next_expiration) and the driver's next sleep go to the next bucket with a
-    /// task (a single [`cancel`](Self::cancel) leaves that to the next advance).
+    /// task (a single [`cancel`](Self::cancel) leaves that to the next advance). A shard
+    /// the batch empties whole keeps its expiration until an advance reaches it, so a
+    /// driver keeps the bound it has while a task is queued (`NextRound::queued`) until
+    /// then.
     pub fn cancel_batch(
         &self,
         handles: &mut [TimerHandle],
@@ -586,8 +590,15 @@ impl<T> TimerCore<T> {
                     // Cancels move the earliest expiration later or leave it, and the one
                     // published is never later than the wheel's: nobody needs waking.
                     state.wheel.drop_emptied_front();
-                    let earlier = publish_moved(shard, &state);
-                    debug_assert_eq!(earlier, None, "a cancel made a bucket due earlier");
+                    // A shard they emptied whole keeps the expiration it published: a
+                    // driver then still waits under its bound for a queued timer and
+                    // looks again by then, as an owner that is not woken by the
+                    // completions behind these cancels counts on (the purgatory's purge
+                    // after them); the advance that reaches it publishes it idle.
+                    if !state.wheel.is_empty() {
+                        let earlier = publish_moved(shard, &state);
+                        debug_assert_eq!(earlier, None, "a cancel made a bucket due earlier");
+                    }
                 }
             }
             won += run.len();
