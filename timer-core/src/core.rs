@@ -27,10 +27,10 @@
 //! - `shard.next_expiration` is written under the shard lock only: lowered by an add,
 //!   set to the wheel's earliest queued bucket by an advance, a reset and a batch cancel
 //!   that leaves the shard a task (which may raise it, past buckets they emptied), and
-//!   set to idle by the drain. The
-//!   wheel's earliest queued bucket only moves later in an advance or when emptied
-//!   buckets are dropped, both followed by such a store, so the published value is never
-//!   later than the shard's earliest queued bucket.
+//!   set to idle by the drain. Nothing else moves the wheel's earliest queued bucket
+//!   earlier, so the published value is never later than it. It may be earlier: a
+//!   single cancel publishes nothing, and a batch cancel that empties the shard whole
+//!   keeps the old value on purpose (see `cancel_batch`), until an advance reaches it.
 //! - Once closed, an advance fires nothing and adds and resets are refused; once a shard
 //!   is drained it refuses them itself, so no task can slip in, or move, after the drain.
 
