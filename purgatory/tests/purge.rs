@@ -7,10 +7,11 @@
 
 mod probe;
 
+use std::sync::mpsc;
 use std::time::Duration;
 
 use probe::{never, wait_until, Ledger, Probe};
-use purgatory::{Purgatory, PurgatoryBuilder, WatchOutcome};
+use purgatory::{ManualClock, Purgatory, PurgatoryBuilder, TimerBuilder, WatchOutcome};
 
 const LONG: Duration = Duration::from_secs(200);
 
@@ -230,4 +231,53 @@ fn a_purge_from_an_expiry_callback_drops_the_expired_operations_entries() {
 #[test]
 fn a_check_from_an_expiry_callback_drops_the_expired_operations_entry() {
     expiry_callback_sees_own_entries_stale(OnExpiry::Check("a"), &["a"]);
+}
+
+/// A completion made a purge due after the reaper's last housekeeping, and the round that
+/// applies its timer cancel finds the operation's bucket due: taking the emptied bucket
+/// leaves the timer empty. The round must still come back to its housekeeping, which
+/// purges, instead of sleeping on the wait decided before the completion (none, with
+/// nothing due to purge then): once, that round slept until the next watch.
+#[test]
+fn a_completion_whose_bucket_is_due_at_the_next_round_is_still_purged() {
+    let clock = ManualClock::new();
+    let purgatory: Purgatory<&str, Probe> = PurgatoryBuilder::new()
+        .name("due-then-purged")
+        .purge_interval(1)
+        .timer(TimerBuilder::new().clock(clock.clone()).reaper(false))
+        .build()
+        .unwrap();
+    let ledger = Ledger::new(2);
+    let WatchOutcome::Pending(handle) = purgatory
+        .watch(
+            Probe::new(0, Duration::from_millis(10), &ledger, &never()),
+            ["k"],
+        )
+        .unwrap()
+    else {
+        panic!("never ready");
+    };
+    // The timer cancel is queued for the next round; the entry of "k" is stale.
+    assert!(purgatory.force_complete(&handle));
+    clock.advance(Duration::from_millis(20));
+    let (returned, rx) = mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            returned
+                .send(purgatory.advance_clock(Duration::MAX))
+                .unwrap()
+        });
+        let came_back = rx.recv_timeout(Duration::from_secs(10));
+        if came_back.is_err() {
+            // Asleep without limit: a watch due at once wakes it, so the test ends.
+            let wake = Probe::new(1, Duration::ZERO, &ledger, &never());
+            let _ = purgatory.watch(wake, ["wake"]);
+            clock.advance(Duration::from_millis(10));
+        }
+        assert_eq!(came_back, Ok(0), "the round slept instead of purging");
+    });
+    let stats = purgatory.stats();
+    assert_eq!((stats.watched, stats.keys, stats.purged), (0, 0, 1));
+    assert_eq!((stats.forced, stats.expired, stats.pending), (1, 0, 0));
+    assert!(ledger.is_completed(0));
 }

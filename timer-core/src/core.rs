@@ -107,6 +107,10 @@ pub struct TimerStats {
 pub(crate) struct Fired {
     pub(crate) count: usize,
     pub(crate) overdue: Duration,
+    /// A shard had a bucket due and the advance took it, whatever it held: tasks, only
+    /// cancelled entries, or tasks it moved down a level. The state the round's wait
+    /// was decided on has then changed (see `advance_with`).
+    pub(crate) advanced: bool,
 }
 
 /// The relief machinery's counts (`stand_in.rs`), kept with the core so that an owner
@@ -343,11 +347,13 @@ impl<T> TimerCore<T> {
         let now = now_nanos / self.tick_nanos;
         let mut fired = 0;
         let mut oldest = IDLE;
+        let mut advanced = false;
         for shard in self.shards.iter() {
             let next = shard.next_expiration.load(Ordering::Acquire);
             if next > now {
                 continue;
             }
+            advanced = true;
             oldest = oldest.min(next);
             let mut state = shard.state.lock();
             let n = state.wheel.advance(now, expired);
@@ -368,14 +374,27 @@ impl<T> TimerCore<T> {
         Fired {
             count: fired,
             overdue: Duration::from_nanos(overdue),
+            advanced,
         }
     }
 
-    /// Fires what is due; if nothing was, waits (see [`NextRound`]: `wait.queued` at most
-    /// while a task is queued, `wait.empty` at most while none is) for the earliest bucket,
-    /// an earlier add or shutdown, and fires what is due then. `before_sleep` is told,
-    /// just before such a wait, when it will end at the latest (`None`: not before a
-    /// wake): a driving thread's watchdog then knows whether it is back before its look.
+    /// Fires what is due; if no bucket was, waits (see [`NextRound`]: `wait.queued` at
+    /// most while a task is queued, `wait.empty` at most while none is) for the earliest
+    /// bucket, an earlier add or shutdown, and fires what is due then. `before_sleep` is
+    /// told, just before such a wait, when it will end at the latest (`None`: not before
+    /// a wake): a driving thread's watchdog then knows whether it is back before its
+    /// look.
+    ///
+    /// A due bucket that held no task (its entries were cancelled after the round's
+    /// `wait` was decided, by the owner's `before_round` or by another thread) still ends
+    /// the advance without a wait: taking it may have left the core empty, and `wait`
+    /// was decided while it was not, so the owner decides again (its `after_round`)
+    /// before anything sleeps under `wait.empty`. An advance is the only step that
+    /// publishes a shard idle while a driver runs (`cancel_batch` keeps the old value
+    /// when it empties a shard whole), so a round never sleeps under `wait.empty` on a
+    /// core that a cancel emptied since `wait` was decided. Otherwise the purgatory, its
+    /// last completions' cancels applied at the start of the round, slept without limit
+    /// though those completions had made a purge due.
     pub(crate) fn advance_with(
         &self,
         wait: NextRound,
@@ -383,7 +402,7 @@ impl<T> TimerCore<T> {
         before_sleep: impl FnOnce(Option<Instant>),
     ) -> Fired {
         let fired = self.fire_due(expired);
-        if fired.count > 0 || self.closed.load(Ordering::SeqCst) {
+        if fired.count > 0 || fired.advanced || self.closed.load(Ordering::SeqCst) {
             return fired;
         }
         let earliest = self.earliest();

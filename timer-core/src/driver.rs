@@ -129,7 +129,11 @@ fn expire_alone<E: Expire + ?Sized>(target: &E, task: E::Task) {
 /// none. The core picks the bound when the round starts to wait, not when it was decided,
 /// and a round waiting under `empty` ends at the first add if `queued` is shorter, so a
 /// target that wants to look at its state every `queued` while work is pending gets that
-/// from the first add on, even if the add raced the decision.
+/// from the first add on, even if the add raced the decision. Nor does a round wait under
+/// `empty` on a core that a cancel emptied after the decision: a round whose advance
+/// takes a due bucket returns without waiting, whatever the bucket held, so the target
+/// decides again (in `before_round`, say, cancels the target applies itself may leave a
+/// due bucket empty, and the core with it).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NextRound {
     /// The longest wait while at least one task is queued.
@@ -338,10 +342,11 @@ impl<E: Expire> Driver<E> {
         &self.shared.target
     }
 
-    /// Runs one round: expires what is due, or, if nothing is, waits up to `max_wait`
+    /// Runs one round: expires what is due, or, if no bucket is, waits up to `max_wait`
     /// for the earliest bucket (or an earlier add, or shutdown) and expires what is due
-    /// then. Returns how many tasks expired. For owners without a reaper thread (for
-    /// example on a manual clock); harmless beside one.
+    /// then. Returns how many tasks expired. A due bucket whose tasks were all cancelled
+    /// counts as due: the round takes it and returns 0 without waiting. For owners
+    /// without a reaper thread (for example on a manual clock); harmless beside one.
     pub fn advance_clock(&self, max_wait: Duration) -> usize {
         self.shared
             .round(NextRound::at_most(max_wait), &mut Vec::new(), None)
@@ -548,6 +553,7 @@ impl<E: Expire> Shared<E> {
         let Fired {
             count: fired,
             overdue,
+            ..
         } = self.target.core().advance_with(wait, batch, |wake| {
             if let Some((stand_in, slot)) = watched {
                 stand_in.sleeps_in_core(slot, wake);

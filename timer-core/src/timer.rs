@@ -80,9 +80,11 @@ impl<T: TimerTask> Timer<T> {
         Timer { driver }
     }
 
-    /// Runs every task that is due, then, if none was, waits up to `max_wait` for the
-    /// earliest bucket to come due (or for an earlier one to be added) and runs what is due
-    /// then. Returns how many tasks expired. With `Duration::ZERO` it never waits.
+    /// Runs every task that is due, then, if no bucket was due, waits up to `max_wait` for
+    /// the earliest bucket to come due (or for an earlier one to be added) and runs what is
+    /// due then. Returns how many tasks expired. With `Duration::ZERO` it never waits. A
+    /// due bucket whose tasks were all cancelled counts as due: the call takes it and
+    /// returns 0 without waiting.
     ///
     /// The reaper thread calls this in a loop; call it yourself when the timer was built
     /// without one (for example on a [`ManualClock`](crate::ManualClock)).

@@ -6,11 +6,11 @@
 //! asserts how fast anything is.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Barrier;
+use std::sync::{mpsc, Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use timer_core::{Driver, Expire, NextRound, TimerBuilder, TimerCore};
+use timer_core::{Driver, Expire, ManualClock, NextRound, TimerBuilder, TimerCore, TimerHandle};
 
 /// How long a round may wait while a task is queued.
 const QUEUED_WAIT: Duration = Duration::from_millis(10);
@@ -151,4 +151,78 @@ fn an_add_missed_while_another_thread_drove_the_core_still_wakes_the_idle_reaper
         driver.target().after_rounds.load(Ordering::SeqCst) - after_other
     );
     assert_eq!(driver.shutdown_with(|pending| pending).unwrap(), vec![7]);
+}
+
+/// A target whose `before_round` applies, through `cancel_batch`, the cancels the test
+/// queued: as the purgatory applies its completions' cancels at the start of a round.
+/// Every `after_round` asks for no limit on any wait, and is counted.
+struct CancelsFirst {
+    core: TimerCore<u32>,
+    queued: Mutex<Vec<TimerHandle>>,
+    after_rounds: AtomicUsize,
+}
+
+impl Expire for CancelsFirst {
+    type Task = u32;
+
+    fn core(&self) -> &TimerCore<u32> {
+        &self.core
+    }
+
+    fn expire(&self, expired: &mut Vec<u32>) {
+        expired.clear();
+    }
+
+    fn before_round(&self) {
+        let mut handles = std::mem::take(&mut *self.queued.lock().unwrap());
+        self.core.cancel_batch(&mut handles, &mut Vec::new());
+    }
+
+    fn after_round(&self) -> NextRound {
+        self.after_rounds.fetch_add(1, Ordering::SeqCst);
+        NextRound::at_most(Duration::MAX)
+    }
+}
+
+/// The purgatory's lost purge, in the driver: the last round decided its wait (none)
+/// while a task was queued; the next round's `before_round` cancels that task, whose
+/// bucket is due. The advance takes the emptied bucket and leaves the core empty: the
+/// round must come back to its owner (who may now want a shorter wait, as the purgatory
+/// does once those completions made a purge due) instead of sleeping without limit on the
+/// old decision.
+#[test]
+fn a_round_that_finds_only_a_cancelled_bucket_due_returns_to_its_owner() {
+    let clock = ManualClock::new();
+    let (core, config) = TimerBuilder::new()
+        .clock(clock.clone())
+        .reaper(false)
+        .build_parts::<u32>()
+        .unwrap();
+    let handle = core.add(Duration::from_millis(10), 7).unwrap();
+    let target = CancelsFirst {
+        core,
+        queued: Mutex::new(vec![handle]),
+        after_rounds: AtomicUsize::new(0),
+    };
+    let driver = config.start(target, "cancels-first").unwrap();
+    clock.advance(Duration::from_millis(20));
+    let (returned, rx) = mpsc::channel();
+    thread::scope(|s| {
+        s.spawn(|| returned.send(driver.advance_clock(Duration::MAX)).unwrap());
+        let came_back = rx.recv_timeout(PATIENCE);
+        if came_back.is_err() {
+            // Asleep without limit: an add due at once wakes it, so the test ends.
+            driver.target().core.add(Duration::ZERO, 8).unwrap();
+            clock.advance(Duration::from_millis(10));
+        }
+        assert_eq!(
+            came_back,
+            Ok(0),
+            "the round slept on a wait decided before its cancels emptied the core"
+        );
+    });
+    assert_eq!(driver.target().after_rounds.load(Ordering::SeqCst), 1);
+    let stats = driver.target().core.stats();
+    assert_eq!((stats.cancelled, stats.expired, stats.pending), (1, 0, 0));
+    assert_eq!(driver.target().core.next_expiration(), None);
 }

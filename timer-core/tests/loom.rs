@@ -20,6 +20,14 @@
 //!   the emptied bucket); the add of a task due now is never hidden behind it: once both
 //!   have returned, the task has run or the published expiration says it is due.
 //!
+//! - **A batch cancel emptying a due bucket, racing the driver's advance**: the cancel
+//!   leaves the shard's published expiration as it was, so the advance takes the emptied
+//!   bucket and leaves the timer empty; it must then return (the owner decides its wait
+//!   again) rather than sleep under the bound for an empty timer it was given before.
+//!   Here that bound is unlimited and nothing else wakes the driver, so a sleep is a
+//!   deadlock loom reports; it does when the advance waits after taking only emptied
+//!   buckets.
+//!
 //! - **A wake after an add**: `wake` is never lost (even when it comes before the driver
 //!   sleeps), and the woken driver runs the task that became due.
 //! - **An add racing a driver that waits elsewhere** (an async task, woken through
@@ -217,6 +225,37 @@ fn a_batch_cancel_emptying_the_earliest_bucket_never_hides_an_add() {
         assert_eq!(late.load(Ordering::SeqCst), 0, "the hour-away task ran");
         assert_eq!(ran + handed_back, 2, "ran {ran}, handed back {handed_back}");
         assert_eq!(fired, ran);
+    });
+}
+
+#[test]
+fn a_batch_cancel_emptying_a_due_bucket_never_leaves_the_driver_asleep_without_limit() {
+    loom::model(|| {
+        let clock = ManualClock::new();
+        let timer = Arc::new(manual_timer(&clock));
+        let runs = std::sync::Arc::new(AtomicUsize::new(0));
+        let handle = timer
+            .add(Duration::from_millis(10), Counted(runs.clone()))
+            .expect("timer is open");
+        // Its bucket is due; the batch cancel (as a completing thread's flush) races the
+        // driver's advance.
+        clock.advance(Duration::from_millis(20));
+        let canceller = {
+            let timer = Arc::clone(&timer);
+            thread::spawn(move || {
+                let mut cancelled = Vec::new();
+                timer.cancel_batch(&mut [handle], &mut cancelled)
+            })
+        };
+        // No limit on the wait while nothing is queued, and nothing here would wake the
+        // driver: a driver that sleeps after taking the emptied bucket never returns, and
+        // loom reports the deadlock.
+        let fired = timer.advance_clock(Duration::MAX);
+        let cancelled = canceller.join().unwrap();
+
+        assert_eq!(fired + cancelled, 1, "fired {fired}, cancelled {cancelled}");
+        assert_eq!(runs.load(Ordering::SeqCst), fired);
+        assert_eq!(timer.shutdown().len(), 0);
     });
 }
 
