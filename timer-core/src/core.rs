@@ -31,6 +31,9 @@
 //!   earlier, so the published value is never later than it. It may be earlier: a
 //!   single cancel publishes nothing, and a batch cancel that empties the shard whole
 //!   keeps the old value on purpose (see `cancel_batch`), until an advance reaches it.
+//! - An advance that publishes a shard idle increments `idled` first, under the shard
+//!   lock; a driver that reads the shard idle therefore reads the count too, and compares
+//!   it with the count read when its wait was decided (`advance_with`).
 //! - Once closed, an advance fires nothing and adds and resets are refused; once a shard
 //!   is drained it refuses them itself, so no task can slip in, or move, after the drain.
 
@@ -107,10 +110,6 @@ pub struct TimerStats {
 pub(crate) struct Fired {
     pub(crate) count: usize,
     pub(crate) overdue: Duration,
-    /// A shard had a bucket due and the advance took it, whatever it held: tasks, only
-    /// cancelled entries, or tasks it moved down a level. The state the round's wait
-    /// was decided on has then changed (see `advance_with`).
-    pub(crate) advanced: bool,
 }
 
 /// The relief machinery's counts (`stand_in.rs`), kept with the core so that an owner
@@ -150,6 +149,8 @@ pub struct TimerCore<T> {
     closed: AtomicBool,
     sleeper: Sleeper,
     relief: ReliefCounts,
+    /// How many times an advance has left a shard idle (see [`idled`](Self::idled)).
+    idled: AtomicU64,
 }
 
 static NEXT_THREAD_HINT: AtomicUsize = AtomicUsize::new(0);
@@ -226,6 +227,7 @@ impl<T> TimerCore<T> {
             closed: AtomicBool::new(false),
             sleeper: Sleeper::new(),
             relief: ReliefCounts::default(),
+            idled: AtomicU64::new(0),
         }
     }
 
@@ -347,18 +349,21 @@ impl<T> TimerCore<T> {
         let now = now_nanos / self.tick_nanos;
         let mut fired = 0;
         let mut oldest = IDLE;
-        let mut advanced = false;
         for shard in self.shards.iter() {
             let next = shard.next_expiration.load(Ordering::Acquire);
             if next > now {
                 continue;
             }
-            advanced = true;
             oldest = oldest.min(next);
             let mut state = shard.state.lock();
             let n = state.wheel.advance(now, expired);
             state.expired += n as u64;
             let next = state.wheel.next_expiration().unwrap_or(IDLE);
+            if next == IDLE {
+                // Counted before it is published: a driver that reads the shard idle
+                // reads the count too (`advance_with`).
+                self.idled.fetch_add(1, Ordering::SeqCst);
+            }
             shard.next_expiration.store(next, Ordering::SeqCst);
             drop(state);
             fired += n;
@@ -374,39 +379,51 @@ impl<T> TimerCore<T> {
         Fired {
             count: fired,
             overdue: Duration::from_nanos(overdue),
-            advanced,
         }
     }
 
-    /// Fires what is due; if no bucket was, waits (see [`NextRound`]: `wait.queued` at
+    /// How many times an advance has left a shard idle, so far. A driver reads it when
+    /// it decides how long its next round may wait, and passes it to that round's
+    /// [`advance_with`](Self::advance_with).
+    pub(crate) fn idled(&self) -> u64 {
+        self.idled.load(Ordering::SeqCst)
+    }
+
+    /// Fires what is due; if nothing was, waits (see [`NextRound`]: `wait.queued` at
     /// most while a task is queued, `wait.empty` at most while none is) for the earliest
     /// bucket, an earlier add or shutdown, and fires what is due then. `before_sleep` is
     /// told, just before such a wait, when it will end at the latest (`None`: not before
     /// a wake): a driving thread's watchdog then knows whether it is back before its
     /// look.
     ///
-    /// A due bucket that held no task (its entries were cancelled after the round's
-    /// `wait` was decided, by the owner's `before_round` or by another thread) still ends
-    /// the advance without a wait: taking it may have left the core empty, and `wait`
-    /// was decided while it was not, so the owner decides again (its `after_round`)
-    /// before anything sleeps under `wait.empty`. An advance is the only step that
-    /// publishes a shard idle while a driver runs (`cancel_batch` keeps the old value
-    /// when it empties a shard whole), so a round never sleeps under `wait.empty` on a
-    /// core that a cancel emptied since `wait` was decided. Otherwise the purgatory, its
-    /// last completions' cancels applied at the start of the round, slept without limit
+    /// `decided` is what [`idled`](Self::idled) read when `wait` was decided. A core
+    /// found empty after an advance has left a shard idle since then does not wait at
+    /// all: the advance that did it (this one, or another driving thread's) took a due
+    /// bucket whose entries were cancelled after the decision (by the owner's
+    /// `before_round`, or a completing thread), so the core may have been emptied since,
+    /// and `wait.empty` decided for a core that was not; the owner decides again (its
+    /// `after_round`) first. Only an advance publishes a shard idle while drivers run
+    /// (`cancel_batch` keeps the old value when it empties a shard whole), and it counts
+    /// before it publishes, so a round never sleeps under `wait.empty` on a core a
+    /// cancel emptied after `decided` was read. Otherwise the purgatory, whose
+    /// completions' cancels are applied at the start of a round, slept without limit
     /// though those completions had made a purge due.
     pub(crate) fn advance_with(
         &self,
         wait: NextRound,
+        decided: u64,
         expired: &mut Vec<T>,
         before_sleep: impl FnOnce(Option<Instant>),
     ) -> Fired {
         let fired = self.fire_due(expired);
-        if fired.count > 0 || fired.advanced || self.closed.load(Ordering::SeqCst) {
+        if fired.count > 0 || self.closed.load(Ordering::SeqCst) {
             return fired;
         }
         let earliest = self.earliest();
         let max_wait = if earliest == IDLE {
+            if self.idled() != decided {
+                return fired;
+            }
             wait.empty
         } else {
             wait.queued
@@ -644,9 +661,12 @@ impl<T> TimerCore<T> {
     /// `max_wait` for the earliest bucket to come due (or for an earlier one to be added,
     /// or for [`shutdown`](Self::shutdown)) and moves what is due then. Returns how many
     /// tasks expired. With `Duration::ZERO` it never waits; after shutdown it moves
-    /// nothing. The caller runs (or drops) the expired tasks: nothing here runs them.
+    /// nothing. A call that leaves the core empty by taking due buckets whose tasks were
+    /// all cancelled returns 0 without waiting. The caller runs (or drops) the expired
+    /// tasks: nothing here runs them.
     pub fn advance_into(&self, max_wait: Duration, expired: &mut Vec<T>) -> usize {
-        self.advance_with(NextRound::at_most(max_wait), expired, |_| {})
+        let decided = self.idled();
+        self.advance_with(NextRound::at_most(max_wait), decided, expired, |_| {})
             .count
     }
 

@@ -130,10 +130,11 @@ fn expire_alone<E: Expire + ?Sized>(target: &E, task: E::Task) {
 /// and a round waiting under `empty` ends at the first add if `queued` is shorter, so a
 /// target that wants to look at its state every `queued` while work is pending gets that
 /// from the first add on, even if the add raced the decision. Nor does a round wait under
-/// `empty` on a core that a cancel emptied after the decision: a round whose advance
-/// takes a due bucket returns without waiting, whatever the bucket held, so the target
-/// decides again (in `before_round`, say, cancels the target applies itself may leave a
-/// due bucket empty, and the core with it).
+/// `empty` on a core that cancels emptied after the decision: when an advance (the
+/// round's own, or another driving thread's) has left a shard idle since the target
+/// decided, a round that finds the core empty returns without waiting, and the target
+/// decides again (cancels a target applies in `before_round`, say, may leave a due
+/// bucket empty, and the core with it once the round takes the bucket).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NextRound {
     /// The longest wait while at least one task is queued.
@@ -159,6 +160,26 @@ impl NextRound {
         NextRound {
             queued: self.queued.min(wait),
             empty: self.empty.min(wait),
+        }
+    }
+}
+
+/// A round's wait as its driving thread carries it from the round that decided it: the
+/// target's [`NextRound`], and what [`TimerCore::idled`] read just before the target
+/// decided (see `TimerCore::advance_with`: a core found empty after an advance has left
+/// a shard idle since then is not waited on under `empty`).
+#[derive(Clone, Copy, Debug)]
+struct Plan {
+    wait: NextRound,
+    idled: u64,
+}
+
+impl Plan {
+    /// `wait`, decided now (by a caller that passes its own bound).
+    fn now<E: Expire>(shared: &Shared<E>, wait: NextRound) -> Self {
+        Plan {
+            wait,
+            idled: shared.target.core().idled(),
         }
     }
 }
@@ -342,15 +363,15 @@ impl<E: Expire> Driver<E> {
         &self.shared.target
     }
 
-    /// Runs one round: expires what is due, or, if no bucket is, waits up to `max_wait`
+    /// Runs one round: expires what is due, or, if nothing is, waits up to `max_wait`
     /// for the earliest bucket (or an earlier add, or shutdown) and expires what is due
-    /// then. Returns how many tasks expired. A due bucket whose tasks were all cancelled
-    /// counts as due: the round takes it and returns 0 without waiting. For owners
-    /// without a reaper thread (for example on a manual clock); harmless beside one.
+    /// then. Returns how many tasks expired. A round that leaves the core empty by
+    /// taking due buckets whose tasks were all cancelled returns 0 without waiting (see
+    /// [`NextRound`]). For owners without a reaper thread (for example on a manual
+    /// clock); harmless beside one.
     pub fn advance_clock(&self, max_wait: Duration) -> usize {
-        self.shared
-            .round(NextRound::at_most(max_wait), &mut Vec::new(), None)
-            .0
+        let plan = Plan::now(&self.shared, NextRound::at_most(max_wait));
+        self.shared.round(plan, &mut Vec::new(), None).0
     }
 
     /// One round that never waits, for a driver that waits elsewhere (an async task; see
@@ -358,8 +379,9 @@ impl<E: Expire> Driver<E> {
     /// target's [`NextRound`] (how long it may wait before the next round, besides the
     /// earliest bucket).
     pub fn round_now(&self) -> (usize, NextRound) {
-        self.shared
-            .round(NextRound::at_most(Duration::ZERO), &mut Vec::new(), None)
+        let plan = Plan::now(&self.shared, NextRound::at_most(Duration::ZERO));
+        let (fired, next) = self.shared.round(plan, &mut Vec::new(), None);
+        (fired, next.wait)
     }
 
     /// Whether shutdown has begun.
@@ -529,10 +551,10 @@ impl<E: Expire> Shared<E> {
     /// `advance_clock`); returns how many tasks expired and the next round's longest wait.
     fn round(
         self: &Arc<Self>,
-        wait: NextRound,
+        plan: Plan,
         batch: &mut Vec<E::Task>,
         mut driving: Option<&mut Driving<E::Task>>,
-    ) -> (usize, NextRound) {
+    ) -> (usize, Plan) {
         *self.rounds.lock() += 1;
         let _done = RoundDone(self);
         // The whole round is this driver's expiry work: the owner's hooks may run user
@@ -553,12 +575,14 @@ impl<E: Expire> Shared<E> {
         let Fired {
             count: fired,
             overdue,
-            ..
-        } = self.target.core().advance_with(wait, batch, |wake| {
-            if let Some((stand_in, slot)) = watched {
-                stand_in.sleeps_in_core(slot, wake);
-            }
-        });
+        } = self
+            .target
+            .core()
+            .advance_with(plan.wait, plan.idled, batch, |wake| {
+                if let Some((stand_in, slot)) = watched {
+                    stand_in.sleeps_in_core(slot, wake);
+                }
+            });
         if fired > 0 {
             match &self.executor {
                 Executor::Inline => match (&self.stand_in, driving.as_deref_mut()) {
@@ -583,12 +607,16 @@ impl<E: Expire> Shared<E> {
         if let Some(done) = driving.and_then(|driving| Arc::get_mut(&mut driving.batch)) {
             done.give_back(fired);
         }
+        // Read before the target decides: whatever an advance empties from now on, the
+        // decision may not have seen.
+        let idled = self.target.core().idled();
         let next = self.hook(watched, || {
             caught("the expiry target's after_round panicked", || {
                 self.target.after_round()
             })
         });
-        (fired, next.unwrap_or(wait))
+        let wait = next.unwrap_or(plan.wait);
+        (fired, Plan { wait, idled })
     }
 
     /// Runs a round's hook `f`, watched by the stand-in on slot `watched` (if any).
@@ -765,7 +793,7 @@ impl<E: Expire> Shared<E> {
             batch: Arc::new(SharedBatch::new()),
         };
         let mut buffer = Vec::new();
-        let mut wait = NextRound::at_most(Duration::ZERO);
+        let mut plan = Plan::now(self, NextRound::at_most(Duration::ZERO));
         let look = stand_in.look_period();
         loop {
             if self.target.core().is_shutdown() {
@@ -782,8 +810,8 @@ impl<E: Expire> Shared<E> {
             if stand_in.rounds_covered(slot) {
                 return;
             }
-            (_, wait) = self.round(wait, &mut buffer, Some(&mut driving));
-            wait = wait.min(look);
+            (_, plan) = self.round(plan, &mut buffer, Some(&mut driving));
+            plan.wait = plan.wait.min(look);
         }
     }
 
@@ -863,11 +891,11 @@ fn reaper_loop<E: Expire>(shared: &Arc<Shared<E>>) {
     };
     // The first round waits for nothing; its `after_round` (watched, like every hook of
     // a round, see `Shared::hook`) says how long the next may wait.
-    let mut wait = NextRound::at_most(Duration::ZERO);
+    let mut plan = Plan::now(shared, NextRound::at_most(Duration::ZERO));
     if let Some(stand_in) = &shared.stand_in {
         stand_in.register(0);
     }
     while !shared.target.core().is_shutdown() {
-        (_, wait) = shared.round(wait, &mut batch, Some(&mut driving));
+        (_, plan) = shared.round(plan, &mut batch, Some(&mut driving));
     }
 }

@@ -80,10 +80,10 @@ impl<T: TimerTask> Timer<T> {
         Timer { driver }
     }
 
-    /// Runs every task that is due, then, if no bucket was due, waits up to `max_wait` for
-    /// the earliest bucket to come due (or for an earlier one to be added) and runs what is
-    /// due then. Returns how many tasks expired. With `Duration::ZERO` it never waits. A
-    /// due bucket whose tasks were all cancelled counts as due: the call takes it and
+    /// Runs every task that is due, then, if none was, waits up to `max_wait` for the
+    /// earliest bucket to come due (or for an earlier one to be added) and runs what is due
+    /// then. Returns how many tasks expired. With `Duration::ZERO` it never waits. A call
+    /// that leaves the timer empty by taking due buckets whose tasks were all cancelled
     /// returns 0 without waiting.
     ///
     /// The reaper thread calls this in a loop; call it yourself when the timer was built

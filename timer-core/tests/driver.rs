@@ -5,7 +5,7 @@
 //! Every wait here is bounded (a hang fails the test instead of blocking the run); no test
 //! asserts how fast anything is.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{mpsc, Barrier, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -225,4 +225,121 @@ fn a_round_that_finds_only_a_cancelled_bucket_due_returns_to_its_owner() {
     let stats = driver.target().core.stats();
     assert_eq!((stats.cancelled, stats.expired, stats.pending), (1, 0, 0));
     assert_eq!(driver.target().core.next_expiration(), None);
+}
+
+/// Where [`Gated`]'s reaper stops once armed.
+const IN_BEFORE_ROUND: u8 = 1;
+const IN_AFTER_ROUND: u8 = 2;
+
+/// A target whose reaper, once the test arms the gate (at the start of a round, or in
+/// `after_round` as it decides), stops there until the test lets it go; every
+/// `after_round` asks for short waits while anything is queued and none while nothing
+/// is, and is counted.
+struct Gated {
+    core: TimerCore<u32>,
+    gate: AtomicU8,
+    stopped: Barrier,
+    resume: Barrier,
+    after_rounds: AtomicUsize,
+}
+
+impl Gated {
+    fn stop_if_armed(&self, here: u8) {
+        if self
+            .gate
+            .compare_exchange(here, 0, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            self.stopped.wait();
+            self.resume.wait();
+        }
+    }
+}
+
+impl Expire for Gated {
+    type Task = u32;
+
+    fn core(&self) -> &TimerCore<u32> {
+        &self.core
+    }
+
+    fn expire(&self, expired: &mut Vec<u32>) {
+        expired.clear();
+    }
+
+    fn before_round(&self) {
+        self.stop_if_armed(IN_BEFORE_ROUND);
+    }
+
+    fn after_round(&self) -> NextRound {
+        let wait = NextRound {
+            queued: QUEUED_WAIT,
+            empty: Duration::MAX,
+        };
+        self.stop_if_armed(IN_AFTER_ROUND);
+        self.after_rounds.fetch_add(1, Ordering::SeqCst);
+        wait
+    }
+}
+
+/// The same, with two driving threads: the reaper has decided its wait while a task was
+/// queued, or is deciding it; meanwhile the task is cancelled (its bucket due) and
+/// another thread's `advance_clock` takes the emptied bucket and leaves the core empty.
+/// The reaper's next advance then finds nothing due at all, yet must not sleep on the
+/// bound its target gave for an empty core before the cancel.
+fn another_driver_empties_the_core_while_the_reaper_is_stopped(gate: u8) {
+    let clock = ManualClock::new();
+    let (core, config) = TimerBuilder::new()
+        .clock(clock.clone())
+        .stand_in(None)
+        .build_parts::<u32>()
+        .unwrap();
+    let handle = core.add(Duration::from_millis(10), 7).unwrap();
+    let target = Gated {
+        core,
+        gate: AtomicU8::new(0),
+        stopped: Barrier::new(2),
+        resume: Barrier::new(2),
+        after_rounds: AtomicUsize::new(0),
+    };
+    let driver = config.start(target, "gated").unwrap();
+    let gated = driver.target();
+    // The reaper comes round every `QUEUED_WAIT` while the task is queued: it stops at
+    // the gate within one. Not in its first round, which waits for nothing.
+    assert!(wait_until(|| gated.after_rounds.load(Ordering::SeqCst) >= 2));
+    gated.gate.store(gate, Ordering::SeqCst);
+    gated.stopped.wait();
+    clock.advance(Duration::from_millis(20));
+    assert_eq!(gated.core.cancel_batch(&mut [handle], &mut Vec::new()), 1);
+    assert_eq!(driver.advance_clock(Duration::ZERO), 0);
+    assert_eq!(
+        gated.core.next_expiration(),
+        None,
+        "the other round emptied the core"
+    );
+    let before = gated.after_rounds.load(Ordering::SeqCst);
+    gated.resume.wait();
+    // Stopped in `after_round`, the reaper counts that round on its way out: the next.
+    let next = before + usize::from(gate == IN_AFTER_ROUND) + 1;
+    let came_back = wait_until(|| gated.after_rounds.load(Ordering::SeqCst) >= next);
+    if !came_back {
+        // Asleep without limit: an add due at once wakes it, so the test ends.
+        gated.core.add(Duration::ZERO, 8).unwrap();
+        clock.advance(Duration::from_millis(10));
+    }
+    assert!(
+        came_back,
+        "the reaper slept on a wait decided before the core was emptied"
+    );
+    assert!(driver.shutdown_with(|pending| pending).unwrap().len() <= 1);
+}
+
+#[test]
+fn a_round_whose_core_another_driver_emptied_before_it_advanced_returns_to_its_owner() {
+    another_driver_empties_the_core_while_the_reaper_is_stopped(IN_BEFORE_ROUND);
+}
+
+#[test]
+fn a_round_whose_core_another_driver_emptied_while_its_wait_was_decided_returns_to_its_owner() {
+    another_driver_empties_the_core_while_the_reaper_is_stopped(IN_AFTER_ROUND);
 }

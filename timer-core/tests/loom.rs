@@ -28,6 +28,18 @@
 //!   deadlock loom reports; it does when the advance waits after taking only emptied
 //!   buckets.
 //!
+//! - **Another driver emptying the core after a round's decision**: a round has begun
+//!   with its wait decided (unlimited while the core is empty); then the task whose
+//!   bucket is due is cancelled and a second driving thread's round takes the emptied
+//!   bucket. The first round, finding the core empty, must return (the advance that
+//!   idled a shard counts it before publishing, and the round compares the count with
+//!   the one read when its wait was decided) rather than sleep: loom reports the
+//!   deadlock when the comparison is left out. It does not catch a count made after the
+//!   publish: `fire_due` loads the published expiration and then stores it (the first
+//!   limit below), and the read-modify-write that lets loom explore that order there
+//!   makes it report a stale read after a mutex hand-over in other models (its
+//!   modification order is partial), so the order is kept by a comment in `core.rs`.
+//!
 //! - **A wake after an add**: `wake` is never lost (even when it comes before the driver
 //!   sleeps), and the woken driver runs the task that became due.
 //! - **An add racing a driver that waits elsewhere** (an async task, woken through
@@ -62,7 +74,7 @@ use std::time::Duration;
 
 use loom::sync::Arc;
 use loom::thread;
-use timer_core::{Clock, ManualClock, Timer, TimerBuilder, TimerTask};
+use timer_core::{Clock, Expire, ManualClock, Timer, TimerBuilder, TimerCore, TimerTask};
 
 /// Counts its runs in a plain (not loom) atomic: only read after every thread has joined.
 struct Counted(std::sync::Arc<AtomicUsize>);
@@ -256,6 +268,78 @@ fn a_batch_cancel_emptying_a_due_bucket_never_leaves_the_driver_asleep_without_l
         assert_eq!(fired + cancelled, 1, "fired {fired}, cancelled {cancelled}");
         assert_eq!(runs.load(Ordering::SeqCst), fired);
         assert_eq!(timer.shutdown().len(), 0);
+    });
+}
+
+/// A driver's target for the model below: its `before_round` marks that a round has
+/// begun (its wait decided), and its tasks only count.
+struct Marks {
+    core: TimerCore<u32>,
+    began: loom::sync::atomic::AtomicBool,
+}
+
+impl Expire for Marks {
+    type Task = u32;
+
+    fn core(&self) -> &TimerCore<u32> {
+        &self.core
+    }
+
+    fn expire(&self, expired: &mut Vec<u32>) {
+        expired.clear();
+    }
+
+    fn before_round(&self) {
+        self.began.store(true, Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn another_driver_emptying_the_core_after_a_rounds_decision_never_leaves_it_asleep() {
+    loom::model(|| {
+        let clock = ManualClock::new();
+        let (core, config) = TimerBuilder::new()
+            .tick(Duration::from_millis(1))
+            .shards(1)
+            .clock(clock.clone())
+            .reaper(false)
+            .stand_in(None)
+            .build_parts::<u32>()
+            .expect("valid configuration");
+        let handle = core.add(Duration::from_millis(10), 7).expect("open");
+        clock.advance(Duration::from_millis(20));
+        let driver = Arc::new(
+            config
+                .start(
+                    Marks {
+                        core,
+                        began: loom::sync::atomic::AtomicBool::new(false),
+                    },
+                    "marks",
+                )
+                .expect("a driver"),
+        );
+        // Once the first driver's round has begun (its wait decided: none while the core
+        // is empty), the task is cancelled and the second driver's round takes the
+        // emptied bucket.
+        let other = {
+            let driver = Arc::clone(&driver);
+            thread::spawn(move || {
+                while !driver.target().began.load(Ordering::SeqCst) {
+                    thread::yield_now();
+                }
+                let cancelled = driver
+                    .target()
+                    .core
+                    .cancel_batch(&mut [handle], &mut Vec::new());
+                (cancelled, driver.advance_clock(Duration::ZERO))
+            })
+        };
+        // Nothing would wake this round: one that sleeps is a deadlock loom reports.
+        let fired = driver.advance_clock(Duration::MAX);
+        let (cancelled, fired_there) = other.join().unwrap();
+        assert_eq!(fired + cancelled + fired_there, 1);
+        assert_eq!(driver.target().core.next_expiration(), None);
     });
 }
 
