@@ -38,6 +38,12 @@
 //!   due, the next round comes within `REAPER_WAIT` (or the give-back's own, longer wait
 //!   while the segment it empties stays in use, up to 1.6 s,
 //!   `OpTable::look_again_within`), so memory comes back without any further call.
+//!   A purge that completions make due after the housekeeping decided "without limit"
+//!   is reached too: their operations' timer entries keep the timer queued (the next
+//!   round comes within `REAPER_WAIT`) until their cancels are applied, and a round that
+//!   finds the timer emptied by those cancels returns to this housekeeping instead of
+//!   sleeping on the old decision (`timer-core`'s `TimerCore::advance_with`;
+//!   `tests/purge.rs`).
 
 use std::hash::Hash;
 use std::sync::atomic::Ordering;
