@@ -276,8 +276,17 @@ fn a_completion_whose_bucket_is_due_at_the_next_round_is_still_purged() {
         }
         assert_eq!(came_back, Ok(0), "the round slept instead of purging");
     });
+    // That round's housekeeping purged, unless the process's unmapping thread was busy
+    // (another test's memory): it then asked for a round soon, which these are.
+    assert!(
+        wait_until(Duration::from_secs(5), || {
+            purgatory.advance_clock(Duration::ZERO);
+            purgatory.stats().purged == 1
+        }),
+        "not purged"
+    );
     let stats = purgatory.stats();
-    assert_eq!((stats.watched, stats.keys, stats.purged), (0, 0, 1));
+    assert_eq!((stats.watched, stats.keys), (0, 0));
     assert_eq!((stats.forced, stats.expired, stats.pending), (1, 0, 0));
     assert!(ledger.is_completed(0));
 }
