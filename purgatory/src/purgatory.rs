@@ -694,8 +694,9 @@ where
     /// Drives the timer once: completes every expired operation, then waits up to
     /// `max_wait` for the next timeout if none was due, and purges if enough completed
     /// entries are listed. A call that finds only timeouts of operations completed since
-    /// due, and none pending after them, returns 0 without waiting. Returns how many timeouts fired (an operation an event
-    /// completed while its timeout fired is counted here, but not in `stats().expired`).
+    /// due, and none pending after them, returns 0 without waiting. Returns how many
+    /// timeouts fired (an operation an event completed while its timeout fired is counted
+    /// here, but not in `stats().expired`).
     /// For purgatories whose timer is built with `reaper(false)` (for example on a
     /// manual clock); harmless otherwise.
     pub fn advance_clock(&self, max_wait: Duration) -> usize {

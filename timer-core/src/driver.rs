@@ -548,7 +548,8 @@ impl<E: Expire> std::fmt::Debug for Driver<E> {
 impl<E: Expire> Shared<E> {
     /// One round (see the module doc), with `batch` as the inline executor's buffer, on
     /// driving slot `driving` (the reaper's and stand-ins' rounds; `None` for a caller of
-    /// `advance_clock`); returns how many tasks expired and the next round's longest wait.
+    /// `advance_clock`); returns how many tasks expired and the next round's plan (its
+    /// longest wait, and the count of idled shards its target decided it at).
     fn round(
         self: &Arc<Self>,
         plan: Plan,

@@ -153,90 +153,19 @@ fn an_add_missed_while_another_thread_drove_the_core_still_wakes_the_idle_reaper
     assert_eq!(driver.shutdown_with(|pending| pending).unwrap(), vec![7]);
 }
 
-/// A target whose `before_round` applies, through `cancel_batch`, the cancels the test
-/// queued: as the purgatory applies its completions' cancels at the start of a round.
-/// Every `after_round` asks for no limit on any wait, and is counted.
-struct CancelsFirst {
-    core: TimerCore<u32>,
-    queued: Mutex<Vec<TimerHandle>>,
-    after_rounds: AtomicUsize,
-}
-
-impl Expire for CancelsFirst {
-    type Task = u32;
-
-    fn core(&self) -> &TimerCore<u32> {
-        &self.core
-    }
-
-    fn expire(&self, expired: &mut Vec<u32>) {
-        expired.clear();
-    }
-
-    fn before_round(&self) {
-        let mut handles = std::mem::take(&mut *self.queued.lock().unwrap());
-        self.core.cancel_batch(&mut handles, &mut Vec::new());
-    }
-
-    fn after_round(&self) -> NextRound {
-        self.after_rounds.fetch_add(1, Ordering::SeqCst);
-        NextRound::at_most(Duration::MAX)
-    }
-}
-
-/// The purgatory's lost purge, in the driver: the last round decided its wait (none)
-/// while a task was queued; the next round's `before_round` cancels that task, whose
-/// bucket is due. The advance takes the emptied bucket and leaves the core empty: the
-/// round must come back to its owner (who may now want a shorter wait, as the purgatory
-/// does once those completions made a purge due) instead of sleeping without limit on the
-/// old decision.
-#[test]
-fn a_round_that_finds_only_a_cancelled_bucket_due_returns_to_its_owner() {
-    let clock = ManualClock::new();
-    let (core, config) = TimerBuilder::new()
-        .clock(clock.clone())
-        .reaper(false)
-        .build_parts::<u32>()
-        .unwrap();
-    let handle = core.add(Duration::from_millis(10), 7).unwrap();
-    let target = CancelsFirst {
-        core,
-        queued: Mutex::new(vec![handle]),
-        after_rounds: AtomicUsize::new(0),
-    };
-    let driver = config.start(target, "cancels-first").unwrap();
-    clock.advance(Duration::from_millis(20));
-    let (returned, rx) = mpsc::channel();
-    thread::scope(|s| {
-        s.spawn(|| returned.send(driver.advance_clock(Duration::MAX)).unwrap());
-        let came_back = rx.recv_timeout(PATIENCE);
-        if came_back.is_err() {
-            // Asleep without limit: an add due at once wakes it, so the test ends.
-            driver.target().core.add(Duration::ZERO, 8).unwrap();
-            clock.advance(Duration::from_millis(10));
-        }
-        assert_eq!(
-            came_back,
-            Ok(0),
-            "the round slept on a wait decided before its cancels emptied the core"
-        );
-    });
-    assert_eq!(driver.target().after_rounds.load(Ordering::SeqCst), 1);
-    let stats = driver.target().core.stats();
-    assert_eq!((stats.cancelled, stats.expired, stats.pending), (1, 0, 0));
-    assert_eq!(driver.target().core.next_expiration(), None);
-}
-
 /// Where [`Gated`]'s reaper stops once armed.
 const IN_BEFORE_ROUND: u8 = 1;
 const IN_AFTER_ROUND: u8 = 2;
 
-/// A target whose reaper, once the test arms the gate (at the start of a round, or in
-/// `after_round` as it decides), stops there until the test lets it go; every
+/// A target whose `before_round` first applies, through `cancel_batch`, the cancels the
+/// test queued (as the purgatory applies its completions' cancels at the start of a
+/// round); whose reaper, once the test arms the gate (at the start of a round, or in
+/// `after_round` as it decides), stops there until the test lets it go; and whose every
 /// `after_round` asks for short waits while anything is queued and none while nothing
 /// is, and is counted.
 struct Gated {
     core: TimerCore<u32>,
+    queued: Mutex<Vec<TimerHandle>>,
     gate: AtomicU8,
     stopped: Barrier,
     resume: Barrier,
@@ -244,6 +173,17 @@ struct Gated {
 }
 
 impl Gated {
+    fn new(core: TimerCore<u32>, queued: Vec<TimerHandle>) -> Self {
+        Gated {
+            core,
+            queued: Mutex::new(queued),
+            gate: AtomicU8::new(0),
+            stopped: Barrier::new(2),
+            resume: Barrier::new(2),
+            after_rounds: AtomicUsize::new(0),
+        }
+    }
+
     fn stop_if_armed(&self, here: u8) {
         if self
             .gate
@@ -268,6 +208,8 @@ impl Expire for Gated {
     }
 
     fn before_round(&self) {
+        let mut handles = std::mem::take(&mut *self.queued.lock().unwrap());
+        self.core.cancel_batch(&mut handles, &mut Vec::new());
         self.stop_if_armed(IN_BEFORE_ROUND);
     }
 
@@ -280,6 +222,52 @@ impl Expire for Gated {
         self.after_rounds.fetch_add(1, Ordering::SeqCst);
         wait
     }
+}
+
+/// Ends a wait a round should not have begun (no limit, nothing queued): an add due at
+/// once wakes it, so that the test fails instead of hanging.
+fn end_a_sleep_without_limit(target: &Gated, clock: &ManualClock) {
+    target.core.add(Duration::ZERO, 8).unwrap();
+    clock.advance(Duration::from_millis(10));
+}
+
+/// The purgatory's lost purge, in the driver: the last round decided its wait (none)
+/// while a task was queued; the next round's `before_round` cancels that task, whose
+/// bucket is due. The advance takes the emptied bucket and leaves the core empty: the
+/// round must come back to its owner (who may now want a shorter wait, as the purgatory
+/// does once those completions made a purge due) instead of sleeping without limit on the
+/// old decision.
+#[test]
+fn a_round_that_finds_only_a_cancelled_bucket_due_returns_to_its_owner() {
+    let clock = ManualClock::new();
+    let (core, config) = TimerBuilder::new()
+        .clock(clock.clone())
+        .reaper(false)
+        .build_parts::<u32>()
+        .unwrap();
+    let handle = core.add(Duration::from_millis(10), 7).unwrap();
+    let driver = config
+        .start(Gated::new(core, vec![handle]), "cancels-first")
+        .unwrap();
+    clock.advance(Duration::from_millis(20));
+    let (returned, rx) = mpsc::channel();
+    thread::scope(|s| {
+        // No limit on the wait: the wait its `after_round` asks for is not used here.
+        s.spawn(|| returned.send(driver.advance_clock(Duration::MAX)).unwrap());
+        let came_back = rx.recv_timeout(PATIENCE);
+        if came_back.is_err() {
+            end_a_sleep_without_limit(driver.target(), &clock);
+        }
+        assert_eq!(
+            came_back,
+            Ok(0),
+            "the round slept on a wait decided before its cancels emptied the core"
+        );
+    });
+    assert_eq!(driver.target().after_rounds.load(Ordering::SeqCst), 1);
+    let stats = driver.target().core.stats();
+    assert_eq!((stats.cancelled, stats.expired, stats.pending), (1, 0, 0));
+    assert_eq!(driver.target().core.next_expiration(), None);
 }
 
 /// The same, with two driving threads: the reaper has decided its wait while a task was
@@ -295,14 +283,7 @@ fn another_driver_empties_the_core_while_the_reaper_is_stopped(gate: u8) {
         .build_parts::<u32>()
         .unwrap();
     let handle = core.add(Duration::from_millis(10), 7).unwrap();
-    let target = Gated {
-        core,
-        gate: AtomicU8::new(0),
-        stopped: Barrier::new(2),
-        resume: Barrier::new(2),
-        after_rounds: AtomicUsize::new(0),
-    };
-    let driver = config.start(target, "gated").unwrap();
+    let driver = config.start(Gated::new(core, Vec::new()), "gated").unwrap();
     let gated = driver.target();
     // The reaper comes round every `QUEUED_WAIT` while the task is queued: it stops at
     // the gate within one. Not in its first round, which waits for nothing.
@@ -323,9 +304,7 @@ fn another_driver_empties_the_core_while_the_reaper_is_stopped(gate: u8) {
     let next = before + usize::from(gate == IN_AFTER_ROUND) + 1;
     let came_back = wait_until(|| gated.after_rounds.load(Ordering::SeqCst) >= next);
     if !came_back {
-        // Asleep without limit: an add due at once wakes it, so the test ends.
-        gated.core.add(Duration::ZERO, 8).unwrap();
-        clock.advance(Duration::from_millis(10));
+        end_a_sleep_without_limit(gated, &clock);
     }
     assert!(
         came_back,
