@@ -53,6 +53,11 @@ const SMALL_BATCH: usize = 32;
 #[cfg(loom)]
 const SMALL_BATCH: usize = 2;
 
+/// How many list entries ahead of the one it locks a check prefetches a slot (see
+/// `check_and_complete`). A slot line another core wrote last takes about as long to
+/// arrive as a few entries' work, so a handful in flight hides most of it.
+const PREFETCH_AHEAD: usize = 8;
+
 /// Holds operations that cannot complete yet, per key, until an event completes them or
 /// their timeout expires them.
 ///
@@ -423,9 +428,26 @@ where
         // at once, before the next candidate's `try_complete`).
         let mut expired = 0;
         let pin = state.table.pin();
-        for &op in candidates.iter() {
-            // Each entry's slot and tag are found once, for the tag and the lock.
-            let found = state.table.find(&pin, op);
+        // A slot another thread wrote last (a watch, an expiry) is a cache miss: each is
+        // found and prefetched `PREFETCH_AHEAD` entries before it is locked, so that the
+        // misses of consecutive entries overlap rather than add up. `ahead` holds the
+        // entries found and not reached yet, entry `i` at `i % PREFETCH_AHEAD`.
+        let entries = candidates.as_slice();
+        let found_at = |i: usize| {
+            let found = state.table.find(&pin, entries[i]);
+            found.prefetch();
+            found
+        };
+        let mut ahead = [found_at(0); PREFETCH_AHEAD];
+        for (i, entry) in ahead.iter_mut().enumerate().take(entries.len()).skip(1) {
+            *entry = found_at(i);
+        }
+        for i in 0..entries.len() {
+            let found = ahead[i % PREFETCH_AHEAD];
+            if i + PREFETCH_AHEAD < entries.len() {
+                ahead[i % PREFETCH_AHEAD] = found_at(i + PREFETCH_AHEAD);
+            }
+            let op = found.op();
             // The dense tag first: an entry of an operation already completed (through
             // another key, or by force, expiry or cancel) is skipped without touching its
             // slot, and the list is cleaned below.
@@ -1033,6 +1055,76 @@ mod tests {
         assert_eq!(purgatory.pending(), 4, "the later operations are untouched");
         for handle in &later {
             assert!(!purgatory.is_completed(handle));
+        }
+    }
+
+    /// Records each `try_complete` call by its operation's number; ready once told so.
+    struct Recorded {
+        id: usize,
+        tries: Arc<std::sync::Mutex<Vec<usize>>>,
+        ready: Arc<std::sync::atomic::AtomicBool>,
+    }
+
+    impl DelayedOperation for Recorded {
+        fn timeout(&self) -> Duration {
+            Duration::from_secs(60)
+        }
+        fn try_complete(&mut self) -> bool {
+            self.tries.lock().unwrap().push(self.id);
+            self.ready.load(Ordering::Relaxed)
+        }
+        fn on_complete(&mut self, _how: Completion) {}
+    }
+
+    /// A check tries each operation still waiting on its key once, in arrival order,
+    /// skipping the entries of operations already gone, whatever the list's length
+    /// against the prefetch window (`PREFETCH_AHEAD`): shorter, equal, one more, many.
+    #[test]
+    fn a_check_tries_each_waiting_entry_once_in_arrival_order_at_every_length() {
+        for len in [
+            1,
+            2,
+            PREFETCH_AHEAD - 1,
+            PREFETCH_AHEAD,
+            PREFETCH_AHEAD + 1,
+            3 * PREFETCH_AHEAD + 5,
+        ] {
+            let purgatory: Purgatory<&str, Recorded> = PurgatoryBuilder::new()
+                .timer(TimerBuilder::new().clock(ManualClock::new()).reaper(false))
+                .build()
+                .unwrap();
+            let tries = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let flags: Vec<_> = (0..len)
+                .map(|_| Arc::new(std::sync::atomic::AtomicBool::new(false)))
+                .collect();
+            let handles: Vec<_> = (0..len)
+                .map(|id| {
+                    let op = Recorded {
+                        id,
+                        tries: Arc::clone(&tries),
+                        ready: Arc::clone(&flags[id]),
+                    };
+                    match purgatory.watch(op, ["k"]) {
+                        Ok(WatchOutcome::Pending(handle)) => handle,
+                        _ => panic!("{id} waits"),
+                    }
+                })
+                .collect();
+            // Every third operation is gone before the check (forced); every fifth
+            // becomes ready for it.
+            for id in (0..len).step_by(3) {
+                assert!(purgatory.force_complete(&handles[id]));
+            }
+            for id in (0..len).step_by(5) {
+                flags[id].store(true, Ordering::Relaxed);
+            }
+            tries.lock().unwrap().clear();
+            let completed = purgatory.check_and_complete(&"k");
+            let waiting: Vec<usize> = (0..len).filter(|id| id % 3 != 0).collect();
+            assert_eq!(*tries.lock().unwrap(), waiting, "length {len}");
+            let ready = waiting.iter().filter(|&&id| id % 5 == 0).count();
+            assert_eq!(completed, ready, "length {len}");
+            assert_eq!(purgatory.pending(), waiting.len() - ready, "length {len}");
         }
     }
 }
