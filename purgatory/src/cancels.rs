@@ -24,16 +24,29 @@
 //!   flush of the reaper could hold a batch the moment another thread's flush found the
 //!   queue empty; `stats().pending` then counted up to 63 completed operations as still
 //!   pending, and a test expecting an exact count failed once in CI.)
+//! - Each queue has a flag, `queued`, written only under the queue's lock: a push that
+//!   leaves cancels queued sets it, an apply that empties the queue clears it (release).
+//!   So when the lock is free the flag is set exactly while the queue holds a cancel.
+//! - A flush reads each flag without the lock (acquire) and skips a queue whose flag is
+//!   clear. A push that returned before the flush began set the flag before the flush's
+//!   read, so the read sees that set or a later clear; a later clear was stored in a
+//!   later hold of the lock, after applying everything queued, that push's cancels
+//!   included, and the read synchronizes with it. So a skipped queue holds no cancel
+//!   queued before the flush, and their applies are visible to the flusher. (Before the
+//!   flag, a flush locked all 16 queues every round, empty or not: about 270
+//!   instructions a reaper round, round 18 of `docs/benchmarks.md`.)
 //! - The queue locks are taken before a timer shard lock (inside `cancel_batch`), never
 //!   after one, and never around user code: the cancelled tasks are dropped after the
 //!   queue's lock is released. They are `sync.rs`'s, loom's under `cfg(loom)`: a model
 //!   thread may now be switched out while it holds one.
 
+use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
+
 use smallvec::SmallVec;
 use timer_core::{TimerCore, TimerHandle};
 
 use crate::counters::stripe_index;
-use crate::sync::Mutex;
+use crate::sync::{AtomicUsize, Mutex};
 
 /// Cancels a completing thread queues before it applies them itself.
 pub(crate) const FLUSH_AT: usize = 64;
@@ -44,6 +57,9 @@ const STRIPES: usize = crate::counters::STRIPES;
 #[derive(Default)]
 struct Stripe {
     handles: Mutex<Vec<TimerHandle>>,
+    /// 1 while `handles` may hold a cancel, else 0; written under the lock only (see the
+    /// module doc).
+    queued: AtomicUsize,
 }
 
 /// Per-thread-stripe queues of timer handles to cancel.
@@ -65,9 +81,11 @@ impl DeferredCancels {
             let mut queued = stripe.handles.lock();
             queued.extend_from_slice(handles);
             if queued.len() < FLUSH_AT {
+                stripe.queued.store(1, Relaxed);
                 return;
             }
             apply(timer, &mut queued, &mut cancelled);
+            stripe.queued.store(0, Release);
         }
         drop(cancelled);
     }
@@ -78,12 +96,16 @@ impl DeferredCancels {
     pub(crate) fn flush<T>(&self, timer: &TimerCore<T>) {
         let mut cancelled = Cancelled::new();
         for stripe in &self.stripes {
+            if stripe.queued.load(Acquire) == 0 {
+                continue;
+            }
             {
                 let mut queued = stripe.handles.lock();
                 if queued.is_empty() {
                     continue;
                 }
                 apply(timer, &mut queued, &mut cancelled);
+                stripe.queued.store(0, Release);
             }
             cancelled.clear();
         }

@@ -49,7 +49,10 @@
 //! many interleavings it explored.
 #![cfg(loom)]
 
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering::SeqCst};
+use std::sync::atomic::{
+    AtomicU8, AtomicUsize,
+    Ordering::{Acquire, Release, SeqCst},
+};
 use std::time::Duration;
 
 use loom::sync::atomic::AtomicBool;
@@ -1306,4 +1309,46 @@ fn members_of_a_group_each_answer_their_own_once_across_expiry_and_shutdown() {
         "group: expiry, watch and shutdown",
         group_expiry_watch_and_shutdown_model,
     );
+}
+
+/// A completion queues its timer's cancel, and `pending()` applies the queued cancels
+/// before it reads the timer (`cancels.rs`): a flush skips a queue whose flag it reads
+/// clear, without its lock. Here a force races a second thread's `pending()`, and the
+/// model thread calls `pending()` once it has seen the force return: it must count no
+/// timer left, whichever flush applied the cancel and however the flags were read.
+fn flush_after_a_completion_model() {
+    EXPLORED.fetch_add(1, SeqCst);
+    let clock = ManualClock::new();
+    let purgatory = purgatory(&clock);
+    let (op, _outcome) = never_ready(Duration::from_secs(60));
+    let WatchOutcome::Pending(handle) = purgatory.watch(op, [KEY]).expect("accepted") else {
+        panic!("never ready, so it waits");
+    };
+    let forced = Arc::new(AtomicBool::new(false));
+    let forcer = {
+        let (purgatory, forced) = (purgatory.clone(), Arc::clone(&forced));
+        spawn(move || {
+            assert!(purgatory.force_complete(&handle));
+            forced.store(true, Release);
+        })
+    };
+    let other = {
+        let purgatory = purgatory.clone();
+        spawn(move || purgatory.pending())
+    };
+    if forced.load(Acquire) {
+        assert_eq!(
+            purgatory.pending(),
+            0,
+            "a cancel queued before the flush is applied"
+        );
+    }
+    forcer.join().unwrap();
+    assert!(other.join().unwrap() <= 1);
+    assert_eq!(purgatory.pending(), 0);
+}
+
+#[test]
+fn a_flush_after_a_completion_applies_its_cancel_whichever_flush_took_it() {
+    explore("flush after a completion", flush_after_a_completion_model);
 }
