@@ -319,16 +319,16 @@ impl<O> Found<'_, O> {
         self.tag.load(Ordering::Acquire) == tag_of(self.op.generation)
     }
 
-    /// Starts bringing the slot into this core's cache and returns without waiting for
-    /// it. A loop over many names (a check's list entries) finds and prefetches each a
-    /// few entries before it locks it, so that the cache misses of consecutive slots
-    /// overlap instead of each lock waiting for its own. A hint only: it reads and
-    /// writes nothing of the slot (a stale name's slot is no longer its operation's,
-    /// harmlessly). Does nothing under loom (it orders nothing) or Miri, or off x86-64.
+    /// Starts bringing the slot's word and state into this core's cache and returns
+    /// without waiting for them ([`Slot::prefetch`]). A loop over many names (a check's
+    /// list entries) finds and prefetches each a few entries before it locks it, so that
+    /// the cache misses of consecutive slots overlap instead of each lock waiting for its
+    /// own. A hint only: it reads and writes nothing of the slot (a stale name's slot is
+    /// no longer its operation's, harmlessly). Does nothing under loom (it orders
+    /// nothing) or Miri, or off x86-64.
     #[inline]
     pub(crate) fn prefetch(&self) {
-        #[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]
-        prefetch_line(self.slot);
+        self.slot.slot.prefetch();
     }
 }
 
@@ -399,20 +399,6 @@ impl<O> Segment<O> {
             #[cfg(loom)]
             alive: loom::cell::UnsafeCell::new(true),
         })
-    }
-}
-
-/// Asks the CPU to load the cache line at `at` ahead of its use (`prefetcht0`).
-#[cfg(all(target_arch = "x86_64", not(loom), not(miri)))]
-#[inline(always)]
-fn prefetch_line<T>(at: &T) {
-    // SAFETY: a prefetch is a hint: it neither faults nor changes memory, whatever the
-    // address (here a live reference's), and SSE, which it belongs to, is part of every
-    // x86-64 target.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-            (at as *const T).cast::<i8>(),
-        )
     }
 }
 

@@ -380,9 +380,10 @@ where
     /// Tries every operation watched on `key`, in arrival order, completing those that
     /// are ready, and drops the completed entries from the list (removing the key when
     /// it empties) once they are a quarter of it or more: below that they are skipped
-    /// (by a one-byte read each; the rare entry whose tag cannot tell, by a look at its
-    /// slot) and left for a later check or a purge, so a long list is not rewritten for
-    /// every completion. Returns how many this call completed; an unknown key returns 0.
+    /// (by a one-byte read each, with no lock; the rare entry whose tag cannot tell, by a
+    /// look at its slot) and left for a later check or a purge, so a long list is not
+    /// rewritten for every completion. Returns how many this call completed; an unknown
+    /// key returns 0.
     ///
     /// `key` may be any borrowed form of the key type, as for `HashMap::get`: with
     /// `String` keys an event holding a `&str` checks without allocating.
@@ -449,8 +450,8 @@ where
             }
             let op = found.op();
             // The dense tag first: an entry of an operation already completed (through
-            // another key, or by force, expiry or cancel) is skipped without touching its
-            // slot, and the list is cleaned below.
+            // another key, or by force, expiry or cancel) is skipped without locking its
+            // slot (which was only prefetched), and the list is cleaned below.
             if !found.may_be_waiting() {
                 dead += 1;
                 continue;
@@ -1059,10 +1060,23 @@ mod tests {
     }
 
     /// Records each `try_complete` call by its operation's number; ready once told so.
+    /// Each `try_complete` runs its hook, if it has one, after recording.
     struct Recorded {
         id: usize,
         tries: Arc<std::sync::Mutex<Vec<usize>>>,
         ready: Arc<std::sync::atomic::AtomicBool>,
+        hook: Option<Box<dyn FnMut() + Send>>,
+    }
+
+    impl Recorded {
+        fn new(id: usize, tries: &Arc<std::sync::Mutex<Vec<usize>>>) -> Self {
+            Recorded {
+                id,
+                tries: Arc::clone(tries),
+                ready: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+                hook: None,
+            }
+        }
     }
 
     impl DelayedOperation for Recorded {
@@ -1071,9 +1085,113 @@ mod tests {
         }
         fn try_complete(&mut self) -> bool {
             self.tries.lock().unwrap().push(self.id);
+            if let Some(hook) = &mut self.hook {
+                hook();
+            }
             self.ready.load(Ordering::Relaxed)
         }
         fn on_complete(&mut self, _how: Completion) {}
+    }
+
+    /// A check finds its entries' slots ahead of trying them (`PREFETCH_AHEAD`). Here the
+    /// first entry's `try_complete` cancels the next thirty (already found), cancels
+    /// every other operation so that the op table's second segment is given back, and
+    /// watches enough new operations, on the same key, to make that segment again and
+    /// reuse its slots. The check must try none of the cancelled operations and none
+    /// of the new ones: an entry found before its slot changed hands names a generation
+    /// that is gone.
+    #[test]
+    fn a_check_tries_no_entry_whose_slot_changed_hands_after_it_was_found() {
+        let purgatory: Purgatory<&str, Recorded> = PurgatoryBuilder::new()
+            .timer(TimerBuilder::new().clock(ManualClock::new()).reaper(false))
+            .build()
+            .unwrap();
+        let table_capacity = || purgatory.state().table.capacity();
+        let tries = Arc::new(std::sync::Mutex::new(Vec::new()));
+        // The new operations' tries: their watches' own two each, and none of the check's.
+        let new_tries = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let cell = Arc::new(std::sync::OnceLock::new());
+        let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let capacities = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let segment = table_capacity();
+        let hook = {
+            let (cell, new_tries, armed) = (cell.clone(), new_tries.clone(), armed.clone());
+            let capacities = capacities.clone();
+            move || {
+                if !armed.swap(false, Ordering::Relaxed) {
+                    return;
+                }
+                let (purgatory, handles): &(Purgatory<&str, Recorded>, Vec<_>) =
+                    cell.get().expect("set");
+                for handle in handles {
+                    assert!(purgatory.cancel(handle).is_some());
+                }
+                purgatory.purge();
+                capacities
+                    .lock()
+                    .unwrap()
+                    .push(purgatory.state().table.capacity());
+                for id in 0..segment + 40 {
+                    let new = Recorded::new(100_000 + id, &new_tries);
+                    assert!(matches!(
+                        purgatory.watch(new, ["k"]),
+                        Ok(WatchOutcome::Pending(_))
+                    ));
+                }
+                capacities
+                    .lock()
+                    .unwrap()
+                    .push(purgatory.state().table.capacity());
+            }
+        };
+        let hooked = Recorded {
+            hook: Some(Box::new(hook)),
+            ..Recorded::new(0, &tries)
+        };
+        assert!(matches!(
+            purgatory.watch(hooked, ["k"]),
+            Ok(WatchOutcome::Pending(_))
+        ));
+        // The rest of the first segment, then thirty more entries of "k" in the second.
+        let handles: Vec<_> = (1..segment)
+            .map(|id| (id, "filler"))
+            .chain((segment..segment + 30).map(|id| (id, "k")))
+            .map(
+                |(id, key)| match purgatory.watch(Recorded::new(id, &tries), [key]) {
+                    Ok(WatchOutcome::Pending(handle)) => handle,
+                    _ => panic!("{id} waits"),
+                },
+            )
+            .collect();
+        assert!(
+            table_capacity() > segment,
+            "the entries of k reach a second segment"
+        );
+        cell.set((purgatory.clone(), handles)).ok().unwrap();
+        tries.lock().unwrap().clear();
+        armed.store(true, Ordering::Relaxed);
+
+        assert_eq!(purgatory.check_and_complete(&"k"), 0);
+        assert_eq!(
+            *tries.lock().unwrap(),
+            vec![0],
+            "only the first entry was tried"
+        );
+        let new_tries = new_tries.lock().unwrap();
+        let watches_own: Vec<usize> = (0..segment + 40)
+            .flat_map(|id| [100_000 + id, 100_000 + id])
+            .collect();
+        assert_eq!(
+            *new_tries, watches_own,
+            "no new operation was tried by the check"
+        );
+        let capacities = capacities.lock().unwrap();
+        assert_eq!(
+            capacities[..],
+            [segment, 3 * segment],
+            "the second segment was given back, then made again"
+        );
+        assert_eq!(purgatory.pending(), 1 + segment + 40);
     }
 
     /// A check tries each operation still waiting on its key once, in arrival order,
@@ -1100,9 +1218,8 @@ mod tests {
             let handles: Vec<_> = (0..len)
                 .map(|id| {
                     let op = Recorded {
-                        id,
-                        tries: Arc::clone(&tries),
                         ready: Arc::clone(&flags[id]),
+                        ..Recorded::new(id, &tries)
                     };
                     match purgatory.watch(op, ["k"]) {
                         Ok(WatchOutcome::Pending(handle)) => handle,
