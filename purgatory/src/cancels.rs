@@ -24,15 +24,19 @@
 //!   flush of the reaper could hold a batch the moment another thread's flush found the
 //!   queue empty; `stats().pending` then counted up to 63 completed operations as still
 //!   pending, and a test expecting an exact count failed once in CI.)
-//! - Each queue has a flag, `queued`, written only under the queue's lock: a push that
-//!   leaves cancels queued sets it, an apply that empties the queue clears it (release).
-//!   So when the lock is free the flag is set exactly while the queue holds a cancel.
+//! - Each queue has a flag, `queued`, written only under the queue's lock: every push
+//!   sets it right after queueing (before any apply of its own), an apply that empties
+//!   the queue clears it (release) before the lock is released. So when the lock is
+//!   free a queue holding a cancel has its flag set, even after an apply unwound.
 //! - A flush reads each flag without the lock (acquire) and skips a queue whose flag is
-//!   clear. A push that returned before the flush began set the flag before the flush's
-//!   read, so the read sees that set or a later clear; a later clear was stored in a
-//!   later hold of the lock, after applying everything queued, that push's cancels
-//!   included, and the read synchronizes with it. So a skipped queue holds no cancel
-//!   queued before the flush, and their applies are visible to the flusher. (Before the
+//!   clear. A push that happens before the flush (the same thread, a join, a
+//!   release-acquire pair) set the flag before the flush's read, so the read sees that
+//!   set or a later clear; a later clear was stored in a later hold of the lock, after
+//!   applying everything queued, that push's cancels included, and the read
+//!   synchronizes with it. So a skipped queue holds no cancel queued before the flush,
+//!   and their applies are visible to the flusher: also to a reader that takes no timer
+//!   lock (the published next expiration, which `bucket_due` and the tokio driver
+//!   read). (Before the
 //!   flag, a flush locked all 16 queues every round, empty or not: about 270
 //!   instructions a reaper round, round 18 of `docs/benchmarks.md`.)
 //! - The queue locks are taken before a timer shard lock (inside `cancel_batch`), never
@@ -80,8 +84,10 @@ impl DeferredCancels {
         {
             let mut queued = stripe.handles.lock();
             queued.extend_from_slice(handles);
+            // Set before the apply below: should it unwind, the handles stay queued
+            // behind a set flag, for the next flush.
+            stripe.queued.store(1, Relaxed);
             if queued.len() < FLUSH_AT {
-                stripe.queued.store(1, Relaxed);
                 return;
             }
             apply(timer, &mut queued, &mut cancelled);
@@ -224,5 +230,124 @@ mod tests {
         assert_eq!(timer.len(), 15, "below FLUSH_AT nothing is applied yet");
         cancels.flush(&timer);
         assert!(timer.is_empty());
+    }
+}
+
+/// Loom models of the flag's hand-overs (see the module doc), on a bare queue set and a
+/// timer of one shard: `RUSTFLAGS="--cfg loom" cargo test -p kafka-purgatory --lib
+/// --release -- cancels`. (Under loom every model thread shares one stripe: the stripe
+/// comes from a thread-local of the one OS thread loom runs them on.)
+#[cfg(all(test, loom))]
+mod loom_models {
+    use std::sync::atomic::Ordering::{Acquire, Release};
+    use std::time::Duration;
+
+    use loom::sync::atomic::AtomicBool;
+    use loom::sync::Arc;
+    use timer_core::{ManualClock, Timer, TimerBuilder, TimerTask};
+
+    use super::{DeferredCancels, FLUSH_AT};
+
+    struct Nop;
+
+    impl TimerTask for Nop {
+        fn run(self) {}
+    }
+
+    fn timer() -> Arc<Timer<Nop>> {
+        let timer = TimerBuilder::new()
+            .shards(1)
+            .clock(ManualClock::new())
+            .reaper(false)
+            .build()
+            .expect("valid configuration");
+        Arc::new(timer)
+    }
+
+    /// A flush races two pushes of this thread, then this thread flushes: neither
+    /// cancel may be left. (A clear stored after the queue's lock is released would
+    /// overwrite the second push's set.)
+    #[test]
+    fn a_clear_never_hides_a_later_push() {
+        loom::model(|| {
+            let (timer, cancels) = (timer(), Arc::new(DeferredCancels::default()));
+            let first = timer.add(Duration::from_secs(1), Nop).unwrap();
+            let second = timer.add(Duration::from_secs(1), Nop).unwrap();
+            let flusher = {
+                let (timer, cancels) = (Arc::clone(&timer), Arc::clone(&cancels));
+                loom::thread::spawn(move || cancels.flush(&timer))
+            };
+            cancels.push_many(&[first], &timer);
+            cancels.push_many(&[second], &timer);
+            cancels.flush(&timer);
+            assert!(!timer.is_pending(first), "the first cancel is applied");
+            assert!(!timer.is_pending(second), "the second cancel is applied");
+            flusher.join().unwrap();
+        });
+    }
+
+    /// A push that fills its queue applies it itself: a flush that saw an earlier push
+    /// of that thread return must find that push's cancel applied. (A clear stored
+    /// before the full push's apply would let the flush skip the queue meanwhile.)
+    #[test]
+    fn a_push_that_applies_its_queue_clears_the_flag_only_after() {
+        loom::model(|| {
+            let (timer, cancels) = (timer(), Arc::new(DeferredCancels::default()));
+            let first = timer.add(Duration::from_secs(1), Nop).unwrap();
+            let rest: Vec<_> = (1..FLUSH_AT)
+                .map(|_| timer.add(Duration::from_secs(1), Nop).unwrap())
+                .collect();
+            let pushed = Arc::new(AtomicBool::new(false));
+            let pusher = {
+                let (timer, cancels) = (Arc::clone(&timer), Arc::clone(&cancels));
+                let pushed = Arc::clone(&pushed);
+                loom::thread::spawn(move || {
+                    cancels.push_many(&[first], &timer);
+                    pushed.store(true, Release);
+                    cancels.push_many(&rest, &timer);
+                })
+            };
+            if pushed.load(Acquire) {
+                cancels.flush(&timer);
+                assert!(
+                    !timer.is_pending(first),
+                    "a cancel pushed before is applied"
+                );
+            }
+            pusher.join().unwrap();
+        });
+    }
+
+    /// The timer's published next expiration is read without its locks (`bucket_due`,
+    /// the tokio driver). A flush that skips a queue another thread's flush emptied must
+    /// see what that apply published: here the cancel of the earliest task, which moves
+    /// the next expiration from about 1 s to about 30 s. (Tells the flag's acquire read
+    /// from a relaxed one, which `pending()` and `stats()` cannot: they lock the shard.)
+    #[test]
+    fn a_skipped_queue_s_apply_is_visible_without_the_timer_s_locks() {
+        loom::model(|| {
+            let (timer, cancels) = (timer(), Arc::new(DeferredCancels::default()));
+            let early = timer.add(Duration::from_secs(1), Nop).unwrap();
+            let _late = timer.add(Duration::from_secs(30), Nop).unwrap();
+            let pushed = Arc::new(AtomicBool::new(false));
+            let other = {
+                let (timer, cancels) = (Arc::clone(&timer), Arc::clone(&cancels));
+                let pushed = Arc::clone(&pushed);
+                loom::thread::spawn(move || {
+                    cancels.push_many(&[early], &timer);
+                    pushed.store(true, Release);
+                    cancels.flush(&timer);
+                })
+            };
+            if pushed.load(Acquire) {
+                cancels.flush(&timer);
+                let next = timer.next_expiration();
+                assert!(
+                    next > Some(Duration::from_secs(1)),
+                    "the cancel's published expiration is seen: {next:?}"
+                );
+            }
+            other.join().unwrap();
+        });
     }
 }
