@@ -36,9 +36,8 @@
 //!   synchronizes with it. So a skipped queue holds no cancel queued before the flush,
 //!   and their applies are visible to the flusher: also to a reader that takes no timer
 //!   lock (the published next expiration, which `bucket_due` and the tokio driver
-//!   read). (Before the
-//!   flag, a flush locked all 16 queues every round, empty or not: about 270
-//!   instructions a reaper round, round 18 of `docs/benchmarks.md`.)
+//!   read). (Before the flag, a flush locked all 16 queues every round, empty or not:
+//!   about 270 instructions a reaper round, round 18 of `docs/benchmarks.md`.)
 //! - The queue locks are taken before a timer shard lock (inside `cancel_batch`), never
 //!   after one, and never around user code: the cancelled tasks are dropped after the
 //!   queue's lock is released. They are `sync.rs`'s, loom's under `cfg(loom)`: a model
@@ -254,6 +253,16 @@ mod loom_models {
         fn run(self) {}
     }
 
+    /// Runs `f` with clones of `timer` and `cancels` on a model thread.
+    fn on_a_thread(
+        timer: &Arc<Timer<Nop>>,
+        cancels: &Arc<DeferredCancels>,
+        f: impl FnOnce(&Timer<Nop>, &DeferredCancels) + Send + 'static,
+    ) -> loom::thread::JoinHandle<()> {
+        let (timer, cancels) = (Arc::clone(timer), Arc::clone(cancels));
+        loom::thread::spawn(move || f(&timer, &cancels))
+    }
+
     fn timer() -> Arc<Timer<Nop>> {
         let timer = TimerBuilder::new()
             .shards(1)
@@ -273,10 +282,7 @@ mod loom_models {
             let (timer, cancels) = (timer(), Arc::new(DeferredCancels::default()));
             let first = timer.add(Duration::from_secs(1), Nop).unwrap();
             let second = timer.add(Duration::from_secs(1), Nop).unwrap();
-            let flusher = {
-                let (timer, cancels) = (Arc::clone(&timer), Arc::clone(&cancels));
-                loom::thread::spawn(move || cancels.flush(&timer))
-            };
+            let flusher = on_a_thread(&timer, &cancels, |timer, cancels| cancels.flush(timer));
             cancels.push_many(&[first], &timer);
             cancels.push_many(&[second], &timer);
             cancels.flush(&timer);
@@ -299,12 +305,11 @@ mod loom_models {
                 .collect();
             let pushed = Arc::new(AtomicBool::new(false));
             let pusher = {
-                let (timer, cancels) = (Arc::clone(&timer), Arc::clone(&cancels));
                 let pushed = Arc::clone(&pushed);
-                loom::thread::spawn(move || {
-                    cancels.push_many(&[first], &timer);
+                on_a_thread(&timer, &cancels, move |timer, cancels| {
+                    cancels.push_many(&[first], timer);
                     pushed.store(true, Release);
-                    cancels.push_many(&rest, &timer);
+                    cancels.push_many(&rest, timer);
                 })
             };
             if pushed.load(Acquire) {
@@ -331,12 +336,11 @@ mod loom_models {
             let _late = timer.add(Duration::from_secs(30), Nop).unwrap();
             let pushed = Arc::new(AtomicBool::new(false));
             let other = {
-                let (timer, cancels) = (Arc::clone(&timer), Arc::clone(&cancels));
                 let pushed = Arc::clone(&pushed);
-                loom::thread::spawn(move || {
-                    cancels.push_many(&[early], &timer);
+                on_a_thread(&timer, &cancels, move |timer, cancels| {
+                    cancels.push_many(&[early], timer);
                     pushed.store(true, Release);
-                    cancels.flush(&timer);
+                    cancels.flush(timer);
                 })
             };
             if pushed.load(Acquire) {

@@ -1192,6 +1192,13 @@ mod tests {
             "the second segment was given back, then made again"
         );
         assert_eq!(purgatory.pending(), 1 + segment + 40);
+        // The hook's assertions run inside `try_complete`, whose panics the purgatory
+        // catches and counts: none may have failed.
+        assert_eq!(
+            purgatory.stats().panicked,
+            0,
+            "an assertion in the hook failed"
+        );
     }
 
     /// A check tries each operation still waiting on its key once, in arrival order,
