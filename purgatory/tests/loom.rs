@@ -64,8 +64,6 @@ use purgatory::{
 
 const KEY: u8 = 7;
 
-/// Interleavings explored, reported at the end.
-static EXPLORED: AtomicUsize = AtomicUsize::new(0);
 const TIMEOUT: Duration = Duration::from_millis(1);
 
 /// Bookkeeping only (plain std atomics: loom need not interleave the test's own records).
@@ -166,7 +164,6 @@ fn event_and_expiry(
 
 /// Watch, event and expiry race; see the module doc.
 fn model() {
-    EXPLORED.fetch_add(1, SeqCst);
     let clock = ManualClock::new();
     let purgatory = purgatory(&clock);
     let ready = Arc::new(AtomicBool::new(false));
@@ -214,7 +211,6 @@ fn model() {
 /// one wins: the cancel hands it back uncompleted, or it is completed once (and then the
 /// cancel gets nothing).
 fn cancel_model() {
-    EXPLORED.fetch_add(1, SeqCst);
     let clock = ManualClock::new();
     let purgatory = purgatory(&clock);
     let ready = Arc::new(AtomicBool::new(false));
@@ -253,8 +249,10 @@ fn cancel_model() {
     assert!(purgatory.is_completed(&handle));
 }
 
+/// Runs `model` in every interleaving loom explores, and reports how many there were.
+/// The count is this call's own (tests run in parallel each explore theirs).
 fn explore(name: &str, model: fn()) {
-    EXPLORED.store(0, SeqCst);
+    let explored = std::sync::Arc::new(AtomicUsize::new(0));
     let mut builder = loom::model::Builder::new();
     // The op table's free lists and the slots set aside are loom's own locks (the
     // give-back's hand-over with a vacate goes through them), so every watch, expiry and
@@ -264,10 +262,14 @@ fn explore(name: &str, model: fn()) {
     if std::env::var_os("LOOM_MAX_BRANCHES").is_none() {
         builder.max_branches = 2_000;
     }
-    builder.check(move || spawn(model).join().unwrap());
+    let count = std::sync::Arc::clone(&explored);
+    builder.check(move || {
+        count.fetch_add(1, SeqCst);
+        spawn(model).join().unwrap()
+    });
     eprintln!(
         "loom {name}: {} interleavings explored (preemption bound {:?})",
-        EXPLORED.load(SeqCst),
+        explored.load(SeqCst),
         builder.preemption_bound
     );
 }
@@ -302,7 +304,6 @@ enum StaleAction {
 /// on A's stale name while B's timeout fires on another: B must be answered, exactly
 /// once, whatever the stale thread did with the slot meanwhile.
 fn stale_name_model(action: StaleAction) {
-    EXPLORED.fetch_add(1, SeqCst);
     let clock = ManualClock::new();
     let purgatory = purgatory(&clock);
     let a_outcome = std::sync::Arc::new(Outcome::default());
@@ -419,7 +420,6 @@ fn a_stale_reset_never_moves_the_next_occupants_deadline() {
 /// waiting (shutdown answers it), one that returned `false` found its timeout fired (the
 /// round, or the reset's own unlock, expired it). Answered exactly once either way.
 fn reset_and_expiry_model(keyless: bool) {
-    EXPLORED.fetch_add(1, SeqCst);
     let clock = ManualClock::new();
     let purgatory = purgatory(&clock);
     let (op, outcome) = never_ready(TIMEOUT);
@@ -469,7 +469,6 @@ fn a_keyless_reset_racing_its_old_deadline_has_one_winner() {
 /// check does. Answered exactly once, ready or expired; a reset that found it answered
 /// already (`false`) can only have lost to the event.
 fn reset_and_completion_model() {
-    EXPLORED.fetch_add(1, SeqCst);
     let clock = ManualClock::new();
     let purgatory = purgatory(&clock);
     let (op, outcome) = never_ready(Duration::from_secs(60));
@@ -521,7 +520,6 @@ fn a_reset_racing_an_event_and_its_new_deadline_answers_once() {
 /// `Shutdown` (no round runs: its new deadline never fires); a reset after the shutdown
 /// drained it moves nothing.
 fn reset_and_shutdown_model() {
-    EXPLORED.fetch_add(1, SeqCst);
     let clock = ManualClock::new();
     let purgatory = purgatory(&clock);
     let (op, outcome) = never_ready(Duration::from_secs(60));
@@ -601,7 +599,6 @@ fn keyless_watch_and_expiry_model() {
 }
 
 fn watch_and_expiry(keyless: bool) {
-    EXPLORED.fetch_add(1, SeqCst);
     let clock = ManualClock::new();
     let purgatory = purgatory(&clock);
     let expiry = expire_on_a_thread(&purgatory, clock.clone());
@@ -628,7 +625,6 @@ fn watch_and_expiry(keyless: bool) {
 /// while `try_complete` runs) races its expiry. The expiry never waits for the check; the
 /// check's unlock must honour it.
 fn check_and_expiry_model() {
-    EXPLORED.fetch_add(1, SeqCst);
     let clock = ManualClock::new();
     let purgatory = purgatory(&clock);
     let (op, outcome) = never_ready(TIMEOUT);
@@ -650,7 +646,6 @@ fn check_and_expiry_model() {
 /// when it lets go of X, Y's expiry must not be lost to it: X is answered once (forced,
 /// or expired if the expiry came first), Y expires once.
 fn check_racing_a_reuse_model() {
-    EXPLORED.fetch_add(1, SeqCst);
     let clock = ManualClock::new();
     let purgatory = purgatory(&clock);
     let (x, x_outcome) = never_ready(TIMEOUT);
@@ -686,7 +681,6 @@ fn check_racing_a_reuse_model() {
 /// out of its slot when the shutdown began (taken by the check's unlock, or by the round),
 /// it was answered by the time the shutdown returned.
 fn handed_over_check_and_shutdown_model() {
-    EXPLORED.fetch_add(1, SeqCst);
     let clock = ManualClock::new();
     let purgatory = purgatory(&clock);
     let (op, outcome) = never_ready(TIMEOUT);
@@ -729,7 +723,6 @@ fn handed_over_check_and_shutdown_model() {
 /// leaves the expiry to the check, marked as shutdown's. However they interleave, it is
 /// answered once, told `Shutdown`, and counted so (not as a timeout).
 fn drained_while_checked_model() {
-    EXPLORED.fetch_add(1, SeqCst);
     let clock = ManualClock::new();
     let purgatory = purgatory(&clock);
     let (op, outcome) = never_ready(Duration::from_secs(60));
@@ -753,7 +746,6 @@ fn drained_while_checked_model() {
 /// time the shutdown returned; either way it is answered exactly once (forced, or expired
 /// by the shutdown).
 fn force_and_shutdown_model() {
-    EXPLORED.fetch_add(1, SeqCst);
     let clock = ManualClock::new();
     let purgatory = purgatory(&clock);
     let (mut op, outcome) = never_ready(Duration::from_secs(60));
@@ -801,7 +793,6 @@ fn a_shutdown_waits_for_an_operation_a_force_took_before_it_began() {
 /// thread: each is expired exactly once (by the round, by the chunk's unlock after arming,
 /// or by the unlock after its try), nothing is left armed.
 fn watch_chunk_and_expiry_model() {
-    EXPLORED.fetch_add(1, SeqCst);
     let clock = ManualClock::new();
     let purgatory = purgatory(&clock);
     let expiry = expire_on_a_thread(&purgatory, clock.clone());
@@ -836,7 +827,6 @@ fn a_watch_chunk_expires_what_timed_out_while_it_held_the_slots() {
 /// A keyless operation, its force on one thread, its expiry on another: exactly one
 /// answer, forced or expired, and `on_expiration` only with the expiry.
 fn keyless_force_and_expiry_model() {
-    EXPLORED.fetch_add(1, SeqCst);
     let clock = ManualClock::new();
     let purgatory = purgatory(&clock);
     let (op, outcome) = never_ready(TIMEOUT);
@@ -905,7 +895,6 @@ enum LateAction {
 /// data race loom reports. After both, the segment is made again by nine new
 /// operations: X's name matches none of them.
 fn give_back_model(action: LateAction) {
-    EXPLORED.fetch_add(1, SeqCst);
     let clock = ManualClock::new();
     let purgatory = purgatory(&clock);
     let watch_nine = |first_key: u8| {
@@ -992,7 +981,6 @@ fn a_stale_check_racing_a_give_back_reads_no_freed_segment() {
 /// may have found X's slot before the unlink, then reads a live segment whose slot
 /// another operation may occupy. X's name matches none of the new operations.
 fn relink_model(action: LateAction) {
-    EXPLORED.fetch_add(1, SeqCst);
     let clock = ManualClock::new();
     let purgatory = purgatory(&clock);
     let watch_nine = |purgatory: &Purgatory<u8, Op>, first_key: u8| {
@@ -1111,7 +1099,6 @@ fn force_all_once(
 /// answered exactly once; a slot handed out from a segment given back panics), and once
 /// both are done a last give-back leaves the first segment only.
 fn set_aside_model() {
-    EXPLORED.fetch_add(1, SeqCst);
     let clock = ManualClock::new();
     let purgatory = purgatory(&clock);
     let first = watch_pending(&purgatory, KEY, 9);
@@ -1168,7 +1155,6 @@ fn a_slot_freed_while_its_segment_is_emptied_is_set_aside_and_never_lost() {
 /// both are done, leaves the first segment only (a slot left in a list would keep the
 /// segment for good: the give-back would wait for it to come aside).
 fn sweep_race_model() {
-    EXPLORED.fetch_add(1, SeqCst);
     let clock = ManualClock::new();
     let purgatory = purgatory(&clock);
     let first = watch_pending(&purgatory, KEY, 9);
@@ -1192,7 +1178,6 @@ fn a_slot_freed_while_the_free_lists_are_swept_is_never_left_behind() {
 /// or taken from a segment given back), and once all are forced a last give-back leaves
 /// the first segment only (no slot of the second was lost).
 fn stop_setting_aside_model() {
-    EXPLORED.fetch_add(1, SeqCst);
     let clock = ManualClock::new();
     let purgatory = purgatory(&clock);
     let first = watch_pending(&purgatory, KEY, 9);
@@ -1244,7 +1229,6 @@ fn a_give_back_that_stops_setting_aside_loses_no_slot() {
 /// watch is refused (the operation given back) or answered once; each member's figures
 /// count its own.
 fn group_expiry_watch_and_shutdown_model() {
-    EXPLORED.fetch_add(1, SeqCst);
     let clock = ManualClock::new();
     let group = purgatory::TimerGroup::builder()
         .name("loom-group")
@@ -1317,7 +1301,6 @@ fn members_of_a_group_each_answer_their_own_once_across_expiry_and_shutdown() {
 /// model thread calls `pending()` once it has seen the force return: it must count no
 /// timer left, whichever flush applied the cancel and however the flags were read.
 fn flush_after_a_completion_model() {
-    EXPLORED.fetch_add(1, SeqCst);
     let clock = ManualClock::new();
     let purgatory = purgatory(&clock);
     let (op, _outcome) = never_ready(Duration::from_secs(60));
