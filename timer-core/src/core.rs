@@ -37,6 +37,7 @@
 //! - Once closed, an advance fires nothing and adds and resets are refused; once a shard
 //!   is drained it refuses them itself, so no task can slip in, or move, after the drain.
 
+use std::num::NonZeroU32;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -60,13 +61,25 @@ const ADD_BATCH: usize = 64;
 /// harmless: they cancel nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct TimerHandle {
-    pub(crate) timer: u32,
+    /// Never zero, so that `Option<TimerHandle>` is no larger than a handle: a
+    /// purgatory keeps one in every waiting operation's slot.
+    pub(crate) timer: NonZeroU32,
     pub(crate) shard: u32,
     pub(crate) key: SlotKey,
 }
 
 /// Source of timer identities, so a handle is only honoured by the timer that issued it.
-static NEXT_TIMER_ID: AtomicU32 = AtomicU32::new(0);
+static NEXT_TIMER_ID: AtomicU32 = AtomicU32::new(1);
+
+/// A new timer's identity: the next of [`NEXT_TIMER_ID`], skipping the zero it reaches
+/// once every 2^32 timers.
+fn next_timer_id() -> NonZeroU32 {
+    loop {
+        if let Some(id) = NonZeroU32::new(NEXT_TIMER_ID.fetch_add(1, Ordering::Relaxed)) {
+            return id;
+        }
+    }
+}
 
 /// Counters of one timer, summed over its shards.
 ///
@@ -142,7 +155,7 @@ struct Shard<T> {
 /// [`Driver`](crate::Driver) adds a reaper thread and an executor; [`Timer`](crate::Timer)
 /// is a core with a driver that runs tasks.
 pub struct TimerCore<T> {
-    id: u32,
+    id: NonZeroU32,
     shards: Box<[Shard<T>]>,
     clock: TimerClock,
     tick_nanos: u64,
@@ -220,7 +233,7 @@ impl<T> TimerCore<T> {
             })
             .collect();
         TimerCore {
-            id: NEXT_TIMER_ID.fetch_add(1, Ordering::Relaxed),
+            id: next_timer_id(),
             shards,
             clock,
             tick_nanos,

@@ -28,6 +28,14 @@ fn a_handle_of_another_timer_cancels_nothing() {
 }
 
 #[test]
+fn an_optional_handle_costs_no_more_than_a_handle() {
+    // A purgatory keeps one in every waiting operation's slot.
+    use std::mem::size_of;
+    use timer_core::TimerHandle;
+    assert_eq!(size_of::<Option<TimerHandle>>(), size_of::<TimerHandle>());
+}
+
+#[test]
 fn a_second_driver_does_not_blind_the_reaper() {
     let timer = TimerBuilder::new().build::<Task>().unwrap();
     // The reaper sleeps with nothing pending; this thread drives too, and leaves first.
