@@ -137,9 +137,6 @@ struct OpState<O> {
     /// The span current at the watch (`span.rs`), taken with the operation.
     span: CarriedSpan,
     timer: Option<TimerHandle>,
-    /// How many watcher entries name the operation: 0 until it is listed, then its key
-    /// count (so a taker knows how many stale entries it leaves).
-    keys: u32,
     /// With the feature `metrics`: when its timeout was armed (ns on the timer's clock),
     /// or [`NOT_ARMED`], for its wait-time histogram.
     #[cfg(feature = "metrics")]
@@ -174,9 +171,22 @@ pub(crate) struct Taken<O> {
     pub(crate) since: u64,
 }
 
-/// One slot of the table, and a word written only to pull its line into a cache.
+/// One slot of the table, the operation's key count, and a word written only to pull
+/// its line into a cache.
+///
+/// The key count sits beside the slot, not in its state, so that both `u32`s fill what
+/// would otherwise be padding: with a 24-byte operation (the load tool's) a slot is 64
+/// bytes, where it was 72 (test `a_slot_for_a_24_byte_operation_is_one_cache_line`).
+/// In a segment that starts on a cache line (mimalloc's do) each slot is then one line;
+/// glibc's start 16 or 32 bytes into one, which still keeps a slot's word and operation,
+/// all a check reads of it, on one line. At 72 bytes, most slots had them on two.
 struct TableSlot<O> {
     slot: Slot<OpState<O>>,
+    /// How many watcher entries name the operation: 0 until it is listed, then its key
+    /// count (so a taker knows how many stale entries it leaves). Part of the slot's
+    /// state: read and written only by the slot's holder, so relaxed (the slot's lock
+    /// orders the accesses of successive holders).
+    keys: StdAtomicU32,
     /// Written (never read) by [`OpTable::prepare`] to pull the slot's line into this
     /// core's cache ahead of locking it.
     touch: StdAtomicU32,
@@ -188,7 +198,6 @@ impl<O> OpState<O> {
             op: None,
             span: CarriedSpan::default(),
             timer: None,
-            keys: 0,
             #[cfg(feature = "metrics")]
             since: NOT_ARMED,
         }
@@ -200,6 +209,7 @@ impl<O> TableSlot<O> {
     fn free_with(generation: u32) -> Self {
         TableSlot {
             slot: Slot::free_with(OpState::vacant(), generation),
+            keys: StdAtomicU32::new(0),
             touch: StdAtomicU32::new(0),
         }
     }
@@ -208,6 +218,7 @@ impl<O> TableSlot<O> {
     fn gone() -> Self {
         TableSlot {
             slot: Slot::retired(OpState::vacant()),
+            keys: StdAtomicU32::new(0),
             touch: StdAtomicU32::new(0),
         }
     }
@@ -337,7 +348,7 @@ impl<O> Found<'_, O> {
 /// [`unlock`](Self::unlock); dropping it unlocks it too (see the module doc).
 pub(crate) struct Locked<'a, O: DelayedOperation> {
     table: &'a OpTable<O>,
-    slot: &'a Slot<OpState<O>>,
+    slot: &'a TableSlot<O>,
     op: OpRef,
 }
 
@@ -673,7 +684,8 @@ impl<O: DelayedOperation> OpTable<O> {
     /// Puts `op` and its span in slot `index` (just allocated) and returns it locked.
     #[inline]
     fn occupy(&self, index: u32, (op, span): (O, CarriedSpan)) -> Locked<'_, O> {
-        let slot = &self.slot(index).slot;
+        let table_slot = self.slot(index);
+        let slot = &table_slot.slot;
         if cfg!(any(loom, debug_assertions)) {
             assert!(
                 !std::ptr::eq(slot, &self.gone.slot),
@@ -689,16 +701,16 @@ impl<O: DelayedOperation> OpTable<O> {
                 // No drop glue: nothing of the empty span there is dropped.
                 state.span = span;
                 state.timer = None;
-                state.keys = 0;
                 #[cfg(feature = "metrics")]
                 {
                     state.since = NOT_ARMED;
                 }
             });
         }
+        table_slot.keys.store(0, Ordering::Relaxed);
         Locked {
             table: self,
-            slot,
+            slot: table_slot,
             op: OpRef { index, generation },
         }
     }
@@ -734,12 +746,14 @@ impl<O: DelayedOperation> OpTable<O> {
     /// [`lock`](Self::lock) on a slot already found.
     #[inline]
     pub(crate) fn lock_found<'a>(&'a self, found: Found<'a, O>) -> Option<Locked<'a, O>> {
-        let slot = &found.slot.slot;
         // `then`, not `then_some`: a `Locked` made for nothing would unlock on drop.
-        slot.lock(found.op.generation, &self.parker)
+        found
+            .slot
+            .slot
+            .lock(found.op.generation, &self.parker)
             .then(|| Locked {
                 table: self,
-                slot,
+                slot: found.slot,
                 op: found.op,
             })
     }
@@ -810,12 +824,15 @@ impl<O: DelayedOperation> OpTable<O> {
         how: Completion,
     ) -> Option<(Taken<O>, Vacated)> {
         let found = self.find(pin, op);
-        let slot = &found.slot.slot;
-        match slot.lock_or_request_expiry(op.generation, how == Completion::Shutdown) {
+        match found
+            .slot
+            .slot
+            .lock_or_request_expiry(op.generation, how == Completion::Shutdown)
+        {
             ExpiryAttempt::Locked => {
                 let (mut taken, vacated) = Locked {
                     table: self,
-                    slot,
+                    slot: found.slot,
                     op,
                 }
                 .take_deferred();
@@ -864,12 +881,12 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
     fn state<R>(&mut self, f: impl FnOnce(&mut OpState<O>) -> R) -> R {
         // SAFETY: a `Locked` exists only while its slot is held under `op`, and the
         // `&mut self` makes this the one access through it.
-        unsafe { self.slot.with_state(f) }
+        unsafe { self.slot.slot.with_state(f) }
     }
 
     /// Records that the operation is listed on `keys` keys; call before listing it.
     pub(crate) fn set_keys(&mut self, keys: u32) {
-        self.state(|state| state.keys = keys);
+        self.slot.keys.store(keys, Ordering::Relaxed);
     }
 
     /// Records the armed timeout; taken with the operation.
@@ -904,18 +921,19 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
     /// slot: both are allowed states, the slot's generation has already moved on.
     pub(crate) fn take_deferred(self) -> (Taken<O>, Vacated) {
         let mut this = ManuallyDrop::new(self);
+        let keys = this.slot.keys.load(Ordering::Relaxed);
         let taken = this.state(|state| Taken {
             op: state.op.take().expect("a held slot holds its operation"),
             span: std::mem::take(&mut state.span),
             timer: state.timer.take(),
-            keys: state.keys,
+            keys,
             #[cfg(feature = "metrics")]
             since: state.since,
         });
         // No occupant has generation `RETIRED` (a slot that reaches it is never handed out
         // again), so this never wraps.
         let next = this.op.generation + 1;
-        this.slot.release_taken(next, &this.table.parker);
+        this.slot.slot.release_taken(next, &this.table.parker);
         let vacated = Vacated {
             index: this.op.index,
             tag: tag_of(next),
@@ -933,7 +951,11 @@ impl<'a, O: DelayedOperation> Locked<'a, O> {
     #[inline]
     pub(crate) fn unlock(self) -> Result<(), HandedOver<'a, O>> {
         let this = ManuallyDrop::new(self);
-        match this.slot.unlock(this.op.generation, &this.table.parker) {
+        match this
+            .slot
+            .slot
+            .unlock(this.op.generation, &this.table.parker)
+        {
             Unlocked::Released => Ok(()),
             Unlocked::MustExpire { by_shutdown } => Err(HandedOver {
                 locked: ManuallyDrop::into_inner(this),
@@ -1037,6 +1059,17 @@ mod tests {
             false
         }
         fn on_complete(&mut self, _how: crate::Completion) {}
+    }
+
+    #[test]
+    fn a_slot_for_a_24_byte_operation_is_one_cache_line() {
+        /// The load tool's request: a reference, a `u64` and a `u32`.
+        #[allow(dead_code)]
+        struct Request(&'static u8, u64, u32);
+        assert_eq!(std::mem::size_of::<Request>(), 24);
+        // `metrics` adds the time the operation was armed.
+        let line = if cfg!(feature = "metrics") { 72 } else { 64 };
+        assert_eq!(std::mem::size_of::<TableSlot<Request>>(), line);
     }
 
     #[test]
