@@ -81,10 +81,12 @@ impl OpList {
     }
 
     /// Whether the list is one segment (at most [`BLOCK`] entries).
+    #[inline]
     pub(crate) fn is_short(&self) -> bool {
         self.tail.is_none()
     }
 
+    #[inline]
     pub(crate) fn is_empty(&self) -> bool {
         self.head.is_empty() && self.tail.is_none()
     }
@@ -169,6 +171,7 @@ impl OpList {
     }
 
     /// The segment lengths from `segment` on are what a purge step budgets by.
+    #[inline]
     pub(crate) fn segment_len(&self, segment: usize) -> usize {
         match segment {
             0 => self.head.len(),
@@ -176,6 +179,7 @@ impl OpList {
         }
     }
 
+    #[inline]
     fn blocks(&self) -> &[Vec<OpRef>] {
         self.tail.as_deref().map_or(&[], Vec::as_slice)
     }
@@ -225,7 +229,15 @@ fn drop_completed_entries(segment: &mut impl Segment, waiting: &impl Fn(OpRef) -
             *flag = waiting(op);
         }
         for (i, &keep) in flags[..n].iter().enumerate() {
-            entries[kept] = entries[read + i];
+            debug_assert!(kept <= read + i && read + i < before);
+            // SAFETY: `read + i < read + n <= before == entries.len()` (`n` is at most
+            // what is left from `read`), and `kept <= read + i`: it starts at 0 with
+            // `read`, and grows by at most one per entry read. Both in bounds, so the
+            // bounds checks (5 of the 12 instructions an entry here) can go.
+            unsafe {
+                let op = *entries.get_unchecked(read + i);
+                *entries.get_unchecked_mut(kept) = op;
+            }
             kept += usize::from(keep);
         }
         read += n;
@@ -244,18 +256,22 @@ trait Segment {
 }
 
 impl Segment for Ops {
+    #[inline]
     fn entries(&mut self) -> &mut [OpRef] {
         self.as_mut_slice()
     }
+    #[inline]
     fn truncate(&mut self, len: usize) {
         SmallVec::truncate(self, len);
     }
 }
 
 impl Segment for Vec<OpRef> {
+    #[inline]
     fn entries(&mut self) -> &mut [OpRef] {
         self.as_mut_slice()
     }
+    #[inline]
     fn truncate(&mut self, len: usize) {
         Vec::truncate(self, len);
     }
