@@ -375,7 +375,7 @@ impl<T> StandIn<T> {
         // other side of this handshake): the alarm set for then, or, where the alarm
         // cannot move quietly, the watchdog woken to plan it.
         let relief_at = (batch.due_at() + self.timing.late).max(now + self.timing.ramp);
-        if self.nanos_at(relief_at) < self.planned_look() {
+        if self.before_plan(relief_at, self.planned_look()) {
             if self.quiet_alarm {
                 self.arm(relief_at);
             } else {
@@ -418,7 +418,7 @@ impl<T> StandIn<T> {
             // Held here, it holds up the rounds: their due work is late a `late` from
             // now at the latest.
             let relief_at = Instant::now() + self.timing.late;
-            if self.nanos_at(relief_at) < self.planned_look() {
+            if self.before_plan(relief_at, self.planned_look()) {
                 self.arm(relief_at);
             }
         } else if self.planned_look() == IDLE {
@@ -454,7 +454,7 @@ impl<T> StandIn<T> {
         }
         match wake {
             // Back in the core before the look: the round then decides.
-            Some(wake) if self.nanos_at(wake + self.timing.ramp) < planned => {}
+            Some(wake) if self.before_plan(wake + self.timing.ramp, planned) => {}
             // Its next work begins at `wake` at the earliest, so is late `late` after
             // it at the earliest (a little before: the two readings of the clock that
             // turn the wheel's times into instants differ by nanoseconds, and a look
@@ -517,6 +517,21 @@ impl<T> StandIn<T> {
     #[inline]
     fn nanos_at(&self, at: Instant) -> u64 {
         at.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
+    /// Whether `nanos_at(at) < planned`, for the looks a driving thread compares with
+    /// the plan as it begins work or goes to sleep (four a round), worked out as
+    /// instants: `epoch` plus `planned` is an add, where `at`'s nanoseconds are a
+    /// subtraction of instants and a conversion (about 55 instructions, a third of a
+    /// batch's `begin`). The same answer: before `epoch` (where `nanos_at` is 0) `at`
+    /// is before every plan but [`NOW`], and after it both count the same nanoseconds.
+    #[inline]
+    fn before_plan(&self, at: Instant, planned: u64) -> bool {
+        planned != NOW
+            && self
+                .epoch
+                .checked_add(Duration::from_nanos(planned))
+                .is_none_or(|look| at < look)
     }
 
     /// Makes the watchdog look at once.
