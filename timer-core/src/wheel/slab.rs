@@ -142,7 +142,9 @@ impl<T> Slab<T> {
 
     /// Stores `task` in a vacant slot (a freed one first) and returns its key.
     /// The new entry is not linked into any bucket yet.
-    #[inline]
+    ///
+    /// Always inlined (into `Wheel::insert`, and so into `TimerCore::add`): see there.
+    #[inline(always)]
     pub(crate) fn insert(&mut self, expiration: u64, task: T) -> SlotKey {
         self.occupied += 1;
         if let Some(index) = self.free.pop() {
