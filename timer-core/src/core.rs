@@ -179,11 +179,16 @@ pub(crate) fn thread_hint() -> usize {
     THREAD_HINT.with(|hint| *hint)
 }
 
-/// After adds to a locked shard: if its earliest expiration moved earlier than the one
-/// published, publishes it and returns it, for the caller to wake the driver once the
-/// lock is released.
-fn publish_earlier<T>(shard: &Shard<T>, state: &ShardState<T>) -> Option<u64> {
-    let next = state.wheel.next_expiration().unwrap_or(IDLE);
+/// After adds to a locked shard, `queued` the earliest expiration of the buckets they
+/// queued (`IDLE` if they queued none): if the shard's earliest expiration moved earlier
+/// than the one published, publishes it and returns it, for the caller to wake the
+/// driver once the lock is released.
+///
+/// Adds only ever push onto the bucket queue, and the published expiration is never
+/// later than the wheel's earliest queued one (see the module doc), so the earliest
+/// moved earlier than the published one exactly when `queued` is earlier than it, and
+/// is then `queued`: the bucket queue need not be read.
+fn publish_earlier<T>(shard: &Shard<T>, state: &ShardState<T>, queued: u64) -> Option<u64> {
     // Under loom, read with a read-modify-write: loom's DPOR remembers only the last
     // access to an atomic, so a plain load here would hide this thread's store below
     // from the driver's earlier loads, and the add-versus-sleep race would go unexplored.
@@ -191,9 +196,17 @@ fn publish_earlier<T>(shard: &Shard<T>, state: &ShardState<T>) -> Option<u64> {
     let published = shard.next_expiration.fetch_add(0, Ordering::Relaxed);
     #[cfg(not(loom))]
     let published = shard.next_expiration.load(Ordering::Relaxed);
-    (next < published).then(|| {
-        shard.next_expiration.store(next, Ordering::SeqCst);
-        next
+    if cfg!(debug_assertions) {
+        let next = state.wheel.next_expiration().unwrap_or(IDLE);
+        debug_assert_eq!(
+            (next < published).then_some(next),
+            (queued < published).then_some(queued),
+            "the published expiration was later than the wheel's earliest"
+        );
+    }
+    (queued < published).then(|| {
+        shard.next_expiration.store(queued, Ordering::SeqCst);
+        queued
     })
 }
 
@@ -270,9 +283,9 @@ impl<T> TimerCore<T> {
             return Err(AddError::Shutdown(task));
         }
         self.catch_up(&mut state, now);
-        let key = state.wheel.insert(expiration, task);
+        let (key, queued) = state.wheel.insert_queuing(expiration, task);
         state.added += 1;
-        let earlier = publish_earlier(shard, &state);
+        let earlier = publish_earlier(shard, &state, queued);
         drop(state);
         if let Some(next) = earlier {
             self.sleeper.wake_if_later_than(next);
@@ -309,8 +322,11 @@ impl<T> TimerCore<T> {
             self.catch_up(&mut state, now);
             state.wheel.prefetch_inserts(tasks.len().min(ADD_BATCH));
             let mut added = 0u64;
+            let mut queued = IDLE;
             for (deadline, task) in tasks.by_ref().take(ADD_BATCH) {
-                let key = state.wheel.insert(deadline.div_ceil(self.tick_nanos), task);
+                let expiration = deadline.div_ceil(self.tick_nanos);
+                let (key, bucket) = state.wheel.insert_queuing(expiration, task);
+                queued = queued.min(bucket);
                 out.push(Ok(TimerHandle {
                     timer: self.id,
                     shard: shard_index as u32,
@@ -319,7 +335,7 @@ impl<T> TimerCore<T> {
                 added += 1;
             }
             state.added += added;
-            let earlier = publish_earlier(shard, &state);
+            let earlier = publish_earlier(shard, &state, queued);
             drop(state);
             if let Some(next) = earlier {
                 self.sleeper.wake_if_later_than(next);

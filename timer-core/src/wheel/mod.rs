@@ -203,10 +203,21 @@ impl<T> Wheel<T> {
     // instructions an add.
     #[inline(always)]
     pub fn insert(&mut self, expiration: u64, task: T) -> SlotKey {
+        self.insert_queuing(expiration, task).0
+    }
+
+    /// [`insert`](Self::insert), returning also the expiration under which it put the
+    /// task's bucket in the bucket queue, or [`NOT_QUEUED`] when that bucket was queued
+    /// already. An insert only ever pushes onto the queue, so the earliest queued
+    /// expiration after it is the earlier of the one before and this one (the timer
+    /// publishes it without reading the queue).
+    // Always inlined: see `insert`.
+    #[inline(always)]
+    pub(crate) fn insert_queuing(&mut self, expiration: u64, task: T) -> (SlotKey, u64) {
         let expiration = expiration.min(LAST_TICK).max(self.levels[0].current);
         let key = self.slab.insert(expiration, task);
-        self.place(key.index, expiration);
-        key
+        let queued = self.place(key.index, expiration);
+        (key, queued)
     }
 
     /// Brings the slab entries the next `n` inserts will use into the cache (a hint for
@@ -434,23 +445,27 @@ impl<T> Wheel<T> {
     }
 
     /// Links the unlinked entry `index` with expiration `expiration` (not before the
-    /// level-0 time) into the first level that can hold it.
+    /// level-0 time) into the first level that can hold it. Returns the expiration under
+    /// which it queued the entry's bucket, or [`NOT_QUEUED`] if the bucket was queued
+    /// already.
     ///
     /// Hot path: the level is found by one comparison per level, and the bucket by one
     /// division (none on level 0), using the level's slot cursor instead of
     /// `% wheel_size`. Expirations beyond every existing level go the slow way.
     #[inline]
-    fn place(&mut self, index: u32, expiration: u64) {
+    fn place(&mut self, index: u32, expiration: u64) -> u64 {
         let Some((id, start)) = self.locate(expiration) else {
             return self.place_beyond_levels(index, expiration);
         };
         let bucket = &mut self.buckets[id as usize];
         bucket.push(id, index, &mut self.slab);
-        if bucket.expiration != start {
-            debug_assert_eq!(bucket.expiration, NOT_QUEUED, "bucket holds two rounds");
-            bucket.expiration = start;
-            self.queue.push(start, id);
+        if bucket.expiration == start {
+            return NOT_QUEUED;
         }
+        debug_assert_eq!(bucket.expiration, NOT_QUEUED, "bucket holds two rounds");
+        bucket.expiration = start;
+        self.queue.push(start, id);
+        start
     }
 
     /// The bucket an expiration (not before the level-0 time) belongs in now, and that
@@ -478,7 +493,7 @@ impl<T> Wheel<T> {
     /// until one holds it, or clamps it to the end of the highest level there may be
     /// (documented above), then places it.
     #[cold]
-    fn place_beyond_levels(&mut self, index: u32, mut expiration: u64) {
+    fn place_beyond_levels(&mut self, index: u32, mut expiration: u64) -> u64 {
         loop {
             let top = self.levels.last().expect("level 0 always exists");
             if expiration < top.end {
