@@ -59,15 +59,17 @@ impl FreeSlots {
     }
 
     /// Takes the lowest free slot.
+    #[inline]
     pub(crate) fn pop(&mut self) -> Option<u32> {
         if self.len == 0 {
             return None;
         }
-        while self.summary[self.low] == 0 {
-            self.low += 1;
+        let mut group = self.low;
+        let mut summary = self.summary[group];
+        if summary == 0 {
+            (group, summary) = self.raise_low();
         }
-        let group = self.low;
-        let word = (group << 6) | self.summary[group].trailing_zeros() as usize;
+        let word = (group << 6) | summary.trailing_zeros() as usize;
         let bits = self.words[word];
         let slot = (word << 6) | bits.trailing_zeros() as usize;
         let rest = bits & (bits - 1);
@@ -77,6 +79,17 @@ impl FreeSlots {
         }
         self.len -= 1;
         Some(slot as u32)
+    }
+
+    /// Moves `low` up past the empty summary words at it, for [`pop`](Self::pop) (which
+    /// has checked that a slot is free), and returns it with its summary word. Out of
+    /// line: after the first pop from a group, the next pops find `low` there at once.
+    #[cold]
+    fn raise_low(&mut self) -> (usize, u64) {
+        while self.summary[self.low] == 0 {
+            self.low += 1;
+        }
+        (self.low, self.summary[self.low])
     }
 
     /// The number of slots below the first of a run of free slots that reaches `slots`
