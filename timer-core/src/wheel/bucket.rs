@@ -16,7 +16,8 @@
 //!   the queue (`Wheel::drop_emptied_front`); flushing one costs a queue pop and nothing
 //!   else.
 
-use super::slab::{Slab, NIL};
+use super::bucket_queue::BucketQueue;
+use super::slab::{Slab, SlotKey, NIL};
 
 /// `Bucket::expiration` of a bucket that is not in the bucket queue.
 pub(crate) const NOT_QUEUED: u64 = u64::MAX;
@@ -45,6 +46,40 @@ impl Bucket {
         entry.prev = NIL;
         entry.bucket = id;
         self.head = index;
+    }
+
+    /// Stores `task` (expiring at `expiration`) in a vacant slot of `slab`, linked at the
+    /// front of this bucket (id `id`), and returns its key: [`push`](Self::push) of a
+    /// new entry, whose links are written once (by the slab's insert) instead of twice.
+    #[inline(always)]
+    pub(crate) fn push_new<T>(
+        &mut self,
+        id: u32,
+        expiration: u64,
+        task: T,
+        slab: &mut Slab<T>,
+    ) -> SlotKey {
+        let old_head = self.head;
+        let key = slab.insert_linked(expiration, task, old_head, id);
+        if old_head != NIL {
+            slab.get_mut(old_head).prev = key.index;
+        }
+        self.head = key.index;
+        key
+    }
+
+    /// Puts this bucket (id `id`) in the bucket `queue` under `start`, the start of its
+    /// range this round, unless it is queued already. Returns `start` if it queued it,
+    /// else [`NOT_QUEUED`].
+    #[inline]
+    pub(crate) fn enqueue(&mut self, id: u32, start: u64, queue: &mut BucketQueue) -> u64 {
+        if self.expiration == start {
+            return NOT_QUEUED;
+        }
+        debug_assert_eq!(self.expiration, NOT_QUEUED, "bucket holds two rounds");
+        self.expiration = start;
+        queue.push(start, id);
+        start
     }
 
     /// Closes the gap an entry leaves in this bucket's list, given the entry's links as

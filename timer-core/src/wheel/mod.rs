@@ -215,9 +215,24 @@ impl<T> Wheel<T> {
     #[inline(always)]
     pub(crate) fn insert_queuing(&mut self, expiration: u64, task: T) -> (SlotKey, u64) {
         let expiration = expiration.min(LAST_TICK).max(self.levels[0].current);
-        let key = self.slab.insert(expiration, task);
-        let queued = self.place(key.index, expiration);
+        let Some((id, start)) = self.locate(expiration) else {
+            return self.insert_beyond_levels(expiration, task);
+        };
+        // `place`, for an entry made here: linked as it is stored. The bucket is queued
+        // first, so that nothing of `locate` stays live across the slab's insert (fewer
+        // registers spilled); a bucket queued and empty is allowed.
+        let bucket = &mut self.buckets[id as usize];
+        let queued = bucket.enqueue(id, start, &mut self.queue);
+        let key = bucket.push_new(id, expiration, task, &mut self.slab);
         (key, queued)
+    }
+
+    /// [`insert_queuing`](Self::insert_queuing) of an expiration beyond the top existing
+    /// level (see [`place_beyond_levels`](Self::place_beyond_levels)).
+    #[cold]
+    fn insert_beyond_levels(&mut self, expiration: u64, task: T) -> (SlotKey, u64) {
+        let key = self.slab.insert(expiration, task);
+        (key, self.place_beyond_levels(key.index, expiration))
     }
 
     /// Brings the slab entries the next `n` inserts will use into the cache (a hint for
@@ -459,13 +474,7 @@ impl<T> Wheel<T> {
         };
         let bucket = &mut self.buckets[id as usize];
         bucket.push(id, index, &mut self.slab);
-        if bucket.expiration == start {
-            return NOT_QUEUED;
-        }
-        debug_assert_eq!(bucket.expiration, NOT_QUEUED, "bucket holds two rounds");
-        bucket.expiration = start;
-        self.queue.push(start, id);
-        start
+        bucket.enqueue(id, start, &mut self.queue)
     }
 
     /// The bucket an expiration (not before the level-0 time) belongs in now, and that

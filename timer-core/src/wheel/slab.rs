@@ -142,10 +142,24 @@ impl<T> Slab<T> {
 
     /// Stores `task` in a vacant slot (a freed one first) and returns its key.
     /// The new entry is not linked into any bucket yet.
+    #[inline(always)]
+    pub(crate) fn insert(&mut self, expiration: u64, task: T) -> SlotKey {
+        self.insert_linked(expiration, task, NIL, NIL)
+    }
+
+    /// [`insert`](Self::insert) of an entry about to head bucket `bucket`'s list, ahead
+    /// of `next`: the entry's links are written once, here; the caller completes the
+    /// link (`Bucket::push_new`). With `NIL` for both, the entry is not linked.
     ///
     /// Always inlined (into `Wheel::insert`, and so into `TimerCore::add`): see there.
     #[inline(always)]
-    pub(crate) fn insert(&mut self, expiration: u64, task: T) -> SlotKey {
+    pub(crate) fn insert_linked(
+        &mut self,
+        expiration: u64,
+        task: T,
+        next: u32,
+        bucket: u32,
+    ) -> SlotKey {
         self.occupied += 1;
         if let Some(index) = self.free.pop() {
             let entry = self.get_mut(index);
@@ -153,9 +167,9 @@ impl<T> Slab<T> {
                 entry.task.is_none() && entry.bucket == NIL,
                 "the free set named an occupied slot"
             );
-            entry.next = NIL;
+            entry.next = next;
             entry.prev = NIL;
-            entry.bucket = NIL;
+            entry.bucket = bucket;
             entry.expiration = expiration;
             entry.task = Some(task);
             return SlotKey {
@@ -169,10 +183,10 @@ impl<T> Slab<T> {
             .expect("timer slab is full (2^32 - 1 tasks in one shard)");
         self.free.cover(index);
         self.entries.push(Entry {
-            next: NIL,
+            next,
             prev: NIL,
             generation: self.floor,
-            bucket: NIL,
+            bucket,
             expiration,
             task: Some(task),
         });
