@@ -479,20 +479,30 @@ impl<T> Wheel<T> {
 
     /// The bucket an expiration (not before the level-0 time) belongs in now, and that
     /// bucket's start: `None` when it is beyond every existing level.
+    ///
+    /// Level 0 first, on its own: its tick is 1, so the bucket's start is the expiration
+    /// and the slot needs no division; and a search of the levels above starts at 1.
     #[inline]
     fn locate(&self, expiration: u64) -> Option<(u32, u64)> {
-        let level = self.levels.iter().position(|lvl| expiration < lvl.end)?;
-        let lvl = &self.levels[level];
+        let lvl = &self.levels[0];
         debug_assert!(expiration >= lvl.current, "placing an entry in the past");
-        let offset = expiration - lvl.current;
-        let steps = if level == 0 {
-            offset
-        } else {
-            offset / lvl.tick
-        };
+        let size = u64::from(self.wheel_size);
+        if expiration < lvl.end {
+            debug_assert_eq!(lvl.tick, 1);
+            let mut slot = lvl.current_slot + (expiration - lvl.current);
+            if slot >= size {
+                slot -= size;
+            }
+            return Some((slot as u32, expiration));
+        }
+        let level = 1 + self.levels[1..]
+            .iter()
+            .position(|lvl| expiration < lvl.end)?;
+        let lvl = &self.levels[level];
+        let steps = (expiration - lvl.current) / lvl.tick;
         let mut slot = lvl.current_slot + steps;
-        if slot >= u64::from(self.wheel_size) {
-            slot -= u64::from(self.wheel_size);
+        if slot >= size {
+            slot -= size;
         }
         let start = lvl.current + steps * lvl.tick;
         Some((level as u32 * self.wheel_size + slot as u32, start))
