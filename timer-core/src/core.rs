@@ -31,6 +31,9 @@
 //!   earlier, so the published value is never later than it. It may be earlier: a
 //!   single cancel publishes nothing, and a batch cancel that empties the shard whole
 //!   keeps the old value on purpose (see `cancel_batch`), until an advance reaches it.
+//! - A shard's `next_tick_nanos` is `(wheel.current_tick() + 1) * tick_nanos`
+//!   (saturating) whenever its lock is free: what moves a wheel's time (`catch_up`, the
+//!   advance in `fire_due`) sets it right after (`moved`).
 //! - An advance that publishes a shard idle increments `idled` first, under the shard
 //!   lock; a driver that reads the shard idle therefore reads the count too, and compares
 //!   it with the count read when its wait was decided (`advance_with`).
@@ -135,6 +138,11 @@ pub(crate) struct ReliefCounts {
 
 struct ShardState<T> {
     wheel: Wheel<T>,
+    /// The clock reading (ns) at which the wheel's tick moves on:
+    /// `(wheel.current_tick() + 1) * tick_nanos`, saturating. Set with every move of the
+    /// wheel's time (`TimerCore::moved`), so an add compares the clock with it instead
+    /// of multiplying.
+    next_tick_nanos: u64,
     closed: bool,
     added: u64,
     cancelled: u64,
@@ -234,15 +242,19 @@ impl<T> TimerCore<T> {
         let tick_nanos = saturating_nanos(tick);
         let start = clock.now_nanos() / tick_nanos;
         let shards = (0..shards)
-            .map(|_| Shard {
-                state: Mutex::new(ShardState {
-                    wheel: Wheel::new(wheel_size, start),
-                    closed: false,
-                    added: 0,
-                    cancelled: 0,
-                    expired: 0,
-                }),
-                next_expiration: AtomicU64::new(IDLE),
+            .map(|_| {
+                let wheel = Wheel::new(wheel_size, start);
+                Shard {
+                    state: Mutex::new(ShardState {
+                        next_tick_nanos: (wheel.current_tick() + 1).saturating_mul(tick_nanos),
+                        wheel,
+                        closed: false,
+                        added: 0,
+                        cancelled: 0,
+                        expired: 0,
+                    }),
+                    next_expiration: AtomicU64::new(IDLE),
+                }
             })
             .collect();
         TimerCore {
@@ -265,10 +277,21 @@ impl<T> TimerCore<T> {
     /// divides only then.
     #[inline]
     fn catch_up(&self, state: &mut ShardState<T>, now: u64) {
-        let next_tick_nanos = (state.wheel.current_tick() + 1).saturating_mul(self.tick_nanos);
-        if now >= next_tick_nanos {
+        debug_assert_eq!(
+            state.next_tick_nanos,
+            (state.wheel.current_tick() + 1).saturating_mul(self.tick_nanos),
+            "the wheel's time moved without `moved`"
+        );
+        if now >= state.next_tick_nanos {
             state.wheel.catch_up(now / self.tick_nanos);
+            self.moved(state);
         }
+    }
+
+    /// After the wheel of a locked shard may have moved its time: sets the shard's
+    /// `next_tick_nanos` to match.
+    fn moved(&self, state: &mut ShardState<T>) {
+        state.next_tick_nanos = (state.wheel.current_tick() + 1).saturating_mul(self.tick_nanos);
     }
 
     fn add_at_nanos(&self, now: u64, deadline: u64, task: T) -> Result<TimerHandle, AddError<T>> {
@@ -386,6 +409,7 @@ impl<T> TimerCore<T> {
             oldest = oldest.min(next);
             let mut state = shard.state.lock();
             let n = state.wheel.advance(now, expired);
+            self.moved(&mut state);
             state.expired += n as u64;
             let next = state.wheel.next_expiration().unwrap_or(IDLE);
             if next == IDLE {
