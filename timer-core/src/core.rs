@@ -40,7 +40,7 @@
 //! - Once closed, an advance fires nothing and adds and resets are refused; once a shard
 //!   is drained it refuses them itself, so no task can slip in, or move, after the drain.
 
-use std::num::NonZeroU32;
+use std::num::{NonZeroU32, NonZeroU64};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -166,7 +166,9 @@ pub struct TimerCore<T> {
     id: NonZeroU32,
     shards: Box<[Shard<T>]>,
     clock: TimerClock,
-    tick_nanos: u64,
+    /// Never 0 (the builder takes ticks of 1 us to 1 h), and typed so: dividing by it
+    /// then needs no check for a zero divisor.
+    tick_nanos: NonZeroU64,
     closed: AtomicBool,
     sleeper: Sleeper,
     relief: ReliefCounts,
@@ -239,14 +241,16 @@ fn publish_moved<T>(shard: &Shard<T>, state: &ShardState<T>) -> Option<u64> {
 
 impl<T> TimerCore<T> {
     pub(crate) fn new(wheel_size: u32, shards: usize, tick: Duration, clock: TimerClock) -> Self {
-        let tick_nanos = saturating_nanos(tick);
+        let tick_nanos = NonZeroU64::new(saturating_nanos(tick))
+            .expect("a tick of at least 1 ns (the builder takes 1 us ..= 1 h)");
         let start = clock.now_nanos() / tick_nanos;
         let shards = (0..shards)
             .map(|_| {
                 let wheel = Wheel::new(wheel_size, start);
                 Shard {
                     state: Mutex::new(ShardState {
-                        next_tick_nanos: (wheel.current_tick() + 1).saturating_mul(tick_nanos),
+                        next_tick_nanos: (wheel.current_tick() + 1)
+                            .saturating_mul(tick_nanos.get()),
                         wheel,
                         closed: false,
                         added: 0,
@@ -279,7 +283,7 @@ impl<T> TimerCore<T> {
     fn catch_up(&self, state: &mut ShardState<T>, now: u64) {
         debug_assert_eq!(
             state.next_tick_nanos,
-            (state.wheel.current_tick() + 1).saturating_mul(self.tick_nanos),
+            (state.wheel.current_tick() + 1).saturating_mul(self.tick_nanos.get()),
             "the wheel's time moved without `moved`"
         );
         if now >= state.next_tick_nanos {
@@ -288,17 +292,24 @@ impl<T> TimerCore<T> {
         }
     }
 
+    /// `nanos` in ticks, rounded up (a deadline's expiration).
+    #[inline]
+    fn ticks_ceil(&self, nanos: u64) -> u64 {
+        nanos / self.tick_nanos + u64::from(nanos % self.tick_nanos != 0)
+    }
+
     /// After the wheel of a locked shard may have moved its time: sets the shard's
     /// `next_tick_nanos` to match.
     fn moved(&self, state: &mut ShardState<T>) {
-        state.next_tick_nanos = (state.wheel.current_tick() + 1).saturating_mul(self.tick_nanos);
+        state.next_tick_nanos =
+            (state.wheel.current_tick() + 1).saturating_mul(self.tick_nanos.get());
     }
 
     fn add_at_nanos(&self, now: u64, deadline: u64, task: T) -> Result<TimerHandle, AddError<T>> {
         if self.closed.load(Ordering::Relaxed) {
             return Err(AddError::Shutdown(task));
         }
-        let expiration = deadline.div_ceil(self.tick_nanos);
+        let expiration = self.ticks_ceil(deadline);
         let shard_index = self.local_shard();
         let shard = &self.shards[shard_index];
         let mut state = shard.state.lock();
@@ -347,7 +358,7 @@ impl<T> TimerCore<T> {
             let mut added = 0u64;
             let mut queued = IDLE;
             for (deadline, task) in tasks.by_ref().take(ADD_BATCH) {
-                let expiration = deadline.div_ceil(self.tick_nanos);
+                let expiration = self.ticks_ceil(deadline);
                 let (key, bucket) = state.wheel.insert_queuing(expiration, task);
                 queued = queued.min(bucket);
                 out.push(Ok(TimerHandle {
@@ -427,7 +438,7 @@ impl<T> TimerCore<T> {
         let overdue = if fired == 0 || !self.clock.is_real_time() {
             0
         } else {
-            now_nanos.saturating_sub(oldest.saturating_mul(self.tick_nanos))
+            now_nanos.saturating_sub(oldest.saturating_mul(self.tick_nanos.get()))
         };
         Fired {
             count: fired,
@@ -486,7 +497,7 @@ impl<T> TimerCore<T> {
         }
         let now = self.now_nanos();
         let limit = now.saturating_add(saturating_nanos(max_wait));
-        let wake_nanos = earliest.saturating_mul(self.tick_nanos).min(limit);
+        let wake_nanos = earliest.saturating_mul(self.tick_nanos.get()).min(limit);
         if wake_nanos <= now {
             // A bucket came due since `fire_due` looked (an add raced it): fire it now
             // rather than going through the condition variable.
@@ -609,7 +620,7 @@ impl<T> TimerCore<T> {
         let Some(shard) = self.shard_of(handle) else {
             return false;
         };
-        let expiration = deadline.div_ceil(self.tick_nanos);
+        let expiration = self.ticks_ceil(deadline);
         let mut state = shard.state.lock();
         if state.closed {
             return false;
@@ -747,7 +758,9 @@ impl<T> TimerCore<T> {
     pub fn next_expiration(&self) -> Option<Duration> {
         match self.earliest() {
             IDLE => None,
-            tick => Some(Duration::from_nanos(tick.saturating_mul(self.tick_nanos))),
+            tick => Some(Duration::from_nanos(
+                tick.saturating_mul(self.tick_nanos.get()),
+            )),
         }
     }
 
@@ -790,7 +803,7 @@ impl<T> TimerCore<T> {
         match self.earliest() {
             IDLE => None,
             tick => {
-                let due = i128::from(tick) * i128::from(self.tick_nanos);
+                let due = i128::from(tick) * i128::from(self.tick_nanos.get());
                 Some(i128::from(self.clock.peek_nanos()) - due)
             }
         }
