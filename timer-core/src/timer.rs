@@ -241,6 +241,21 @@ mod tests {
         assert!(timer.is_empty());
     }
 
+    /// The batch's earliest bucket is published, wherever it comes in the batch: a
+    /// reaper sleeping until the published expiration would otherwise sleep past it.
+    #[test]
+    fn add_batch_publishes_its_earliest_bucket_not_its_last() {
+        let clock = ManualClock::new();
+        let timer = manual_timer(&clock, 1);
+        let mut tasks = vec![
+            (Duration::from_millis(5), Id(0)),
+            (Duration::from_millis(50), Id(1)),
+        ];
+        let mut handles = Vec::new();
+        timer.add_batch(&mut tasks, &mut handles);
+        assert_eq!(timer.next_expiration(), Some(Duration::from_millis(5)));
+    }
+
     #[test]
     fn add_batch_after_shutdown_hands_every_task_back_in_order() {
         let clock = ManualClock::new();

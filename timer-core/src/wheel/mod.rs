@@ -218,12 +218,13 @@ impl<T> Wheel<T> {
         let Some((id, start)) = self.locate(expiration) else {
             return self.insert_beyond_levels(expiration, task);
         };
-        // `place`, for an entry made here: linked as it is stored. The bucket is queued
-        // first, so that nothing of `locate` stays live across the slab's insert (fewer
-        // registers spilled); a bucket queued and empty is allowed.
+        // `place`, for an entry made here: linked as it is stored. Stored before its
+        // bucket is queued: the slab's insert may panic (a full slab), and a bucket it
+        // left queued but empty would then have no published expiration for it, and a
+        // later add to it would queue nothing, so publish nothing either.
         let bucket = &mut self.buckets[id as usize];
-        let queued = bucket.enqueue(id, start, &mut self.queue);
         let key = bucket.push_new(id, expiration, task, &mut self.slab);
+        let queued = bucket.enqueue(id, start, &mut self.queue);
         (key, queued)
     }
 
