@@ -1411,6 +1411,46 @@ impl Reports {
 
 /// The hand-overs of relief, modelled. Run with `RUSTFLAGS="--cfg loom" cargo test -p
 /// purgatory-timer --lib --release stand_in`.
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// `before_plan` answers what `nanos_at(at) < planned` answers, for instants before,
+    /// at and after the epoch and plans from `NOW` to `IDLE`.
+    #[test]
+    fn a_look_compared_as_instants_answers_as_in_nanoseconds() {
+        let stand_in: StandIn<u8> = StandIn::new(Duration::from_millis(20), 1, "t".into());
+        let epoch = stand_in.epoch;
+        let mut instants = vec![epoch];
+        for nanos in [1, 999, 1_000_000, 3_600_000_000_000] {
+            let d = Duration::from_nanos(nanos);
+            instants.push(epoch + d);
+            instants.extend(epoch.checked_sub(d));
+        }
+        let plans = [
+            NOW,
+            1,
+            998,
+            999,
+            1_000,
+            1_000_000,
+            u64::MAX / 2,
+            IDLE - 1,
+            IDLE,
+        ];
+        for &at in &instants {
+            for &planned in &plans {
+                assert_eq!(
+                    stand_in.before_plan(at, planned),
+                    stand_in.nanos_at(at) < planned,
+                    "at {:?} from the epoch, plan {planned}",
+                    at.checked_duration_since(epoch)
+                );
+            }
+        }
+    }
+}
+
 #[cfg(all(test, loom))]
 mod loom_models {
     use std::sync::atomic::Ordering::SeqCst as Std;
