@@ -208,46 +208,36 @@ fn block_of(op: OpRef) -> Vec<OpRef> {
 /// Drops the entries of one segment for which `waiting` is false, keeping the others in
 /// order; returns how many it dropped.
 ///
-/// Two passes, because a `waiting` read (a generation tag, written by whichever core
-/// completed the operation) may miss the cache: the first pass only stores the answers,
-/// with no branch on them, so the CPU runs ahead and has many misses in flight at once;
-/// the second compacts the segment. In one pass, every mispredicted keep-or-drop branch
-/// would wait for its miss before the next could start. The passes go [`FLAGS`] entries
-/// at a time, the answers in an array on the stack (compacting a run never overtakes the
-/// reading: `kept <= read`). With the answers in a `SmallVec` filled by `extend`, a purge
-/// step's `drop_completed_in` cost about 84 instructions an entry (callgrind,
-/// `expiring_watches 20000 64`); this way, 68.
+/// One pass with no branch on the answers: every entry is copied down to `kept` (onto
+/// itself while nothing was dropped) and `kept` grows by the answer. A `waiting` read (a
+/// generation tag, written by whichever core completed the operation) may miss the
+/// cache; since no branch waits for it and the next entry's read does not depend on it
+/// (only the address of a later copy does, and `kept <= read` keeps that copy off every
+/// entry still to be read), the CPU runs ahead and has many misses in flight at once. A
+/// keep-or-drop branch would have waited for each miss on a mispredict before the next
+/// could start.
+///
+/// Before, two passes: the answers into a stack array, 128 at a time, then the
+/// compaction: about 27 instructions an entry and 30 more a segment to clear the array
+/// (callgrind, `expiring_watches`); with the answers in a `SmallVec` filled by `extend`,
+/// 84 an entry (`expiring_watches 20000 64`).
 fn drop_completed_entries(segment: &mut impl Segment, waiting: &impl Fn(OpRef) -> bool) -> usize {
     let entries = segment.entries();
     let before = entries.len();
     let mut kept = 0;
-    let mut read = 0;
-    while read < before {
-        let n = (before - read).min(FLAGS);
-        let mut flags = [false; FLAGS];
-        for (flag, &op) in flags.iter_mut().zip(&entries[read..read + n]) {
-            *flag = waiting(op);
-        }
-        for (i, &keep) in flags[..n].iter().enumerate() {
-            debug_assert!(kept <= read + i && read + i < before);
-            // SAFETY: `read + i < read + n <= before == entries.len()` (`n` is at most
-            // what is left from `read`), and `kept <= read + i`: it starts at 0 with
-            // `read`, and grows by at most one per entry read. Both in bounds, so the
-            // bounds checks (5 of the 12 instructions an entry here) can go.
-            unsafe {
-                let op = *entries.get_unchecked(read + i);
-                *entries.get_unchecked_mut(kept) = op;
-            }
-            kept += usize::from(keep);
-        }
-        read += n;
+    for read in 0..before {
+        let op = entries[read];
+        let keep = waiting(op);
+        debug_assert!(kept <= read);
+        // SAFETY: `kept <= read < before == entries.len()`: `kept` starts at 0 with
+        // `read`, and grows by at most one per entry read. In bounds, so the bounds
+        // check can go.
+        unsafe { *entries.get_unchecked_mut(kept) = op };
+        kept += usize::from(keep);
     }
     segment.truncate(kept);
     before - kept
 }
-
-/// Flags [`drop_completed_entries`] works out at once, on the stack.
-const FLAGS: usize = 128;
 
 /// The head and a block, as [`drop_completed_entries`] sees them.
 trait Segment {
@@ -450,12 +440,12 @@ mod tests {
         }
     }
 
-    /// Segments across the stack array's 128-entry runs (and a whole block): a purge keeps
-    /// exactly the waiting entries, in order, whichever runs they fall in and however far
-    /// compaction has fallen behind the reading (all dropped before a run, none, every
-    /// other, only one run's, a random third).
+    /// Segments of many lengths, up to a whole block (and across the 128-entry runs an
+    /// earlier two-pass filter worked in): a purge keeps exactly the waiting entries, in
+    /// order, however far compaction has fallen behind the reading (all dropped first,
+    /// none, every other, only the first 128, a random third).
     #[test]
-    fn a_segment_filtered_in_runs_of_128_keeps_exactly_the_waiting_entries_in_order() {
+    fn a_segment_filtered_keeps_exactly_the_waiting_entries_in_order() {
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(128);
         let random: Vec<bool> = (0..BLOCK).map(|_| rng.gen_range(0..3) == 0).collect();
