@@ -104,9 +104,7 @@
 use std::sync::atomic::{AtomicBool, AtomicU32 as StdAtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use super::{
-    locate, FreeList, OpTable, Segment, Vacated, FIRST_SEGMENT, FREE_LISTS, RETIRED, SEGMENTS,
-};
+use super::{locate, FreeList, OpTable, Segment, FIRST_SEGMENT, FREE_LISTS, RETIRED, SEGMENTS};
 use crate::discard;
 use crate::operation::DelayedOperation;
 use crate::pins::Grace;
@@ -351,24 +349,14 @@ impl<O: DelayedOperation> OpTable<O> {
         &self,
         list: &FreeList,
         mut free: MutexGuard<'_, Vec<u32>>,
-        vacated: &[Vacated],
+        indices: impl Iterator<Item = u32> + Clone,
         aside_from: u32,
     ) {
-        free.extend(
-            vacated
-                .iter()
-                .filter(|v| !v.retired && v.index < aside_from)
-                .map(|v| v.index),
-        );
+        free.extend(indices.clone().filter(|&index| index < aside_from));
         list.available.store(free.len(), Ordering::Relaxed);
-        if vacated.iter().any(|v| !v.retired && v.index >= aside_from) {
+        if indices.clone().any(|index| index >= aside_from) {
             let mut aside = self.aside.slots.lock();
-            aside.extend(
-                vacated
-                    .iter()
-                    .filter(|v| !v.retired && v.index >= aside_from)
-                    .map(|v| v.index),
-            );
+            aside.extend(indices.filter(|&index| index >= aside_from));
             self.aside.len.store(aside.len(), Ordering::Relaxed);
         }
         drop(free);
