@@ -36,7 +36,7 @@ use std::mem::ManuallyDrop;
 use smallvec::SmallVec;
 use timer_core::TimerHandle;
 
-use crate::counters::Count;
+use crate::counters::{Count, ThisStripe};
 use crate::op_table::{Locked, OpRef, Taken, TakenExpiry, VacateLater};
 use crate::operation::{Completion, DelayedOperation};
 use crate::pins::Pinned;
@@ -134,33 +134,35 @@ impl<K, O: DelayedOperation> State<K, O> {
     /// Completes one taken operation: [`complete`](Self::complete) for a batch of one,
     /// without the batch's buffers.
     pub(crate) fn complete_one(&self, taken: Taken<O>, how: Completion) {
-        self.complete_one_as(taken, how, count_of(how));
+        self.complete_one_as(ThisStripe::read(), taken, how, count_of(how));
     }
 
     /// Expires the operation `op` names if it is still in the table (a round's expiry,
     /// handed out one task at a time), counted as a timeout, leaving the slot's free to
-    /// `vacating`.
+    /// `vacating`. `stripe` is the calling thread's, read once for the run.
     #[inline]
     pub(crate) fn expire_one_vacating_later<'t>(
         &'t self,
         pin: &Pinned<'_>,
         op: OpRef,
         vacating: &mut VacateLater<'t, O>,
+        stripe: ThisStripe,
     ) {
         if let Some((taken, vacated)) =
             self.table
                 .take_for_expiry_deferred(pin, op, Completion::Expired)
         {
             vacating.push(vacated);
-            self.complete_one_as(taken, Completion::Expired, Count::Expired);
+            self.complete_one_as(stripe, taken, Completion::Expired, Count::Expired);
         }
     }
 
-    /// [`complete_one`](Self::complete_one), counted as `count`.
+    /// [`complete_one`](Self::complete_one), counted as `count` in `stripe` (the
+    /// calling thread's).
     #[inline]
-    fn complete_one_as(&self, taken: Taken<O>, how: Completion, count: Count) {
+    fn complete_one_as(&self, stripe: ThisStripe, taken: Taken<O>, how: Completion, count: Count) {
         let (op, receipt) = Receipt::split(taken);
-        let span = self.account_one(receipt, how, count);
+        let span = self.account_one(stripe, receipt, how, count);
         let _runtime = self.runtime.enter();
         self.run_callbacks(op, span, how);
     }
@@ -177,20 +179,27 @@ impl<K, O: DelayedOperation> State<K, O> {
         how: Completion,
         count: Count,
     ) {
-        let span = self.account_one(receipt, how, count);
+        let span = self.account_one(ThisStripe::read(), receipt, how, count);
         let _runtime = self.runtime.enter();
         self.run_callbacks_placed(placed, span, how);
     }
 
     /// What completing one operation does before its callbacks: queues its timer's
     /// cancel, marks its entries stale, counts it (and with the feature `metrics`,
-    /// samples its wait). Gives its span back, to enter around the callbacks.
+    /// samples its wait), in `stripe` (the calling thread's). Gives its span back, to
+    /// enter around the callbacks.
     #[inline(always)]
-    fn account_one(&self, receipt: Receipt, how: Completion, count: Count) -> CarriedSpan {
+    fn account_one(
+        &self,
+        stripe: ThisStripe,
+        receipt: Receipt,
+        how: Completion,
+        count: Count,
+    ) -> CarriedSpan {
         if let Some(timer) = receipt.timer {
             self.cancels.push_many(&[timer], &self.timer);
         }
-        self.record(1, receipt.keys, how, count);
+        self.record_in(stripe, 1, receipt.keys, how, count);
         #[cfg(feature = "metrics")]
         self.record_waits([receipt.since], count);
         receipt.span
@@ -203,8 +212,15 @@ impl<K, O: DelayedOperation> State<K, O> {
     /// jump table for the counter: `expiring_watches` under callgrind.)
     #[inline]
     fn record(&self, n: usize, keys: u32, how: Completion, count: Count) {
-        self.watchers.mark_stale(keys);
-        self.counters.add(count, n as u64);
+        self.record_in(ThisStripe::read(), n, keys, how, count);
+    }
+
+    /// [`record`](Self::record) in `stripe`, the calling thread's: both counts in it,
+    /// from one read of it.
+    #[inline]
+    fn record_in(&self, stripe: ThisStripe, n: usize, keys: u32, how: Completion, count: Count) {
+        self.watchers.mark_stale_in(stripe, keys);
+        self.counters.add_in(stripe, count, n as u64);
         if !how.is_expiry() {
             self.report_completed(n, how);
         }

@@ -32,6 +32,7 @@ use std::time::Duration;
 
 use timer_core::NextRound;
 
+use crate::counters::ThisStripe;
 use crate::group::Member;
 use crate::op_table::{OpRef, VacateLater};
 use crate::operation::DelayedOperation;
@@ -46,15 +47,16 @@ where
     K: Hash + Eq + Clone + Send + Sync + 'static,
     O: DelayedOperation,
 {
-    /// One pin for the whole run, not one per task, and the slots freed together
+    /// One pin for the whole run, not one per task, the slots freed together
     /// (`VacateLater`: at most 32 at a time, the rest when the run ends or a panic
-    /// unwinds through it).
+    /// unwinds through it), and the thread's counter stripe read once.
     fn expire_run(&self, first: OpRef, next: &mut dyn FnMut() -> Option<Expiry>) -> Option<Expiry> {
         let pin = self.table.pin();
         let mut vacating = VacateLater::new(&self.table);
+        let stripe = ThisStripe::read();
         let mut op = first;
         loop {
-            self.expire_one_vacating_later(&pin, op, &mut vacating);
+            self.expire_one_vacating_later(&pin, op, &mut vacating, stripe);
             match next() {
                 Some(expiry) if expiry.member == self.member => op = expiry.op,
                 other => return other,

@@ -54,7 +54,7 @@ use foldhash::fast::RandomState;
 use hashbrown::HashTable;
 use smallvec::{smallvec, SmallVec};
 
-use crate::counters::{stripe_index, STRIPES};
+use crate::counters::{ThisStripe, STRIPES};
 use crate::op_list::OpList;
 use crate::op_table::OpRef;
 use crate::sync::Mutex;
@@ -135,7 +135,12 @@ struct EntryCounts {
 impl EntryCounts {
     #[inline]
     fn add(&self, listed: i64, stale: i64) {
-        let stripe = &self.stripes[stripe_index()];
+        self.add_in(ThisStripe::read(), listed, stale);
+    }
+
+    #[inline]
+    fn add_in(&self, stripe: ThisStripe, listed: i64, stale: i64) {
+        let stripe = &self.stripes[stripe.index()];
         if listed != 0 {
             stripe.listed.fetch_add(listed, Relaxed);
         }
@@ -188,7 +193,13 @@ impl<K> Watchers<K> {
     /// or cancelled): its entries are stale from now on.
     #[inline]
     pub(crate) fn mark_stale(&self, keys: u32) {
-        self.counts.add(0, i64::from(keys));
+        self.mark_stale_in(ThisStripe::read(), keys);
+    }
+
+    /// [`mark_stale`](Self::mark_stale), in the stripe the calling thread read already.
+    #[inline]
+    pub(crate) fn mark_stale_in(&self, stripe: ThisStripe, keys: u32) {
+        self.counts.add_in(stripe, 0, i64::from(keys));
     }
 
     /// Entries listed, stale ones included (a recent estimate).
