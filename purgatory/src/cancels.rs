@@ -98,7 +98,27 @@ impl DeferredCancels {
     /// Applies every queued cancel now. When it returns, every cancel queued before the
     /// call has been applied, by this call or by another that had taken it out of its
     /// queue first (see the module doc).
+    ///
+    /// Every round calls it, and most find every flag clear: all 16 are read first, with
+    /// no branch between them (32 instructions, inlined into the round; looked at one by
+    /// one, each behind its own branch, in a call, about 125 a round: callgrind,
+    /// `expiring_watches`), and only a flag found set sends it through the queues.
+    /// A queue skipped because its flag read clear in that first read is skipped on the
+    /// grounds the module doc gives for any clear read.
+    #[inline]
     pub(crate) fn flush<T>(&self, timer: &TimerCore<T>) {
+        let queued = self
+            .stripes
+            .iter()
+            .fold(0, |any, stripe| any | stripe.queued.load(Acquire));
+        if queued != 0 {
+            self.flush_queued(timer);
+        }
+    }
+
+    /// [`flush`](Self::flush) once a flag read set.
+    #[inline(never)]
+    fn flush_queued<T>(&self, timer: &TimerCore<T>) {
         let mut cancelled = Cancelled::new();
         for stripe in &self.stripes {
             if stripe.queued.load(Acquire) == 0 {
