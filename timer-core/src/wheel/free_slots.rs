@@ -49,12 +49,18 @@ impl FreeSlots {
     #[inline]
     pub(crate) fn push(&mut self, slot: u32) {
         let word = slot as usize >> 6;
-        let group = word >> 6;
         let bit = 1u64 << (slot & 63);
-        debug_assert_eq!(self.words[word] & bit, 0, "slot {slot} freed twice");
-        self.words[word] |= bit;
-        self.summary[group] |= 1u64 << (word & 63);
-        self.low = self.low.min(group);
+        let old = self.words[word];
+        debug_assert_eq!(old & bit, 0, "slot {slot} freed twice");
+        self.words[word] = old | bit;
+        // A word with a free slot already has its summary bit set, and `low` is at or
+        // below its group: only a word that was empty changes them. Slots freed in a run
+        // (an expiry's, a slab filled in address order) mostly share a word.
+        if old == 0 {
+            let group = word >> 6;
+            self.summary[group] |= 1u64 << (word & 63);
+            self.low = self.low.min(group);
+        }
         self.len += 1;
     }
 
