@@ -402,13 +402,14 @@ impl<T> Wheel<T> {
             while at != NIL {
                 let entry = self.slab.get_mut(at);
                 let next = entry.next;
-                entry.next = NIL;
-                entry.prev = NIL;
-                entry.bucket = NIL;
                 let entry_expiration = entry.expiration;
                 if entry_expiration <= current {
+                    // Its links are left as they are: a vacant slot's mean nothing.
                     expired.push(self.slab.remove(at));
                 } else {
+                    entry.next = NIL;
+                    entry.prev = NIL;
+                    entry.bucket = NIL;
                     self.place(at, entry_expiration);
                 }
                 at = next;

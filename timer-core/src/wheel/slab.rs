@@ -17,7 +17,10 @@
 //! - A slot is *vacant* (in `free`) or *occupied*. An occupied slot is *live* (its `task`
 //!   is `Some`) or *cancelled*: its task was taken by a cancel that left the unlink for
 //!   later (see `deferred_unlinks.rs`), so it is still linked into its bucket list. Only
-//!   occupied slots are linked (see `bucket.rs`); `occupied` counts both kinds.
+//!   occupied slots are linked (see `bucket.rs`); `occupied` counts both kinds. A vacant
+//!   slot's `bucket` is `NIL`; its `next` and `prev` may still hold the links it had
+//!   (an expiry leaves them): nothing follows them (a prefetch for a stale key may read
+//!   them, as a hint) until the slot is filled again, which writes them.
 //! - A slot's `generation` changes exactly once per task it held: when the task leaves
 //!   (it fired, was cancelled, or was drained; a cancelled slot changes at the cancel,
 //!   before it is freed). A [`SlotKey`] names a slot *and* the generation it was handed
@@ -241,14 +244,15 @@ impl<T> Slab<T> {
         self.occupied -= 1;
     }
 
-    /// Empties a live slot, bumps its generation and returns its task.
-    /// The caller must already have unlinked it from its bucket.
+    /// Empties a live slot, bumps its generation and returns its task. The slot must be
+    /// in no bucket list, or in one the caller took whole (`Bucket::take`) and walks: it
+    /// is marked unlinked here, its `next` and `prev` left as they are (a vacant slot's
+    /// mean nothing), so an expiry looks the slot up once (clearing its links first
+    /// took a second look-up).
+    #[inline]
     pub(crate) fn remove(&mut self, index: u32) -> T {
         let entry = self.get_mut(index);
-        debug_assert_eq!(
-            entry.bucket, NIL,
-            "removing a slot still linked in a bucket"
-        );
+        entry.bucket = NIL;
         let task = entry.task.take().expect("removing a vacant slot");
         Self::bump_generation(entry);
         self.vacate(index);
