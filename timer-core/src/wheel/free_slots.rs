@@ -71,15 +71,22 @@ impl FreeSlots {
             return None;
         }
         let mut group = self.low;
-        let mut summary = self.summary[group];
+        debug_assert!(group < self.summary.len());
+        // SAFETY: a slot is free (`len > 0`), so some word has a bit set, and so some
+        // summary word does; `low` is at or below it (no summary word below `low` has a
+        // bit set), so below `summary.len()`.
+        let mut summary = unsafe { *self.summary.get_unchecked(group) };
         if summary == 0 {
             (group, summary) = self.raise_low();
         }
         let word = (group << 6) | summary.trailing_zeros() as usize;
-        let bits = self.words[word];
+        debug_assert!(word < self.words.len());
+        // SAFETY: `summary` has bit `word % 64` set (it is not 0), and a summary bit is
+        // set only for a word that exists (and has a bit set).
+        let bits = unsafe { self.words.get_unchecked_mut(word) };
         let slot = (word << 6) | bits.trailing_zeros() as usize;
-        let rest = bits & (bits - 1);
-        self.words[word] = rest;
+        let rest = *bits & (*bits - 1);
+        *bits = rest;
         if rest == 0 {
             self.summary[group] &= !(1u64 << (word & 63));
         }

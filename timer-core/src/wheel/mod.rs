@@ -146,7 +146,16 @@ impl<T> Wheel<T> {
 
     /// The wheel's current time (level 0), in ticks.
     pub fn current_tick(&self) -> u64 {
-        self.levels[0].current
+        self.level0().current
+    }
+
+    /// Level 0, without a bounds check: an add reads it twice (3 instructions each).
+    #[inline(always)]
+    fn level0(&self) -> &Level {
+        debug_assert!(!self.levels.is_empty());
+        // SAFETY: `levels` is never empty: `new` makes level 0, and levels are only ever
+        // added (`add_level` pushes one), never removed.
+        unsafe { self.levels.get_unchecked(0) }
     }
 
     /// Number of tasks held.
@@ -214,7 +223,7 @@ impl<T> Wheel<T> {
     // Always inlined: see `insert`.
     #[inline(always)]
     pub(crate) fn insert_queuing(&mut self, expiration: u64, task: T) -> (SlotKey, u64) {
-        let expiration = expiration.min(LAST_TICK).max(self.levels[0].current);
+        let expiration = expiration.min(LAST_TICK).max(self.level0().current);
         let Some((id, start)) = self.locate(expiration) else {
             return self.insert_beyond_levels(expiration, task);
         };
@@ -222,7 +231,9 @@ impl<T> Wheel<T> {
         // bucket is queued: the slab's insert may panic (a full slab), and a bucket it
         // left queued but empty would then have no published expiration for it, and a
         // later add to it would queue nothing, so publish nothing either.
-        let bucket = &mut self.buckets[id as usize];
+        debug_assert!((id as usize) < self.buckets.len());
+        // SAFETY: `locate` returns only ids below `buckets.len()` (see there).
+        let bucket = unsafe { self.buckets.get_unchecked_mut(id as usize) };
         let key = bucket.push_new(id, expiration, task, &mut self.slab);
         let queued = bucket.enqueue(id, start, &mut self.queue);
         (key, queued)
@@ -348,7 +359,7 @@ impl<T> Wheel<T> {
     /// A bucket the entry leaves may be left empty: it leaves the bucket queue at once if
     /// it was the earliest queued, else when it comes to the front (see the module doc).
     pub fn reset(&mut self, key: SlotKey, expiration: u64) -> bool {
-        let expiration = expiration.min(LAST_TICK).max(self.levels[0].current);
+        let expiration = expiration.min(LAST_TICK).max(self.level0().current);
         let Some(entry) = self.slab.lookup(key) else {
             return false;
         };
@@ -398,7 +409,7 @@ impl<T> Wheel<T> {
             debug_assert_eq!(bucket.expiration, expiration, "bucket queued twice");
             let mut at = bucket.take();
             self.advance_levels(expiration);
-            let current = self.levels[0].current;
+            let current = self.level0().current;
             while at != NIL {
                 let entry = self.slab.get_mut(at);
                 let next = entry.next;
@@ -484,9 +495,20 @@ impl<T> Wheel<T> {
     ///
     /// Level 0 first, on its own: its tick is 1, so the bucket's start is the expiration
     /// and the slot needs no division; and a search of the levels above starts at 1.
+    ///
+    /// The id is below `buckets.len()`, which `insert_queuing` counts on (it indexes the
+    /// buckets without a bounds check). `buckets.len()` is `levels.len() * wheel_size`
+    /// (`new` makes one level's buckets, `add_level` adds one level's, nothing else
+    /// changes its length), `level` is an index into `levels`, and `slot` is below
+    /// `wheel_size`: a level's `current_slot` is (a remainder mod `wheel_size`, see
+    /// `Level::move_to`), and `steps` is too, since `expiration - current` is below the
+    /// level's interval (`tick * wheel_size`): `expiration < end`, and `end` is
+    /// `current + interval`, or `u64::MAX` when that sum would pass it (and then
+    /// `expiration - current < u64::MAX - current < interval`); so their sum is below
+    /// `2 * wheel_size`, and below `wheel_size` once wrapped.
     #[inline]
     fn locate(&self, expiration: u64) -> Option<(u32, u64)> {
-        let lvl = &self.levels[0];
+        let lvl = self.level0();
         debug_assert!(expiration >= lvl.current, "placing an entry in the past");
         let size = u64::from(self.wheel_size);
         if expiration < lvl.end {
@@ -495,6 +517,7 @@ impl<T> Wheel<T> {
             if slot >= size {
                 slot -= size;
             }
+            debug_assert!(slot < size);
             return Some((slot as u32, expiration));
         }
         let level = 1 + self.levels[1..]
@@ -506,6 +529,7 @@ impl<T> Wheel<T> {
         if slot >= size {
             slot -= size;
         }
+        debug_assert!(slot < size);
         let start = lvl.current + steps * lvl.tick;
         Some((level as u32 * self.wheel_size + slot as u32, start))
     }

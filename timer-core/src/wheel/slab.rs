@@ -165,7 +165,11 @@ impl<T> Slab<T> {
     ) -> SlotKey {
         self.occupied += 1;
         if let Some(index) = self.free.pop() {
-            let entry = self.get_mut(index);
+            debug_assert!((index as usize) < self.entries.len());
+            // SAFETY: every slot in `free` is below `entries.len()` (see the module doc:
+            // slots enter `free` from `entries`, and a give-back drops the free slots it
+            // truncates from both).
+            let entry = unsafe { self.entries.get_unchecked_mut(index as usize) };
             debug_assert!(
                 entry.task.is_none() && entry.bucket == NIL,
                 "the free set named an occupied slot"
