@@ -328,7 +328,7 @@ where
     }
 
     fn check(&self) -> Result<(), BuildError> {
-        if !(1..=65_536).contains(&self.shards) {
+        if !(1..=crate::watchers::MAX_SHARDS).contains(&self.shards) {
             return Err(BuildError::InvalidShards(self.shards));
         }
         if self.purge_interval == 0 {

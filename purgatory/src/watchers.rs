@@ -164,6 +164,14 @@ pub(crate) struct Watchers<K> {
 /// `Hash` or `Eq` panicked: their positions in the call's input.
 pub(crate) type Unlisted = SmallVec<[usize; 4]>;
 
+/// Most watcher shards (the builder's limit): [`Watchers::shard_index`] needs
+/// `MAX_SHARDS << SHARD_BITS` to fit in a `u64`.
+pub(crate) const MAX_SHARDS: usize = 1 << 16;
+
+/// The bits of a key's hash that pick its shard: bits 32 to 56 (see
+/// [`Watchers::shard_index`]).
+const SHARD_BITS: u32 = 25;
+
 /// Most keys a shard's table holds when it shrinks (see `ShardState::shrink_if_sparse`).
 const SHRINK_LIMIT: usize = 4096;
 
@@ -233,7 +241,12 @@ impl<K> Watchers<K> {
 }
 
 impl<K: Hash + Eq> Watchers<K> {
+    /// Lists spread over `shards` shards (1 ..= [`MAX_SHARDS`]; the builder checks it).
     pub(crate) fn new(shards: usize) -> Self {
+        assert!(
+            (1..=MAX_SHARDS).contains(&shards),
+            "{shards} watcher shards: 1 ..= {MAX_SHARDS}"
+        );
         Watchers {
             shards: (0..shards)
                 .map(|_| Shard {
@@ -258,20 +271,27 @@ impl<K: Hash + Eq> Watchers<K> {
         self.hasher.hash_one(key)
     }
 
-    /// The shard of a key with hash `hash`: from bits 32 and up, since each shard's table
-    /// uses the low bits (bucket) and the top seven (tag).
+    /// The shard of a key with hash `hash` (below [`shard_count`](Self::shard_count)):
+    /// from bits 32 to 56, since each shard's table uses the low bits (bucket) and the
+    /// top seven (tag). Those [`SHARD_BITS`] bits, `x`, are scaled to the shard count as
+    /// `x * n >> SHARD_BITS` (a multiply and shifts, for any count: testing for a power
+    /// of two and masking, with `%` for other counts, cost 3 more instructions a key,
+    /// plus the bounds check this makes needless; callgrind, `expiring_watches`).
+    #[inline(always)]
     fn shard_index(&self, hash: u64) -> usize {
-        let high = (hash >> 32) as usize;
-        let n = self.shards.len();
-        if n.is_power_of_two() {
-            high & (n - 1)
-        } else {
-            high % n
-        }
+        let x = (hash << 7) >> (64 - SHARD_BITS);
+        ((x * self.shards.len() as u64) >> SHARD_BITS) as usize
     }
 
+    #[inline(always)]
     fn shard(&self, hash: u64) -> &Shard<K> {
-        &self.shards[self.shard_index(hash)]
+        let i = self.shard_index(hash);
+        debug_assert!(i < self.shards.len());
+        // SAFETY: `x` above is below 2^SHARD_BITS, so `x * n` is below `n << SHARD_BITS`
+        // (no overflow: `new` keeps `n` at most `MAX_SHARDS`, 2^16, and the product below
+        // 2^41), and shifting it right by SHARD_BITS gives a value below `n`, the length
+        // of `shards`.
+        unsafe { self.shards.get_unchecked(i) }
     }
 
     /// Appends each `(key, operation)` of `entries` to the list of its key, keeping the
