@@ -307,11 +307,13 @@ where
         I: IntoIterator<Item = K>,
     {
         // Collect the keys before taking any lock: the caller's iterator is user code.
-        let keys: Keys<K> = collect_keys(keys);
+        let mut keys: Keys<K> = collect_keys(keys);
         let state = self.state();
-        // The operation's place while it is not in its slot (see `watch_one`).
+        // The operation's place while it is not in its slot, and its keys' until they
+        // are listed (see `watch_one`).
         let mut placed = Some(op);
-        let watched = state.watch_one(&mut placed, keys, keyless, &self.driver);
+        let watched = state.watch_one(&mut placed, &mut keys, keyless, &self.driver);
+        drop(keys); // emptied by the watch
         let settled = state.settle(watched, &mut placed, &self.driver);
         if settled.is_err() {
             state.counters.add(Count::Refused, 1);
@@ -352,9 +354,10 @@ where
         let mut results = Vec::with_capacity(staged.len());
         let state = self.state();
         if staged.len() < SMALL_BATCH {
-            for (op, keys) in staged {
+            for (op, mut keys) in staged {
                 let mut placed = Some(op);
-                let watched = state.watch_one(&mut placed, keys, false, &self.driver);
+                let watched = state.watch_one(&mut placed, &mut keys, false, &self.driver);
+                drop(keys); // emptied by the watch
                 let settled = state.settle(watched, &mut placed, &self.driver);
                 results.push(settled.map_err(|kind| refusal(&mut placed, kind)));
             }

@@ -59,6 +59,7 @@ use crate::op_list::OpList;
 use crate::op_table::OpRef;
 use crate::sync::Mutex;
 use crate::user_code::{to_caller, Site, UserCode};
+use crate::watch::Keys;
 
 /// One key's list, with the key's hash.
 struct List<K> {
@@ -400,17 +401,14 @@ impl<K: Hash + Eq> Watchers<K> {
         unlisted
     }
 
-    /// Lists `op` on every key of `keys` (one operation's), each under its own shard's
-    /// lock, with no sort; returns how many keys were not listed because their `Hash` or
-    /// `Eq` panicked (each caught and reported; the other keys are listed).
-    pub(crate) fn watch_keys(
-        &self,
-        keys: impl Iterator<Item = K>,
-        op: OpRef,
-        user: &UserCode,
-    ) -> u32 {
+    /// Lists `op` on every key of `keys` (one operation's, taken out: `keys` is left
+    /// empty), each under its own shard's lock, with no sort; returns how many keys were
+    /// not listed because their `Hash` or `Eq` panicked (each caught and reported; the
+    /// other keys are listed). Drains `keys` itself, so the drain stays in this frame
+    /// (see `State::watch_one`).
+    pub(crate) fn watch_keys(&self, keys: &mut Keys<K>, op: OpRef, user: &UserCode) -> u32 {
         let (mut listed, mut failed) = (0, 0);
-        for key in keys {
+        for key in keys.drain(..) {
             if self.list_one(key, op, user) {
                 listed += 1;
             } else {
