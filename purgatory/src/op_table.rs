@@ -542,9 +542,14 @@ impl<O: DelayedOperation> OpTable<O> {
             .map_or(&self.gone_tag, |segment| &segment.tags[offset])
     }
 
+    /// The slot `index`, as [`slot_and_tag`](Self::slot_and_tag) finds it (the same
+    /// rules), without looking up its tag: through `slot_and_tag`, the tag's bounds
+    /// check stayed (a watch's `occupy`: 4 instructions).
     #[inline]
     fn slot(&self, index: u32) -> &TableSlot<O> {
-        self.slot_and_tag(index).0
+        let (k, offset) = locate(index);
+        self.live_segment(k)
+            .map_or(&self.gone, |segment| &segment.slots[offset])
     }
 
     /// Hands out `n` free slot indices (appended to `out`): the calling thread's free
