@@ -76,6 +76,7 @@
 //!   watch is held (the subscriber is user code), as its slot is freed.
 
 use std::hash::Hash;
+use std::marker::PhantomData;
 use std::time::Duration;
 
 use smallvec::SmallVec;
@@ -113,6 +114,74 @@ pub(crate) fn collect_keys<K>(keys: impl IntoIterator<Item = K>) -> Keys<K> {
     }
     out.extend(keys);
     out
+}
+
+/// Moves the keys out of `keys`, in order, leaving it empty: what `keys.drain(..)`
+/// does, without a tail to move back, and with its place and count kept in registers
+/// where the drain's were stored and reloaded at each key (`Watchers::watch_keys`, three
+/// keys: 310 -> 296 instructions a watch; callgrind, `expiring_watches`).
+#[inline(always)]
+pub(crate) fn take_keys<K>(keys: &mut Keys<K>) -> TakenKeys<'_, K> {
+    let len = keys.len();
+    // SAFETY: a length of 0 is within capacity; `keys` forgets its elements without
+    // dropping them, and from here on they are the `TakenKeys`'s alone (see there). The
+    // pointer is taken after `set_len`: that call's `&mut` would invalidate one taken
+    // before it (the elements may be inline, in `keys` itself).
+    unsafe { keys.set_len(0) };
+    TakenKeys {
+        base: keys.as_mut_ptr(),
+        next: 0,
+        len,
+        _keys: PhantomData,
+    }
+}
+
+/// The keys [`take_keys`] took out, each moved out once, in order; those not moved out
+/// when it is dropped are dropped with it (plainly: only an unwinding path leaves any,
+/// as a drain would). So no key is dropped twice or leaked, on any path.
+pub(crate) struct TakenKeys<'a, K> {
+    /// The first key, in the buffer of the `Keys` they came from, which stays where it
+    /// is while this lives: the `Keys` is borrowed mutably for as long.
+    base: *mut K,
+    /// The keys at `next..len` are still this iterator's.
+    next: usize,
+    len: usize,
+    _keys: PhantomData<&'a mut Keys<K>>,
+}
+
+impl<K> Iterator for TakenKeys<'_, K> {
+    type Item = K;
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<K> {
+        if self.next == self.len {
+            return None;
+        }
+        // SAFETY: `next < len`: the key at `next` lies in the buffer, initialized, and
+        // is still this iterator's; it is moved out once, as `next` passes it at once
+        // (nothing between the two can panic).
+        let key = unsafe { self.base.add(self.next).read() };
+        self.next += 1;
+        Some(key)
+    }
+
+    #[inline]
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.len - self.next, Some(self.len - self.next))
+    }
+}
+
+impl<K> Drop for TakenKeys<'_, K> {
+    fn drop(&mut self) {
+        // SAFETY: the keys at `next..len` lie in the buffer, initialized, and are still
+        // this iterator's, never moved out: dropped here, once.
+        unsafe {
+            std::ptr::drop_in_place(std::ptr::slice_from_raw_parts_mut(
+                self.base.add(self.next),
+                self.len - self.next,
+            ));
+        }
+    }
 }
 
 /// What watching one operation gave.
@@ -692,5 +761,52 @@ impl<O> Chunk<O> {
 
     fn pending(&mut self, position: usize, op: OpRef, id: u64) {
         self.out[position] = Some(Ok(WatchOutcome::Pending(OperationHandle::new(op, id))));
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::rc::Rc;
+
+    use super::*;
+
+    /// Keys with drop glue, inline (3) and spilled (6): each is moved out once, in order,
+    /// and those not moved out when the iterator goes (an unwinding consumer included)
+    /// are dropped with it; `keys` is left empty and usable.
+    #[test]
+    fn taken_keys_are_each_moved_out_or_dropped_once() {
+        for n in [3, 6] {
+            let alive = Rc::new(());
+            let make =
+                || -> Keys<(usize, Rc<()>)> { (0..n).map(|i| (i, Rc::clone(&alive))).collect() };
+            let mut keys = make();
+            let order: Vec<usize> = take_keys(&mut keys).map(|(i, _)| i).collect();
+            assert_eq!(order, (0..n).collect::<Vec<_>>());
+            assert!(keys.is_empty());
+            assert_eq!(Rc::strong_count(&alive), 1, "{n} keys");
+            // Dropped after two were moved out.
+            let mut keys = make();
+            let mut taken = take_keys(&mut keys);
+            let first = taken.next();
+            let second = taken.next();
+            drop(taken);
+            assert_eq!(Rc::strong_count(&alive), 3, "{n} keys");
+            drop((first, second));
+            assert_eq!(Rc::strong_count(&alive), 1, "{n} keys");
+            // A consumer that panics at the second key.
+            let mut keys = make();
+            let unwound = catch_unwind(AssertUnwindSafe(|| {
+                for (i, key) in take_keys(&mut keys) {
+                    assert!(i != 1, "the consumer panics");
+                    drop(key);
+                }
+            }));
+            assert!(unwound.is_err());
+            assert!(keys.is_empty());
+            assert_eq!(Rc::strong_count(&alive), 1, "{n} keys");
+            keys.push((9, Rc::clone(&alive)));
+            assert_eq!(keys.len(), 1);
+        }
     }
 }

@@ -59,7 +59,7 @@ use crate::op_list::OpList;
 use crate::op_table::OpRef;
 use crate::sync::Mutex;
 use crate::user_code::{to_caller, Site, UserCode};
-use crate::watch::Keys;
+use crate::watch::{take_keys, Keys};
 
 /// One key's list, with the key's hash.
 struct List<K> {
@@ -404,11 +404,11 @@ impl<K: Hash + Eq> Watchers<K> {
     /// Lists `op` on every key of `keys` (one operation's, taken out: `keys` is left
     /// empty), each under its own shard's lock, with no sort; returns how many keys were
     /// not listed because their `Hash` or `Eq` panicked (each caught and reported; the
-    /// other keys are listed). Drains `keys` itself, so the drain stays in this frame
-    /// (see `State::watch_one`).
+    /// other keys are listed). Takes them out itself ([`take_keys`]), so the iterator
+    /// stays in this frame (see `State::watch_one`).
     pub(crate) fn watch_keys(&self, keys: &mut Keys<K>, op: OpRef, user: &UserCode) -> u32 {
         let (mut listed, mut failed) = (0, 0);
-        for key in keys.drain(..) {
+        for key in take_keys(keys) {
             if self.list_one(key, op, user) {
                 listed += 1;
             } else {
@@ -782,6 +782,37 @@ mod tests {
             "the other call waited for the whole list"
         );
         assert_eq!(watchers.entries(), n as usize / 2);
+    }
+
+    /// A watch's keys are each listed or dropped once, inline (3) and spilled (6): a key
+    /// whose `Hash` panics (caught, not listed) and a key listed twice (the second
+    /// dropped, its entry kept) included.
+    #[test]
+    fn a_watchs_keys_are_each_listed_or_dropped_once() {
+        use std::hash::Hasher;
+        use std::rc::Rc;
+
+        #[derive(PartialEq, Eq)]
+        struct Key(u32, Rc<()>);
+        impl Hash for Key {
+            fn hash<H: Hasher>(&self, state: &mut H) {
+                assert!(self.0 != 2, "the hash of key 2 panics");
+                self.0.hash(state);
+            }
+        }
+        for n in [3, 6] {
+            let alive = Rc::new(());
+            let watchers: Watchers<Key> = Watchers::new(4);
+            let user = UserCode::default();
+            let mut keys: Keys<Key> = (0..n).map(|i| Key(i % 5, Rc::clone(&alive))).collect();
+            let failed = watchers.watch_keys(&mut keys, OpRef::for_test(1, 0), &user);
+            assert_eq!(failed, 1, "{n} keys");
+            assert!(keys.is_empty());
+            assert_eq!(watchers.entries(), n as usize - 1);
+            assert_eq!(watchers.listed(), n as i64 - 1);
+            watchers.clear(&user);
+            assert_eq!(Rc::strong_count(&alive), 1, "{n} keys");
+        }
     }
 
     #[test]
