@@ -76,7 +76,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32 as StdAtomicU32, AtomicU8, Orderin
 
 use timer_core::TimerHandle;
 
-use crate::counters::{stripe_index, STRIPES};
+use crate::counters::{stripe_index, ThisStripe, STRIPES};
 use crate::operation::{Completion, DelayedOperation};
 use crate::pins::{Pinned, Pins};
 pub(crate) use crate::slot::RETIRED;
@@ -648,10 +648,11 @@ impl<O: DelayedOperation> OpTable<O> {
         &self.free[stripe_index() % FREE_LISTS]
     }
 
-    /// [`allocate`](Self::allocate) of one slot, without a buffer.
+    /// [`allocate`](Self::allocate) of one slot, without a buffer, for a thread of stripe
+    /// `stripe`.
     #[inline]
-    fn allocate_one(&self) -> u32 {
-        let mine = stripe_index();
+    fn allocate_one(&self, stripe: ThisStripe) -> u32 {
+        let mine = stripe.index();
         for i in 0..FREE_LISTS {
             let list = &self.free[(mine + i) % FREE_LISTS];
             if list.available.load(Ordering::Relaxed) == 0 {
@@ -745,9 +746,21 @@ impl<O: DelayedOperation> OpTable<O> {
     }
 
     /// Puts `op` and its span in a free slot (not listed yet) and returns it locked.
-    #[inline]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn insert_one(&self, op: O, span: CarriedSpan) -> Locked<'_, O> {
-        let index = self.allocate_one();
+        self.insert_one_on(ThisStripe::read(), op, span)
+    }
+
+    /// [`insert_one`](Self::insert_one) for a thread of stripe `stripe` (the calling
+    /// thread's, read already).
+    #[inline]
+    pub(crate) fn insert_one_on(
+        &self,
+        stripe: ThisStripe,
+        op: O,
+        span: CarriedSpan,
+    ) -> Locked<'_, O> {
+        let index = self.allocate_one(stripe);
         self.occupy(index, (op, span))
     }
 

@@ -83,7 +83,7 @@ use smallvec::SmallVec;
 use timer_core::{AddError, Driver, DriverWork, TimerHandle};
 
 use crate::completion::Receipt;
-use crate::counters::Count;
+use crate::counters::{Count, ThisStripe};
 use crate::error::{WatchError, WatchErrorKind};
 use crate::group::Group;
 use crate::handle::{OperationHandle, WatchOutcome};
@@ -415,7 +415,10 @@ where
             Ok(admitted) => admitted,
             Err(refused) => return Self::refused(refused, placed),
         };
-        let locked = self.table.insert_one(op, CarriedSpan::current(&self.user));
+        let stripe = ThisStripe::read();
+        let locked = self
+            .table
+            .insert_one_on(stripe, op, CarriedSpan::current(&self.user));
         let op = locked.op();
         let vacate = |vacated: Vacated| self.table.vacate(&[vacated]);
         let mut locked = match self.try_held_one(locked, driver) {
@@ -429,7 +432,7 @@ where
         };
         let count = u32::try_from(keys.len()).unwrap_or(u32::MAX);
         locked.set_keys(count);
-        let failures = self.watchers.watch_keys(keys, op, &self.user);
+        let failures = self.watchers.watch_keys(keys, op, &self.user, stripe);
         if failures > 0 {
             let refusal = self.unlisted(locked, failures);
             return self.refuse_one(refusal, placed);

@@ -405,8 +405,15 @@ impl<K: Hash + Eq> Watchers<K> {
     /// empty), each under its own shard's lock, with no sort; returns how many keys were
     /// not listed because their `Hash` or `Eq` panicked (each caught and reported; the
     /// other keys are listed). Takes them out itself ([`take_keys`]), so the iterator
-    /// stays in this frame (see `State::watch_one`).
-    pub(crate) fn watch_keys(&self, keys: &mut Keys<K>, op: OpRef, user: &UserCode) -> u32 {
+    /// stays in this frame (see `State::watch_one`). Counts them on `stripe`, the calling
+    /// thread's.
+    pub(crate) fn watch_keys(
+        &self,
+        keys: &mut Keys<K>,
+        op: OpRef,
+        user: &UserCode,
+        stripe: ThisStripe,
+    ) -> u32 {
         let (mut listed, mut failed) = (0, 0);
         for key in take_keys(keys) {
             if self.list_one(key, op, user) {
@@ -415,7 +422,7 @@ impl<K: Hash + Eq> Watchers<K> {
                 failed += 1;
             }
         }
-        self.counts.add(listed, 0);
+        self.counts.add_in(stripe, listed, 0);
         failed
     }
 
@@ -805,7 +812,8 @@ mod tests {
             let watchers: Watchers<Key> = Watchers::new(4);
             let user = UserCode::default();
             let mut keys: Keys<Key> = (0..n).map(|i| Key(i % 5, Rc::clone(&alive))).collect();
-            let failed = watchers.watch_keys(&mut keys, OpRef::for_test(1, 0), &user);
+            let op = OpRef::for_test(1, 0);
+            let failed = watchers.watch_keys(&mut keys, op, &user, ThisStripe::read());
             assert_eq!(failed, 1, "{n} keys");
             assert!(keys.is_empty());
             assert_eq!(watchers.entries(), n as usize - 1);
