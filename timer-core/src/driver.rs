@@ -566,7 +566,10 @@ impl<E: Expire> Shared<E> {
             (Some(stand_in), Some(driving)) => Some((stand_in, driving.slot)),
             _ => None,
         };
-        self.hook(watched, || {
+        // The driving thread's relief floor, carried from round to round
+        // (`StandIn::begin_hook`).
+        let mut floor = driving.as_ref().map_or(0, |driving| driving.relief_floor);
+        self.hook(watched, &mut floor, || {
             caught("the expiry target's before_round panicked", || {
                 self.target.before_round()
             });
@@ -605,32 +608,40 @@ impl<E: Expire> Shared<E> {
         }
         // A burst fired at once is not kept for the driver's life (`shared_batch.rs`).
         give_back_batch(batch, fired);
-        if let Some(done) = driving.and_then(|driving| Arc::get_mut(&mut driving.batch)) {
+        if let Some(done) = driving
+            .as_deref_mut()
+            .and_then(|driving| Arc::get_mut(&mut driving.batch))
+        {
             done.give_back(fired);
         }
         // Read before the target decides: whatever an advance empties from now on, the
         // decision may not have seen.
         let idled = self.target.core().idled();
-        let next = self.hook(watched, || {
+        let next = self.hook(watched, &mut floor, || {
             caught("the expiry target's after_round panicked", || {
                 self.target.after_round()
             })
         });
+        if let Some(driving) = driving {
+            driving.relief_floor = floor;
+        }
         let wait = next.unwrap_or(plan.wait);
         (fired, Plan { wait, idled })
     }
 
-    /// Runs a round's hook `f`, watched by the stand-in on slot `watched` (if any).
+    /// Runs a round's hook `f`, watched by the stand-in on slot `watched` (if any), with
+    /// the driving thread's relief floor `floor` (`StandIn::begin_hook`).
     #[inline]
     fn hook<R>(
         self: &Arc<Self>,
         watched: Option<(&StandIn<E::Task>, usize)>,
+        floor: &mut u64,
         f: impl FnOnce() -> R,
     ) -> R {
         let Some((stand_in, slot)) = watched else {
             return f();
         };
-        stand_in.begin_hook(slot);
+        stand_in.begin_hook(slot, floor);
         let result = f();
         stand_in.end_hook(slot);
         result
@@ -792,6 +803,7 @@ impl<E: Expire> Shared<E> {
         let mut driving = Driving {
             slot,
             batch: Arc::new(SharedBatch::new()),
+            relief_floor: 0,
         };
         let mut buffer = Vec::new();
         let mut plan = Plan::now(self, NextRound::at_most(Duration::ZERO));
@@ -881,6 +893,10 @@ impl<E: Expire> Drop for RoundDone<'_, E> {
 struct Driving<T> {
     slot: usize,
     batch: Arc<SharedBatch<T>>,
+    /// The relief of this thread's last hook that read the clock (nanoseconds on the
+    /// stand-in's clock; 0 before the first): no later than any hook's it begins from
+    /// now on (`StandIn::begin_hook`).
+    relief_floor: u64,
 }
 
 fn reaper_loop<E: Expire>(shared: &Arc<Shared<E>>) {
@@ -889,6 +905,7 @@ fn reaper_loop<E: Expire>(shared: &Arc<Shared<E>>) {
     let mut driving = Driving {
         slot: 0,
         batch: Arc::new(SharedBatch::new()),
+        relief_floor: 0,
     };
     // The first round waits for nothing; its `after_round` (watched, like every hook of
     // a round, see `Shared::hook`) says how long the next may wait.

@@ -6,8 +6,10 @@
 //! sleeps on an alarm while the driving threads keep up, the alarm armed when work
 //! begins and put off as a driving thread goes to sleep in the core (on Linux a
 //! `timerfd`, `alarm.rs`: a system call about once a `late` under a steady load, once a
-//! round when rounds are further apart); one clock reading per batch and hook; per task
-//! nothing but its claim and one store on its thread's own line.
+//! round when rounds are further apart); one clock reading per batch, and per hook only
+//! when the look has been put off past the thread's last reading (about once a `late`
+//! under a steady load, [`StandIn::begin_hook`]); per task nothing but its claim and one
+//! store on its thread's own line.
 //! Where the alarm cannot move without waking the watchdog (another system, or no
 //! descriptor to be had), the watchdog instead looks every half bound while expiry is
 //! under way (about 100 wake-ups a second, 45 us of CPU each on the project's VM:
@@ -399,31 +401,51 @@ impl<T> StandIn<T> {
 
     /// Slot `index`'s thread begins a round's hook (user code, with no batch). End it
     /// with [`end_hook`](Self::end_hook).
+    ///
+    /// `floor` is the thread's own, kept from hook to hook (0 at first): the relief of
+    /// its last hook that read the clock, in nanoseconds since `epoch` like the plan, no
+    /// later than this hook's. While the watchdog's look is planned no later than it
+    /// (or is [`NOW`]), the hook needs no alarm and reads no clock: the look is put off
+    /// about once a `late` under a steady load, so most hooks (both of a round, rounds
+    /// 1 ms apart) skip the reading, the instant's add and the comparison with the plan
+    /// as instants, about 70 instructions each.
     #[inline]
-    pub(crate) fn begin_hook(&self, index: usize) {
-        self.begin_work(index, IN_HOOK);
+    pub(crate) fn begin_hook(&self, index: usize, floor: &mut u64) {
+        self.slots[index].phase.store(IN_HOOK, SeqCst);
+        if self.quiet_alarm {
+            let planned = self.planned_look();
+            // Held here, it holds up the rounds: their due work is late a `late` from
+            // now at the latest, and `floor` is no later than that. A look planned no
+            // later than `floor` comes no later than this hook's relief: no alarm.
+            // (`NOW` is 0: no later than any floor.)
+            if *floor >= planned {
+                debug_assert!(!self.before_plan(Instant::now() + self.timing.late, planned));
+                return;
+            }
+            self.hook_relief(floor, planned);
+        } else if self.planned_look() == IDLE {
+            self.wake_watchdog();
+        }
+    }
+
+    /// [`begin_hook`](Self::begin_hook)'s relief, read from the clock when `floor` is
+    /// earlier than the plan `planned`: the alarm is armed for it if the look would come
+    /// too late, and it is the thread's new floor. Out of line, so that a hook that
+    /// skips it is inlined with no frame of its own.
+    #[cold]
+    #[inline(never)]
+    fn hook_relief(&self, floor: &mut u64, planned: u64) {
+        let relief_at = Instant::now() + self.timing.late;
+        *floor = self.nanos_at(relief_at);
+        if self.before_plan(relief_at, planned) {
+            self.arm(relief_at);
+        }
     }
 
     /// Slot `index`'s thread finished a round's hook.
     #[inline]
     pub(crate) fn end_hook(&self, index: usize) {
         self.slots[index].phase.store(IN_CORE, SeqCst);
-    }
-
-    /// A batch or a hook begins on slot `index`: watched from now on.
-    #[inline]
-    fn begin_work(&self, index: usize, phase: usize) {
-        self.slots[index].phase.store(phase, SeqCst);
-        if self.quiet_alarm {
-            // Held here, it holds up the rounds: their due work is late a `late` from
-            // now at the latest.
-            let relief_at = Instant::now() + self.timing.late;
-            if self.before_plan(relief_at, self.planned_look()) {
-                self.arm(relief_at);
-            }
-        } else if self.planned_look() == IDLE {
-            self.wake_watchdog();
-        }
     }
 
     /// Slot `index`'s thread is in the core and about to sleep there until `wake` at the
@@ -1530,7 +1552,7 @@ mod loom_models {
             stand_in.planned.store(1, SeqCst);
             let worker = {
                 let stand_in = Arc::clone(&stand_in);
-                loom::thread::spawn(move || stand_in.begin_hook(0))
+                loom::thread::spawn(move || stand_in.begin_hook(0, &mut 0))
             };
             let mut eyes = Eyes::new(2);
             assert!(stand_in.sleep_until(None, &mut eyes), "the watchdog looks");
