@@ -233,5 +233,72 @@ mod tests {
             }
             prop_assert_eq!(free.pop(), None);
         }
+
+        /// As the slab drives it: slots made one at a time (`cover`), freed, handed out,
+        /// and the free ones at the top dropped (`free_above`, `truncate`, `take_spare`),
+        /// then made again. `pop` reads `summary[low]` and the word it names without a
+        /// bounds check, and `push` leaves `summary` and `low` alone for a word that had
+        /// a free slot already: both lean on `low` staying at or below every group with a
+        /// free slot, and on `summary` naming exactly the non-empty words, across a
+        /// truncation too.
+        #[test]
+        fn behaves_like_a_sorted_set_across_truncations(
+            ops in proptest::collection::vec((0u8..8, 0u32..9_000, any::<bool>()), 0..600)
+        ) {
+            let mut free = FreeSlots::default();
+            let mut model = BTreeSet::new();
+            let mut slots = 0u32;
+            for (op, arg, spare) in ops {
+                match op {
+                    // Make `arg % 300 + 1` slots (occupied).
+                    0 | 1 => {
+                        for _ in 0..=arg % 300 {
+                            free.cover(slots);
+                            slots += 1;
+                        }
+                    }
+                    // Free an occupied slot.
+                    2 | 3 | 4 if slots > 0 => {
+                        let slot = arg % slots;
+                        if model.insert(slot) {
+                            free.push(slot);
+                        }
+                    }
+                    // Free a run at the top, as a burst drains.
+                    5 if slots > 0 => {
+                        for slot in slots.saturating_sub(arg % 700)..slots {
+                            if model.insert(slot) {
+                                free.push(slot);
+                            }
+                        }
+                    }
+                    // Drop free slots at the top, somewhere between the run's start and
+                    // the end, as a give-back step does.
+                    6 => {
+                        let keep = free.free_above(slots as usize) as u32;
+                        prop_assert!(model.range(keep..).count() == (slots - keep) as usize);
+                        let to = keep + arg % (slots - keep + 1);
+                        free.truncate(to as usize);
+                        if spare {
+                            free.take_spare();
+                        }
+                        model.retain(|&slot| slot < to);
+                        slots = to;
+                    }
+                    _ => {
+                        let mut peeked = Vec::new();
+                        free.peek_lowest(3, |slot| peeked.push(slot));
+                        let lowest: Vec<u32> = model.iter().take(3).copied().collect();
+                        prop_assert_eq!(peeked, lowest);
+                        prop_assert_eq!(free.pop(), model.pop_first());
+                    }
+                }
+                prop_assert_eq!(free.len(), model.len());
+            }
+            while let Some(slot) = model.pop_first() {
+                prop_assert_eq!(free.pop(), Some(slot));
+            }
+            prop_assert_eq!(free.pop(), None);
+        }
     }
 }
