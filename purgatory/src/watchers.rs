@@ -667,6 +667,42 @@ mod tests {
     use crate::op_list::BLOCK;
     use crate::op_table::OpRef;
 
+    /// `shard` indexes the shards without a bounds check, on the grounds that
+    /// `shard_index` is below the shard count for every hash and every count the builder
+    /// allows: 1, powers of two and not, up to `MAX_SHARDS`. The counts tested before
+    /// were 1 and 4 only. Also: every shard is reached (the scaling loses none), and the
+    /// bits outside 32..=56 (the table's bucket and tag bits) do not move a key.
+    #[test]
+    fn a_keys_shard_is_below_the_count_for_every_count_and_every_shard_is_reached() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(56);
+        let mut hashes: Vec<u64> = vec![0, u64::MAX, 1 << 32, 1 << 56, (1 << 57) - 1];
+        hashes.extend((0..64).map(|bit| 1u64 << bit));
+        hashes.extend((0..2_000).map(|_| rng.gen::<u64>()));
+        for n in [1, 2, 3, 5, 7, 16, 100, 1000, 4097, 65_535, MAX_SHARDS] {
+            let watchers: Watchers<u32> = Watchers::new(n);
+            for &hash in &hashes {
+                let i = watchers.shard_index(hash);
+                assert!(i < n, "hash {hash:#x}: shard {i} of {n}");
+                let outside = hash ^ 0xfe00_0000_ffff_ffff;
+                assert_eq!(watchers.shard_index(outside), i, "{hash:#x} of {n}");
+            }
+            // Shard `s` starts at the first `x` (bits 32..=56) with `x * n >= s << 25`:
+            // each is reached, and the value below is the shard before.
+            for shard in 0..n as u64 {
+                let first = (shard << SHARD_BITS).div_ceil(n as u64);
+                assert_eq!(watchers.shard_index(first << 32), shard as usize, "{n}");
+                if shard > 0 {
+                    let below = watchers.shard_index((first - 1) << 32);
+                    assert_eq!(below, shard as usize - 1, "{n}");
+                }
+            }
+            assert_eq!(watchers.shard_index(u64::MAX), n - 1);
+        }
+        assert!(std::panic::catch_unwind(|| Watchers::<u32>::new(MAX_SHARDS + 1)).is_err());
+        assert!(std::panic::catch_unwind(|| Watchers::<u32>::new(0)).is_err());
+    }
+
     #[test]
     fn a_purge_step_looks_at_about_its_budget_and_resumes_where_it_stopped() {
         let watchers: Watchers<u32> = Watchers::new(1);
