@@ -1420,6 +1420,54 @@ mod tests {
         );
     }
 
+    /// A retired slot in a run of expiries (`VacateLater` keeps no place for it): it is
+    /// never freed, never handed out again, and takes no place among the 32 a flush
+    /// frees, so the other slots of the run, 65 of them, through two full arrays (the
+    /// 33rd push starts the second) and one left for the drop, are all freed and reused.
+    #[test]
+    fn a_retired_slot_expired_later_is_never_freed_and_the_rest_of_the_run_is() {
+        let table = OpTable::new();
+        let n = 2 * VACATE_LATER + 2;
+        let mut ops = fill(&table, n);
+        let high = table.high_water.load(Ordering::Relaxed);
+        // The slot of op 10 gets its last generation.
+        let pin = table.pin();
+        let old = ops[10];
+        drop(table.take(&pin, old).expect("waiting"));
+        table.age_slot(old.index, RETIRED - 1);
+        let last = table.insert_one(Named("last"), CarriedSpan::default()).op();
+        assert_eq!((last.index, last.generation), (old.index, RETIRED - 1));
+        ops[10] = last;
+        drop(pin);
+        {
+            let pin = table.pin();
+            let mut vacating = VacateLater::new(&table);
+            for op in &ops {
+                let (_taken, vacated) = table
+                    .take_for_expiry_deferred(&pin, *op, Completion::Expired)
+                    .expect("waiting");
+                assert_eq!(vacated.retired, *op == last);
+                vacating.push(vacated);
+                assert!(vacating.len < VACATE_LATER);
+            }
+            assert_eq!(vacating.len, 1);
+        }
+        let pin = table.pin();
+        assert!(!table.is_waiting(&pin, last));
+        assert!(!table.is_waiting_by_tag(&pin, last));
+        drop(pin);
+        let again = fill(&table, n - 1);
+        assert_eq!(
+            table.high_water.load(Ordering::Relaxed),
+            high,
+            "every slot of the run but the retired one was freed and reused"
+        );
+        assert!(again.iter().all(|op| op.index != last.index));
+        let one_more = fill(&table, 1);
+        assert_ne!(one_more[0].index, last.index, "the retired slot was freed");
+        assert_eq!(table.high_water.load(Ordering::Relaxed), high + 1);
+    }
+
     #[test]
     fn locate_covers_every_index_once_in_order() {
         let mut expected = (0usize, 0usize);
