@@ -236,6 +236,10 @@ fn block_of(op: OpRef) -> Vec<OpRef> {
 /// compaction: about 27 instructions an entry and 30 more a segment to clear the array
 /// (callgrind, `expiring_watches`); with the answers in a `SmallVec` filled by `extend`,
 /// 84 an entry (`expiring_watches 20000 64`).
+///
+/// `waiting` must not panic: a panic part way would leave the segment with entries
+/// copied down but its length not yet cut, so some entries twice (the two-pass version
+/// left it untouched). Its callers pass tag and generation reads, which cannot.
 fn drop_completed_entries(segment: &mut impl Segment, waiting: &impl Fn(OpRef) -> bool) -> usize {
     let entries = segment.entries();
     let before = entries.len();
