@@ -258,7 +258,7 @@ mod tests {
                         }
                     }
                     // Free an occupied slot.
-                    2 | 3 | 4 if slots > 0 => {
+                    2..=4 if slots > 0 => {
                         let slot = arg % slots;
                         if model.insert(slot) {
                             free.push(slot);
