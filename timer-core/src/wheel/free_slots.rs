@@ -195,6 +195,31 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::BTreeSet;
 
+    /// The three lowest free slots peeked, then the lowest popped: as in `model`.
+    fn peek_and_pop_lowest(
+        free: &mut FreeSlots,
+        model: &mut BTreeSet<u32>,
+    ) -> Result<(), TestCaseError> {
+        let mut peeked = Vec::new();
+        free.peek_lowest(3, |slot| peeked.push(slot));
+        let lowest: Vec<u32> = model.iter().take(3).copied().collect();
+        prop_assert_eq!(peeked, lowest);
+        prop_assert_eq!(free.pop(), model.pop_first());
+        Ok(())
+    }
+
+    /// Pops every free slot, lowest first, as `model` holds them; then none is left.
+    fn pop_every_one_in_order(
+        free: &mut FreeSlots,
+        model: &mut BTreeSet<u32>,
+    ) -> Result<(), TestCaseError> {
+        while let Some(slot) = model.pop_first() {
+            prop_assert_eq!(free.pop(), Some(slot));
+        }
+        prop_assert_eq!(free.pop(), None);
+        Ok(())
+    }
+
     #[test]
     fn hands_out_the_lowest_first() {
         let mut free = FreeSlots::default();
@@ -220,18 +245,11 @@ mod tests {
                         free.push(slot);
                     }
                 } else {
-                    let mut peeked = Vec::new();
-                    free.peek_lowest(3, |slot| peeked.push(slot));
-                    let lowest: Vec<u32> = model.iter().take(3).copied().collect();
-                    prop_assert_eq!(peeked, lowest);
-                    prop_assert_eq!(free.pop(), model.pop_first());
+                    peek_and_pop_lowest(&mut free, &mut model)?;
                 }
                 prop_assert_eq!(free.len(), model.len());
             }
-            while let Some(slot) = model.pop_first() {
-                prop_assert_eq!(free.pop(), Some(slot));
-            }
-            prop_assert_eq!(free.pop(), None);
+            pop_every_one_in_order(&mut free, &mut model)?;
         }
 
         /// As the slab drives it: slots made one at a time (`cover`), freed, handed out,
@@ -286,19 +304,12 @@ mod tests {
                         slots = to;
                     }
                     _ => {
-                        let mut peeked = Vec::new();
-                        free.peek_lowest(3, |slot| peeked.push(slot));
-                        let lowest: Vec<u32> = model.iter().take(3).copied().collect();
-                        prop_assert_eq!(peeked, lowest);
-                        prop_assert_eq!(free.pop(), model.pop_first());
+                        peek_and_pop_lowest(&mut free, &mut model)?;
                     }
                 }
                 prop_assert_eq!(free.len(), model.len());
             }
-            while let Some(slot) = model.pop_first() {
-                prop_assert_eq!(free.pop(), Some(slot));
-            }
-            prop_assert_eq!(free.pop(), None);
+            pop_every_one_in_order(&mut free, &mut model)?;
         }
     }
 }
