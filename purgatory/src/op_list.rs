@@ -19,6 +19,19 @@
 //!   tail remains (its entries were filtered out); pushes then go to the tail.
 //! - A block left small by filtering is merged into the segment before it when both fit
 //!   in one, so filtering does not leave a long list of mostly empty blocks.
+//! - A block merged away or emptied is kept, empty, as a spare for the list's next new
+//!   block while the list has fewer spares than blocks in use; spares go with the tail.
+//!   So a long list holds at most twice the blocks it has in use, and a list that is
+//!   short again holds none.
+//!
+//! # Why spares
+//! A long list that is both pushed to and purged frees a block at each merge and
+//! allocates one every [`BLOCK`] pushes. Freed by the reaper and allocated by a watching
+//! thread, those blocks went back through the allocator, which gave whole pages of them
+//! back to the system and then faulted fresh zeroed pages in for the next blocks: at
+//! W3-low-timeout's top rate (3 of 100 keys, lists of thousands), page faults taken in
+//! `push_to_tail` were most of the watching thread's page faults (`perf`,
+//! `docs/benchmarks.md` round 24).
 
 use smallvec::SmallVec;
 
@@ -38,10 +51,17 @@ pub(crate) type Ops = SmallVec<[OpRef; 2]>;
 #[derive(Default)]
 pub(crate) struct OpList {
     head: Ops,
-    // Boxed: one word per list instead of a `Vec` header's three, since almost no list
+    // Boxed: one word per list instead of two `Vec` headers' six, since almost no list
     // has a tail.
-    #[allow(clippy::box_collection)]
-    tail: Option<Box<Vec<Vec<OpRef>>>>,
+    tail: Option<Box<Tail>>,
+}
+
+/// A long list's blocks after its head, and the emptied blocks kept for its next ones.
+struct Tail {
+    /// Never empty, each block non-empty and at most [`BLOCK`] long.
+    blocks: Vec<Vec<OpRef>>,
+    /// Empty blocks with room for [`BLOCK`] entries; never more of them than `blocks`.
+    spares: Vec<Vec<OpRef>>,
 }
 
 impl OpList {
@@ -67,10 +87,25 @@ impl OpList {
     #[inline(never)]
     fn push_to_tail(&mut self, op: OpRef) {
         match &mut self.tail {
-            None => self.tail = Some(Box::new(vec![block_of(op)])),
-            Some(blocks) => match blocks.last_mut() {
+            None => {
+                self.tail = Some(Box::new(Tail {
+                    blocks: vec![block_of(op)],
+                    spares: Vec::new(),
+                }))
+            }
+            Some(tail) => match tail.blocks.last_mut() {
                 Some(last) if last.len() < BLOCK => last.push(op),
-                _ => blocks.push(block_of(op)),
+                _ => {
+                    let block = match tail.spares.pop() {
+                        Some(mut spare) => {
+                            debug_assert!(spare.is_empty() && spare.capacity() >= BLOCK);
+                            spare.push(op);
+                            spare
+                        }
+                        None => block_of(op),
+                    };
+                    tail.blocks.push(block);
+                }
             },
         }
     }
@@ -153,9 +188,10 @@ impl OpList {
         segment: usize,
         waiting: &impl Fn(OpRef) -> bool,
     ) -> (usize, Option<usize>) {
-        let Some(blocks) = self.tail.as_deref_mut() else {
+        let Some(tail) = self.tail.as_deref_mut() else {
             return (0, None);
         };
+        let blocks = &mut tail.blocks;
         let index = segment - 1;
         let Some(block) = blocks.get_mut(index) else {
             return (0, None);
@@ -169,10 +205,18 @@ impl OpList {
         // Empty, or small enough to join the segment before it: the block goes, and the
         // next block takes its index.
         let next = if len == 0 || before + len <= BLOCK {
-            let block = blocks.remove(index);
+            let mut block = blocks.remove(index);
             match index {
                 0 => self.head.extend_from_slice(&block),
                 _ => blocks[index - 1].extend_from_slice(&block),
+            }
+            // Kept for the list's next block while the spares are fewer than the blocks
+            // in use (the module doc); the one that would go over is freed.
+            if tail.spares.len() < blocks.len() {
+                block.clear();
+                tail.spares.push(block);
+            } else {
+                tail.spares.truncate(blocks.len());
             }
             segment
         } else {
@@ -196,7 +240,9 @@ impl OpList {
 
     #[inline]
     fn blocks(&self) -> &[Vec<OpRef>] {
-        self.tail.as_deref().map_or(&[], Vec::as_slice)
+        self.tail
+            .as_deref()
+            .map_or(&[], |tail| tail.blocks.as_slice())
     }
 }
 
@@ -208,7 +254,7 @@ impl IntoIterator for OpList {
     >;
 
     fn into_iter(self) -> Self::IntoIter {
-        let blocks = self.tail.map(|blocks| *blocks).unwrap_or_default();
+        let blocks = self.tail.map(|tail| tail.blocks).unwrap_or_default();
         self.head.into_iter().chain(blocks.into_iter().flatten())
     }
 }
@@ -383,11 +429,61 @@ mod tests {
         assert_eq!(indices(&list).last(), Some(&9_999));
     }
 
+    /// A block merged away is kept and is the list's next new block (the same
+    /// allocation); the spares never outnumber the blocks in use, and a list filtered
+    /// short again holds none.
+    #[test]
+    fn a_merged_block_is_kept_as_a_spare_and_reused_for_the_next_block() {
+        let n = 8 * BLOCK as u32;
+        let mut list = list_of(n);
+        assert_eq!(list.blocks().len(), 7);
+        // Keep a third: merges free blocks, kept as spares up to the blocks in use.
+        list.drop_completed(&|op: OpRef| op.index() % 3 == 0);
+        let tail = list.tail.as_deref().expect("still long");
+        let (blocks, spares) = (tail.blocks.len(), tail.spares.len());
+        assert!(
+            spares >= 1 && spares <= blocks,
+            "{spares} spares, {blocks} blocks"
+        );
+        checked(&list);
+        // Fill the last block, then one more entry: the new block is the last spare.
+        let spare = tail.spares.last().expect("a spare").as_ptr();
+        let room = BLOCK - list.blocks().last().unwrap().len();
+        for i in 0..=room as u32 {
+            list.push(op(n + i));
+        }
+        let tail = list.tail.as_deref().unwrap();
+        assert_eq!(tail.blocks.len(), blocks + 1);
+        assert_eq!(
+            tail.blocks.last().unwrap().as_ptr(),
+            spare,
+            "the spare reused"
+        );
+        assert_eq!(tail.spares.len(), spares - 1);
+        checked(&list);
+        // Filtered down to its head: the tail goes, spares with it.
+        list.drop_completed(&|op: OpRef| op.index() < 10);
+        assert!(list.tail.is_none());
+        assert_eq!(
+            indices(&list),
+            (0..10).filter(|i| i % 3 == 0).collect::<Vec<_>>()
+        );
+    }
+
     /// Checks the layout invariants and returns the entries.
     fn checked(list: &OpList) -> Vec<u32> {
         assert!(list.head.len() <= BLOCK);
-        if let Some(blocks) = &list.tail {
+        if let Some(tail) = &list.tail {
+            let blocks = &tail.blocks;
             assert!(!blocks.is_empty(), "an empty tail is None");
+            assert!(
+                tail.spares.len() <= blocks.len(),
+                "no more spares than blocks"
+            );
+            assert!(tail
+                .spares
+                .iter()
+                .all(|s| s.is_empty() && s.capacity() >= BLOCK));
             assert!(blocks.iter().all(|b| !b.is_empty() && b.len() <= BLOCK));
         }
         let entries = indices(list);
