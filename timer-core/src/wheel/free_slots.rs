@@ -13,18 +13,34 @@
 //! - `summary`: bit `w % 64` of word `w / 64` is set exactly when `words[w] != 0`.
 //! - `low`: no summary word below it has a bit set, so the search for the lowest free slot
 //!   starts there. `push` lowers it, `pop` raises it past empty words: amortised O(1).
+//!   It is always below `summary.len()`, which is never 0 (`summary` starts with a word
+//!   and a truncation keeps one), so `pop` reads `summary[low]` without a bounds check.
 //! - `len` is the number of set bits in `words`.
 //! - `words` and `summary` cover every slot the slab has created (`cover`), so marking a
 //!   slot free never grows them: cancel, which frees slots, stays short.
 //!
 //! One bit per slot (plus one per 64 slots) instead of four bytes per free slot.
 
-#[derive(Debug, Default)]
+use std::num::NonZeroU64;
+
+#[derive(Debug)]
 pub(crate) struct FreeSlots {
     words: Vec<u64>,
     summary: Vec<u64>,
     low: usize,
     len: usize,
+}
+
+impl Default for FreeSlots {
+    fn default() -> Self {
+        FreeSlots {
+            words: Vec::new(),
+            // One word from the start, so that `pop` may read `summary[low]` unchecked.
+            summary: vec![0],
+            low: 0,
+            len: 0,
+        }
+    }
 }
 
 impl FreeSlots {
@@ -67,42 +83,57 @@ impl FreeSlots {
     /// Takes the lowest free slot.
     #[inline]
     pub(crate) fn pop(&mut self) -> Option<u32> {
-        if self.len == 0 {
-            return None;
-        }
-        let mut group = self.low;
+        let group = self.low;
         debug_assert!(group < self.summary.len());
-        // SAFETY: a slot is free (`len > 0`), so some word has a bit set, and so some
-        // summary word does; `low` is at or below it (no summary word below `low` has a
-        // bit set), so below `summary.len()`.
-        let mut summary = unsafe { *self.summary.get_unchecked(group) };
-        if summary == 0 {
-            (group, summary) = self.raise_low();
+        // SAFETY: `low` is below `summary.len()` (see the module doc: `summary` always
+        // has a word, and `low` never passes its last).
+        let summary = unsafe { *self.summary.get_unchecked(group) };
+        match NonZeroU64::new(summary) {
+            Some(summary) => Some(self.take(group, summary)),
+            // No free slot at all (the slab grows), or `low` lags behind the lowest
+            // group with one: both rarer than a hit. `len` is read only then.
+            None if self.len == 0 => None,
+            None => Some(self.pop_raising_low()),
         }
+    }
+
+    /// Takes the lowest free slot of the words `summary` (group `group`'s summary word,
+    /// not 0) names, for [`pop`](Self::pop).
+    #[inline(always)]
+    fn take(&mut self, group: usize, summary: NonZeroU64) -> u32 {
         let word = (group << 6) | summary.trailing_zeros() as usize;
         debug_assert!(word < self.words.len());
-        // SAFETY: `summary` has bit `word % 64` set (it is not 0), and a summary bit is
-        // set only for a word that exists (and has a bit set).
+        // SAFETY: `summary` has bit `word % 64` set, and a summary bit is set only for a
+        // word that exists and has a bit set.
         let bits = unsafe { self.words.get_unchecked_mut(word) };
-        let slot = (word << 6) | bits.trailing_zeros() as usize;
+        debug_assert_ne!(*bits, 0, "a summary bit named an empty word");
+        // SAFETY: as just said, this word has a bit set. (A `NonZeroU64`'s trailing
+        // zeros need no answer for 0: one instruction less than `u64`'s.)
+        let set = unsafe { NonZeroU64::new_unchecked(*bits) };
+        let slot = (word << 6) | set.trailing_zeros() as usize;
         let rest = *bits & (*bits - 1);
         *bits = rest;
         if rest == 0 {
             self.summary[group] &= !(1u64 << (word & 63));
         }
         self.len -= 1;
-        Some(slot as u32)
+        slot as u32
     }
 
-    /// Moves `low` up past the empty summary words at it, for [`pop`](Self::pop) (which
-    /// has checked that a slot is free), and returns it with its summary word. Out of
+    /// [`pop`](Self::pop) when a slot is free but the summary word at `low` is 0: moves
+    /// `low` up past the empty summary words, then takes the lowest slot there. Out of
     /// line: after the first pop from a group, the next pops find `low` there at once.
     #[cold]
-    fn raise_low(&mut self) -> (usize, u64) {
+    #[inline(never)]
+    fn pop_raising_low(&mut self) -> u32 {
+        // A slot is free, so some summary word has a bit set, at or above `low`: the
+        // walk stops at it, within `summary`.
         while self.summary[self.low] == 0 {
             self.low += 1;
         }
-        (self.low, self.summary[self.low])
+        let group = self.low;
+        let summary = NonZeroU64::new(self.summary[group]).expect("stopped at a set word");
+        self.take(group, summary)
     }
 
     /// The number of slots below the first of a run of free slots that reaches `slots`
@@ -142,7 +173,8 @@ impl FreeSlots {
             }
         }
         self.len -= dropped + cleared;
-        self.summary.truncate(words.div_ceil(64));
+        // At least one summary word stays, for `pop` (see the module doc).
+        self.summary.truncate(words.div_ceil(64).max(1));
         for (group, summary) in self.summary.iter_mut().enumerate() {
             *summary = 0;
             for (i, w) in self.words[group * 64..((group + 1) * 64).min(words)]
