@@ -17,7 +17,8 @@
 //! - A slot is *vacant* (in `free`) or *occupied*. An occupied slot is *live* (its `task`
 //!   is `Some`) or *cancelled*: its task was taken by a cancel that left the unlink for
 //!   later (see `deferred_unlinks.rs`), so it is still linked into its bucket list. Only
-//!   occupied slots are linked (see `bucket.rs`); `occupied` counts both kinds. A vacant
+//!   occupied slots are linked (see `bucket.rs`); [`Slab::occupied`] counts both kinds,
+//!   as the slots neither free nor retired (no count of its own to keep up). A vacant
 //!   slot's `bucket` is `NIL`; its `next` and `prev` may still hold the links it had
 //!   (an expiry leaves them): nothing follows them (a prefetch for a stale key may read
 //!   them, as a hint) until the slot is filled again, which writes them.
@@ -77,7 +78,6 @@ pub(crate) struct Entry<T> {
 pub(crate) struct Slab<T> {
     pub(crate) entries: Vec<Entry<T>>,
     pub(crate) free: FreeSlots,
-    pub(crate) occupied: usize,
     /// Slots retired because their generation reached [`RETIRED`].
     pub(crate) retired: usize,
     /// The generation a slot created from now on starts with: above every generation of
@@ -116,20 +116,16 @@ impl<T> Slab<T> {
         Slab {
             entries: Vec::new(),
             free: FreeSlots::default(),
-            occupied: 0,
             retired: 0,
             floor: 0,
             giving_back: false,
         }
     }
 
-    /// Number of occupied slots.
+    /// Number of occupied slots: every slot is free, retired or occupied (kept as a
+    /// difference, not a count: an insert and an expiry each update one count less).
     pub(crate) fn occupied(&self) -> usize {
-        debug_assert_eq!(
-            self.occupied + self.free.len() + self.retired,
-            self.entries.len()
-        );
-        self.occupied
+        self.entries.len() - self.free.len() - self.retired
     }
 
     /// Reads the entries the next `n` inserts will fill, so that their cache misses are
@@ -163,7 +159,6 @@ impl<T> Slab<T> {
         next: u32,
         bucket: u32,
     ) -> SlotKey {
-        self.occupied += 1;
         if let Some(index) = self.free.pop() {
             debug_assert!((index as usize) < self.entries.len());
             // SAFETY: every slot in `free` is below `entries.len()` (see the module doc:
@@ -245,7 +240,6 @@ impl<T> Slab<T> {
         } else {
             self.free.push(index);
         }
-        self.occupied -= 1;
     }
 
     /// Empties a live slot, bumps its generation and returns its task. The slot must be
@@ -267,7 +261,7 @@ impl<T> Slab<T> {
     /// the bucket lists). Slots are kept, with their generations moved on, so a key to a
     /// drained task never matches a task added later.
     pub(crate) fn drain(&mut self) -> Vec<T> {
-        let mut tasks = Vec::with_capacity(self.occupied);
+        let mut tasks = Vec::with_capacity(self.occupied());
         for (index, entry) in self.entries.iter_mut().enumerate() {
             if entry.bucket == NIL && entry.task.is_none() {
                 continue; // vacant, already free
@@ -285,7 +279,6 @@ impl<T> Slab<T> {
                 self.free.push(index as u32);
             }
         }
-        self.occupied = 0;
         tasks
     }
 
@@ -304,7 +297,7 @@ impl<T> Slab<T> {
     /// ([`Spare`]), for the caller to free where it likes.
     pub(crate) fn give_back_step(&mut self) -> (usize, Option<Spare<T>>) {
         let len = self.entries.len();
-        if !self.giving_back && (len < 2 * GIVE_BACK_MIN || self.occupied * 4 > len) {
+        if !self.giving_back && (len < 2 * GIVE_BACK_MIN || self.occupied() * 4 > len) {
             return (0, None);
         }
         let keep = self.free.free_above(len);
