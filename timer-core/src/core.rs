@@ -243,7 +243,8 @@ fn publish_moved<T>(shard: &Shard<T>, state: &ShardState<T>) -> Option<u64> {
 impl<T> TimerCore<T> {
     pub(crate) fn new(wheel_size: u32, shards: usize, tick: Duration, clock: TimerClock) -> Self {
         let tick_nanos = NonZeroU64::new(saturating_nanos(tick))
-            .expect("a tick of at least 1 ns (the builder takes 1 us ..= 1 h)");
+            .filter(|nanos| nanos.get() >= 2)
+            .expect("a tick of at least 2 ns (the builder takes 1 us ..= 1 h)");
         let start = clock.now_nanos() / tick_nanos;
         let shards = (0..shards)
             .map(|_| {
@@ -293,7 +294,9 @@ impl<T> TimerCore<T> {
         }
     }
 
-    /// `nanos` in ticks, rounded up (a deadline's expiration).
+    /// `nanos` in ticks, rounded up (a deadline's expiration). At most
+    /// `ceil(u64::MAX / 2)`, the tick being at least 2 ns (see `new`): far below the
+    /// wheel's last tick, so `Wheel::insert_queuing` takes it unclamped.
     #[inline]
     fn ticks_ceil(&self, nanos: u64) -> u64 {
         nanos / self.tick_nanos + u64::from(nanos % self.tick_nanos != 0)

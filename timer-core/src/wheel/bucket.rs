@@ -62,7 +62,12 @@ impl Bucket {
         let old_head = self.head;
         let key = slab.insert_linked(expiration, task, old_head, id);
         if old_head != NIL {
-            slab.get_mut(old_head).prev = key.index;
+            debug_assert!((old_head as usize) < slab.entries.len());
+            // SAFETY: a head that is not `NIL` is an occupied slot (see the module doc),
+            // and every occupied slot is below `entries.len()`: slots are only ever
+            // dropped free (`Slab::give_back_step` drops free slots only). The insert
+            // above only adds slots.
+            unsafe { slab.entries.get_unchecked_mut(old_head as usize) }.prev = key.index;
         }
         self.head = key.index;
         key

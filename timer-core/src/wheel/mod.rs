@@ -212,7 +212,7 @@ impl<T> Wheel<T> {
     // instructions an add.
     #[inline(always)]
     pub fn insert(&mut self, expiration: u64, task: T) -> SlotKey {
-        self.insert_queuing(expiration, task).0
+        self.insert_queuing(expiration.min(LAST_TICK), task).0
     }
 
     /// [`insert`](Self::insert), returning also the expiration under which it put the
@@ -220,10 +220,16 @@ impl<T> Wheel<T> {
     /// already. An insert only ever pushes onto the queue, so the earliest queued
     /// expiration after it is the earlier of the one before and this one (the timer
     /// publishes it without reading the queue).
+    ///
+    /// `expiration` must be at most [`LAST_TICK`]: unlike `insert`, this does not clamp
+    /// it (one comparison and a move less an add). The timer's expirations are: a
+    /// deadline in ticks rounded up, with a tick of at least 2 ns, is at most
+    /// `ceil(u64::MAX / 2)`, far below it (see `TimerCore::ticks_ceil`).
     // Always inlined: see `insert`.
     #[inline(always)]
     pub(crate) fn insert_queuing(&mut self, expiration: u64, task: T) -> (SlotKey, u64) {
-        let expiration = expiration.min(LAST_TICK).max(self.level0().current);
+        debug_assert!(expiration <= LAST_TICK, "an expiration past the last tick");
+        let expiration = expiration.max(self.level0().current);
         let Some((id, start)) = self.locate(expiration) else {
             return self.insert_beyond_levels(expiration, task);
         };
