@@ -169,6 +169,10 @@ pub struct TimerCore<T> {
     /// Never 0 (the builder takes ticks of 1 us to 1 h), and typed so: dividing by it
     /// then needs no check for a zero divisor.
     tick_nanos: NonZeroU64,
+    /// `shards.len() - 1` when that is a power of two (a thread's shard is then its hint
+    /// masked), else `usize::MAX` (its hint modulo the count). Kept so that an add does
+    /// not test the count each time.
+    shard_mask: usize,
     closed: AtomicBool,
     sleeper: Sleeper,
     relief: ReliefCounts,
@@ -262,12 +266,18 @@ impl<T> TimerCore<T> {
                     next_expiration: AtomicU64::new(IDLE),
                 }
             })
-            .collect();
+            .collect::<Box<[_]>>();
+        let shard_mask = if shards.len().is_power_of_two() {
+            shards.len() - 1
+        } else {
+            usize::MAX
+        };
         TimerCore {
             id: next_timer_id(),
             shards,
             clock,
             tick_nanos,
+            shard_mask,
             closed: AtomicBool::new(false),
             sleeper: Sleeper::new(),
             relief: ReliefCounts::default(),
@@ -315,7 +325,7 @@ impl<T> TimerCore<T> {
         }
         let expiration = self.ticks_ceil(deadline);
         let shard_index = self.local_shard();
-        let shard = &self.shards[shard_index];
+        let shard = self.shard(shard_index);
         let mut state = shard.state.lock();
         if state.closed {
             return Err(AddError::Shutdown(task));
@@ -323,7 +333,12 @@ impl<T> TimerCore<T> {
         self.catch_up(&mut state, now);
         let (key, queued) = state.wheel.insert_queuing(expiration, task);
         state.added += 1;
-        let earlier = publish_earlier(shard, &state, queued);
+        // Most adds go to a bucket queued already: nothing to publish, nor to read.
+        let earlier = if queued == IDLE {
+            None
+        } else {
+            publish_earlier(shard, &state, queued)
+        };
         drop(state);
         if let Some(next) = earlier {
             self.sleeper.wake_if_later_than(next);
@@ -352,7 +367,7 @@ impl<T> TimerCore<T> {
                 break;
             }
             let shard_index = self.local_shard();
-            let shard = &self.shards[shard_index];
+            let shard = self.shard(shard_index);
             let mut state = shard.state.lock();
             if state.closed {
                 break;
@@ -386,12 +401,21 @@ impl<T> TimerCore<T> {
     #[inline]
     fn local_shard(&self) -> usize {
         let hint = thread_hint();
-        let n = self.shards.len();
-        if n.is_power_of_two() {
-            hint & (n - 1)
-        } else {
-            hint % n
+        match self.shard_mask {
+            usize::MAX => hint % self.shards.len(),
+            mask => hint & mask,
         }
+    }
+
+    /// Shard `index`, which [`local_shard`](Self::local_shard) gave.
+    #[inline(always)]
+    fn shard(&self, index: usize) -> &Shard<T> {
+        debug_assert!(index < self.shards.len());
+        // SAFETY: `local_shard` gives a remainder modulo `shards.len()`, or a hint masked
+        // with `shard_mask`, which is then `shards.len() - 1` (set in `new`; `shards`
+        // never changes length, a boxed slice), a power of two less one: both below
+        // `shards.len()`.
+        unsafe { self.shards.get_unchecked(index) }
     }
 
     fn earliest(&self) -> u64 {
