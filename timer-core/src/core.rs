@@ -32,13 +32,19 @@
 //!   single cancel publishes nothing, and a batch cancel that empties the shard whole
 //!   keeps the old value on purpose (see `cancel_batch`), until an advance reaches it.
 //! - A shard's `next_tick_nanos` is `(wheel.current_tick() + 1) * tick_nanos`
-//!   (saturating) whenever its lock is free: what moves a wheel's time (`catch_up`, the
-//!   advance in `fire_due`) sets it right after (`moved`).
+//!   (saturating) whenever its lock is free, or 0 once the shard is closed: what moves a
+//!   wheel's time (`catch_up`, the advance in `fire_due`) sets it right after (`moved`),
+//!   and closing a shard sets it to 0. Every clock reading is at least 0, so an add,
+//!   which compares its reading with it (`catch_up`), looks at `closed` only when the
+//!   tick has moved on or the shard is closed: no check of its own.
 //! - An advance that publishes a shard idle increments `idled` first, under the shard
 //!   lock; a driver that reads the shard idle therefore reads the count too, and compares
 //!   it with the count read when its wait was decided (`advance_with`).
-//! - Once closed, an advance fires nothing and adds and resets are refused; once a shard
-//!   is drained it refuses them itself, so no task can slip in, or move, after the drain.
+//! - Once closed, an advance fires nothing and adds and resets are refused. `close`
+//!   closes every shard, under its lock, before the core reads closed
+//!   ([`is_shutdown`](TimerCore::is_shutdown)), and a shard refuses adds itself: an add
+//!   either took the shard's lock first (its task is in the wheel, and the drain hands it
+//!   back) or is refused, so no task can slip in, or move, after the drain.
 
 use std::num::{NonZeroU32, NonZeroU64};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -290,18 +296,24 @@ impl<T> TimerCore<T> {
     }
 
     /// Moves a locked shard's wheel up to `now` (ns) if the clock has passed its tick;
-    /// divides only then.
+    /// divides only then. Returns `false`, moving nothing, if the shard is closed (its
+    /// `next_tick_nanos` is then 0, which every reading has passed: see the module doc).
     #[inline]
-    fn catch_up(&self, state: &mut ShardState<T>, now: u64) {
+    #[must_use]
+    fn catch_up(&self, state: &mut ShardState<T>, now: u64) -> bool {
         debug_assert_eq!(
             state.next_tick_nanos,
-            (state.wheel.current_tick() + 1).saturating_mul(self.tick_nanos.get()),
+            self.next_tick_nanos(state),
             "the wheel's time moved without `moved`"
         );
         if now >= state.next_tick_nanos {
+            if state.closed {
+                return false;
+            }
             state.wheel.catch_up(now / self.tick_nanos);
             self.moved(state);
         }
+        true
     }
 
     /// `nanos` in ticks, rounded up (a deadline's expiration). At most
@@ -313,24 +325,29 @@ impl<T> TimerCore<T> {
     }
 
     /// After the wheel of a locked shard may have moved its time: sets the shard's
-    /// `next_tick_nanos` to match.
+    /// `next_tick_nanos` to match (0 for a closed shard).
     fn moved(&self, state: &mut ShardState<T>) {
-        state.next_tick_nanos =
-            (state.wheel.current_tick() + 1).saturating_mul(self.tick_nanos.get());
+        state.next_tick_nanos = self.next_tick_nanos(state);
+    }
+
+    /// What a locked shard's `next_tick_nanos` should be (see the module doc).
+    fn next_tick_nanos(&self, state: &ShardState<T>) -> u64 {
+        if state.closed {
+            0
+        } else {
+            (state.wheel.current_tick() + 1).saturating_mul(self.tick_nanos.get())
+        }
     }
 
     fn add_at_nanos(&self, now: u64, deadline: u64, task: T) -> Result<TimerHandle, AddError<T>> {
-        if self.closed.load(Ordering::Relaxed) {
-            return Err(AddError::Shutdown(task));
-        }
         let expiration = self.ticks_ceil(deadline);
         let shard_index = self.local_shard();
         let shard = self.shard(shard_index);
         let mut state = shard.state.lock();
-        if state.closed {
+        // A closed shard refuses (`close` closes every shard, under its lock).
+        if !self.catch_up(&mut state, now) {
             return Err(AddError::Shutdown(task));
         }
-        self.catch_up(&mut state, now);
         let (key, queued) = state.wheel.insert_queuing(expiration, task);
         state.added += 1;
         // Most adds go to a bucket queued already: nothing to publish, nor to read.
@@ -363,16 +380,12 @@ impl<T> TimerCore<T> {
             if tasks.len() == 0 {
                 return;
             }
-            if self.closed.load(Ordering::Relaxed) {
-                break;
-            }
             let shard_index = self.local_shard();
             let shard = self.shard(shard_index);
             let mut state = shard.state.lock();
-            if state.closed {
+            if !self.catch_up(&mut state, now) {
                 break;
             }
-            self.catch_up(&mut state, now);
             state.wheel.prefetch_inserts(tasks.len().min(ADD_BATCH));
             let mut added = 0u64;
             let mut queued = IDLE;
@@ -650,10 +663,9 @@ impl<T> TimerCore<T> {
         };
         let expiration = self.ticks_ceil(deadline);
         let mut state = shard.state.lock();
-        if state.closed {
+        if !self.catch_up(&mut state, now) {
             return false;
         }
-        self.catch_up(&mut state, now);
         if !state.wheel.reset(handle.key, expiration) {
             return false;
         }
@@ -899,6 +911,11 @@ impl<T> TimerCore<T> {
     /// Refuses every later add and wakes every sleeping driver; a round that fires after
     /// this fires nothing. Returns whether this call closed it.
     pub(crate) fn close(&self) -> bool {
+        // Every shard first, each under its lock: an add refused by none of them took
+        // its shard's lock before, and its task is there for the drain (module doc).
+        for shard in self.shards.iter() {
+            self.close_shard(&mut shard.state.lock());
+        }
         let first = !self.closed.swap(true, Ordering::SeqCst);
         self.sleeper.wake();
         first
@@ -910,11 +927,19 @@ impl<T> TimerCore<T> {
         let mut pending = Vec::new();
         for shard in self.shards.iter() {
             let mut state = shard.state.lock();
-            state.closed = true;
+            self.close_shard(&mut state);
             pending.extend(state.wheel.drain());
             shard.next_expiration.store(IDLE, Ordering::SeqCst);
         }
         pending
+    }
+}
+
+impl<T> TimerCore<T> {
+    /// Closes a locked shard: it refuses adds and resets from now on.
+    fn close_shard(&self, state: &mut ShardState<T>) {
+        state.closed = true;
+        self.moved(state);
     }
 }
 

@@ -343,6 +343,40 @@ fn another_driver_emptying_the_core_after_a_rounds_decision_never_leaves_it_asle
     });
 }
 
+/// An add racing `shutdown` is refused (its task comes back in the error) or accepted and
+/// then handed back by the shutdown: never lost, never both. And once the core reads
+/// shut down, an add is refused: `close` closes every shard, under its lock, before the
+/// core reads closed, and an add asks its shard alone.
+#[test]
+fn an_add_racing_shutdown_is_refused_or_handed_back() {
+    loom::model(|| {
+        let clock = ManualClock::new();
+        let timer = Arc::new(manual_timer(&clock));
+        let runs = std::sync::Arc::new(AtomicUsize::new(0));
+        let adder = {
+            let timer = Arc::clone(&timer);
+            let runs = runs.clone();
+            thread::spawn(move || {
+                let first = timer
+                    .add(Duration::from_millis(1), Counted(runs.clone()))
+                    .is_ok();
+                let seen_shut = timer.is_shutdown();
+                let second = timer.add(Duration::ZERO, Counted(runs)).is_ok();
+                (first, seen_shut, second)
+            })
+        };
+        let handed_back = timer.shutdown().len();
+        let (first, seen_shut, second) = adder.join().unwrap();
+        assert!(
+            !(seen_shut && second),
+            "an add after the core read shut down was accepted"
+        );
+        assert_eq!(handed_back, usize::from(first) + usize::from(second));
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran");
+        assert_eq!(timer.len(), 0);
+    });
+}
+
 #[test]
 fn an_add_racing_the_drivers_sleep_is_never_lost() {
     loom::model(|| {
