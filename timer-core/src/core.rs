@@ -553,13 +553,10 @@ impl<T> TimerCore<T> {
         } else {
             wake_nanos / self.tick_nanos
         };
-        let deadline = if wake_nanos == u64::MAX {
-            None
-        } else {
-            Instant::now().checked_add(Duration::from_nanos(wake_nanos.saturating_sub(now)))
-        };
+        let timeout = (wake_nanos != u64::MAX).then(|| Duration::from_nanos(wake_nanos - now));
+        let deadline = timeout.and_then(|timeout| Instant::now().checked_add(timeout));
         before_sleep(deadline);
-        self.sleeper.sleep(wake_tick, deadline, |wake_tick| {
+        self.sleeper.sleep(wake_tick, timeout, |wake_tick| {
             self.closed.load(Ordering::SeqCst) || self.earliest() < wake_tick
         });
         self.fire_due(expired)

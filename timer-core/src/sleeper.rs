@@ -42,9 +42,9 @@
 //! `tokio::sync::Notify`'s permit does).
 
 use std::sync::OnceLock;
-use std::time::Instant;
+use std::time::Duration;
 
-use crate::sync::{AtomicU64, Condvar, Mutex};
+use crate::sync::{AtomicU64, SleepCondvar, SleepMutex};
 use std::sync::atomic::Ordering::SeqCst;
 
 /// `wake_at` while no driver is asleep.
@@ -61,8 +61,10 @@ struct SleepState {
 
 #[derive(Debug, Default)]
 pub(crate) struct Sleeper {
-    lock: Mutex<SleepState>,
-    cond: Condvar,
+    /// The standard library's pair (`sync.rs` says why): a notify is a system call even
+    /// with no waiter, so this module notifies only while `sleepers` is not 0.
+    lock: SleepMutex<SleepState>,
+    cond: SleepCondvar,
     wake_at: AtomicU64,
     /// The wake hook of a driver that waits elsewhere (see the module doc).
     hook: OnceLock<WakeHook>,
@@ -80,8 +82,8 @@ impl std::fmt::Debug for WakeHook {
 impl Sleeper {
     pub(crate) fn new() -> Self {
         Sleeper {
-            lock: Mutex::new(SleepState::default()),
-            cond: Condvar::default(),
+            lock: SleepMutex::new(SleepState::default()),
+            cond: SleepCondvar::default(),
             wake_at: AtomicU64::new(AWAKE),
             hook: OnceLock::new(),
         }
@@ -93,14 +95,14 @@ impl Sleeper {
         self.hook.set(hook).is_ok()
     }
 
-    /// Sleeps until tick `wake_tick` (at real instant `deadline`, forever if `None`) or a
-    /// notification. `recheck` returns true when the driver must not sleep after all (an
-    /// earlier bucket is due, or the timer is closing); it runs after `wake_at` is
+    /// Sleeps until tick `wake_tick` (`timeout` from now in real time, forever if `None`)
+    /// or a notification. `recheck` returns true when the driver must not sleep after all
+    /// (an earlier bucket is due, or the timer is closing); it runs after `wake_at` is
     /// published and under the lock.
     pub(crate) fn sleep(
         &self,
         wake_tick: u64,
-        deadline: Option<Instant>,
+        timeout: Option<Duration>,
         recheck: impl FnOnce(u64) -> bool,
     ) {
         let mut state = self.lock.lock();
@@ -116,7 +118,7 @@ impl Sleeper {
         };
         self.wake_at.store(published, SeqCst);
         if !recheck(wake_tick) {
-            state = self.cond.wait_until(state, deadline);
+            state = self.cond.wait_for(state, timeout);
             state.woken = false;
         }
         state.sleepers -= 1;
@@ -143,7 +145,10 @@ impl Sleeper {
     pub(crate) fn wake(&self) {
         let mut state = self.lock.lock();
         state.woken = true;
-        self.cond.notify_all();
+        // A thread not counted yet takes the lock after this and finds `woken`.
+        if state.sleepers > 0 {
+            self.cond.notify_all();
+        }
         drop(state);
         if let Some(hook) = self.hook.get() {
             crate::user_code::caught("the wake hook panicked", || (hook.0)());
