@@ -273,6 +273,17 @@ impl<T> DrivingSlot<T> {
     }
 }
 
+/// One driving slot's step counter, held by its thread (see [`StandIn::steps`]).
+pub(crate) struct Steps<'a, T>(&'a DrivingSlot<T>);
+
+impl<T> Steps<'_, T> {
+    /// Its thread claims a task of its batch (or finds none left).
+    #[inline]
+    pub(crate) fn step(&self) {
+        self.0.step();
+    }
+}
+
 /// What the control lock guards.
 struct Control {
     /// Shutdown stopped the watchdog: no stand-in starts any more.
@@ -393,10 +404,12 @@ impl<T> StandIn<T> {
         drop(slot.batch.lock().take());
     }
 
-    /// Slot `index`'s thread claimed a task of its batch.
+    /// Slot `index`'s step counter, for its thread about to claim the tasks of a batch:
+    /// each [`Steps::step`] is then one increment, the slot looked up (and its index
+    /// bounds-checked) once a batch rather than once a claim.
     #[inline]
-    pub(crate) fn step(&self, index: usize) {
-        self.slots[index].step();
+    pub(crate) fn steps(&self, index: usize) -> Steps<'_, T> {
+        Steps(&self.slots[index])
     }
 
     /// Slot `index`'s thread begins a round's hook (user code, with no batch). End it
