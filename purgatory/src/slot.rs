@@ -189,7 +189,14 @@ impl<S> Slot<S> {
         // read-modify-write all the same: it reads the latest word, the one the last
         // holder released the slot with (and acquires that holder's writes to the state),
         // whatever path the slot's index took to get here.
-        let word = self.word.fetch_or(LOCKED, Acquire);
+        //
+        // An add, not an `or`: on a free word (`LOCKED` clear, checked below) the two
+        // store the same word, and an add whose old value is used is one `lock xadd`,
+        // where the `or` was a compare-and-swap loop (5 instructions more a watch;
+        // callgrind, `expiring_watches`). On a word that was not free the add may carry
+        // into the other flags, but that word is already a broken invariant, and
+        // `not_free` panics on it before anything else is written.
+        let word = self.word.fetch_add(LOCKED, Acquire);
         // Checked in every build: the state's exclusive access rests on it.
         if word & FLAGS != 0 || generation_of(word) == RETIRED {
             not_free(word);
