@@ -19,6 +19,8 @@
 //!   tail remains (its entries were filtered out); pushes then go to the tail.
 //! - A block left small by filtering is merged into the segment before it when both fit
 //!   in one, so filtering does not leave a long list of mostly empty blocks.
+//! - The head's room (entries in place, or its buffer) is never more than [`BLOCK`]: a
+//!   push finds a head with room to spare and no tail in one comparison.
 //! - A block merged away or emptied is kept, empty, as a spare for the list's next new
 //!   block while the list has fewer spares than blocks in use; spares go with the tail.
 //!   So a long list holds at most twice the blocks it has in use, and a list that is
@@ -30,8 +32,8 @@
 //! thread, those blocks went back through the allocator, which gave whole pages of them
 //! back to the system and then faulted fresh zeroed pages in for the next blocks: at
 //! W3-low-timeout's top rate (3 of 100 keys, lists of thousands), page faults taken in
-//! `push_to_tail` were most of the watching thread's page faults (`perf`,
-//! `docs/benchmarks.md` round 24).
+//! the push that starts a block were most of the watching thread's page faults
+//! (`perf`, `docs/benchmarks.md` round 24).
 
 use smallvec::SmallVec;
 
@@ -44,13 +46,224 @@ use crate::op_table::OpRef;
 /// 2 % more instructions in a watch-and-check driver whose lists hold 300.
 pub(crate) const BLOCK: usize = 1024;
 
-/// A list's first segment: up to two entries inline.
-pub(crate) type Ops = SmallVec<[OpRef; 2]>;
+/// Entries a list's head keeps in place, before it needs a buffer.
+const INLINE: usize = 2;
+
+/// A list's first segment: up to [`INLINE`] entries in place (in the 16 bytes a buffer's
+/// address would take with a spare word), more in a buffer of its own, of at most
+/// [`BLOCK`]. Every entry of the room is initialized (unused ones to a default name),
+/// so the room is a plain slice and only the choice of place or buffer is unsafe.
+///
+/// Hand-made rather than a `SmallVec`: its push asked for the length and the capacity,
+/// each through a branch on where the entries are, then again in the push itself (24
+/// instructions a push, 15 now; three keys a watch: callgrind, `expiring_watches`).
+pub(crate) struct Head {
+    /// The entries in place while `cap` is [`INLINE`]; the buffer otherwise.
+    data: HeadData,
+    /// Entries in use: the first `len` of the room.
+    len: u32,
+    /// The room: [`INLINE`], or the buffer's length (above `INLINE`, at most [`BLOCK`]).
+    cap: u32,
+}
+
+#[derive(Clone, Copy)]
+union HeadData {
+    inline: [OpRef; INLINE],
+    /// A `Box<[OpRef]>` of the head's `cap` entries, every one initialized, owned by the
+    /// head (made by [`Head::grow_to`], freed by its drop or the next `grow_to`).
+    heap: *mut OpRef,
+}
+
+// SAFETY: a `Head` owns its buffer as a `Box<[OpRef]>` would (nothing else points into
+// it, and it is freed once, by the head), and `OpRef` is `Send` and `Sync`; so it may go
+// to, and be shared with, another thread as that box may.
+unsafe impl Send for Head {}
+// SAFETY: see `Send`; `&Head` only reads.
+unsafe impl Sync for Head {}
+
+impl Default for Head {
+    fn default() -> Self {
+        Head {
+            data: HeadData {
+                inline: [OpRef::default(); INLINE],
+            },
+            len: 0,
+            cap: INLINE as u32,
+        }
+    }
+}
+
+impl Head {
+    /// Whether the entries are in a buffer (`cap` above [`INLINE`]).
+    #[inline(always)]
+    fn spilled(&self) -> bool {
+        self.cap as usize > INLINE
+    }
+
+    /// The first entry of the room, in place or in the buffer.
+    #[inline(always)]
+    fn base(&self) -> *const OpRef {
+        if self.spilled() {
+            // SAFETY: a head with a buffer keeps its address in `heap` (see there).
+            unsafe { self.data.heap }
+        } else {
+            // SAFETY: a head without a buffer keeps its entries in place (see there).
+            unsafe { self.data.inline.as_ptr() }
+        }
+    }
+
+    /// [`base`](Self::base), for writing.
+    #[inline(always)]
+    fn base_mut(&mut self) -> *mut OpRef {
+        if self.spilled() {
+            // SAFETY: as in `base`.
+            unsafe { self.data.heap }
+        } else {
+            // SAFETY: as in `base`.
+            unsafe { self.data.inline.as_mut_ptr() }
+        }
+    }
+
+    /// The whole room, `cap` entries (those past `len` are unused).
+    #[inline(always)]
+    fn room(&self) -> &[OpRef] {
+        // SAFETY: `base` is the start of `cap` initialized entries (in place, or the
+        // buffer's, whose length is `cap`), owned by `self` and borrowed with it.
+        unsafe { std::slice::from_raw_parts(self.base(), self.cap as usize) }
+    }
+
+    /// [`room`](Self::room), for writing.
+    #[inline(always)]
+    fn room_mut(&mut self) -> &mut [OpRef] {
+        let cap = self.cap as usize;
+        // SAFETY: as in `room`; borrowed mutably with `self`.
+        unsafe { std::slice::from_raw_parts_mut(self.base_mut(), cap) }
+    }
+
+    #[inline]
+    pub(crate) fn len(&self) -> usize {
+        self.len as usize
+    }
+
+    #[inline]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The entries in use.
+    #[inline]
+    pub(crate) fn as_slice(&self) -> &[OpRef] {
+        &self.room()[..self.len()]
+    }
+
+    /// Whether a [`push_in_room`](Self::push_in_room) fits.
+    #[inline(always)]
+    fn has_room(&self) -> bool {
+        self.len < self.cap
+    }
+
+    /// Appends `op` to a head that [`has_room`](Self::has_room).
+    #[inline(always)]
+    fn push_in_room(&mut self, op: OpRef) {
+        let len = self.len();
+        debug_assert!(self.has_room());
+        // SAFETY: `len < cap` (the caller's condition, checked in debug builds): the
+        // entry at `len` lies in the room (see `room`), which `self` owns and lends here
+        // mutably. (Through `room_mut()[len]` the bounds check stayed.)
+        unsafe { self.base_mut().add(len).write(op) };
+        self.len += 1;
+    }
+
+    /// Moves the entries to a new buffer of `cap` (above the entries in use and
+    /// [`INLINE`], at most [`BLOCK`]), freeing the old buffer if any.
+    #[inline(never)]
+    fn grow_to(&mut self, cap: usize) {
+        assert!(
+            cap > self.len() && cap > INLINE && cap <= BLOCK,
+            "a head of {cap} for {} entries",
+            self.len()
+        );
+        let mut buffer = vec![OpRef::default(); cap].into_boxed_slice();
+        let len = self.len;
+        buffer[..self.len()].copy_from_slice(self.as_slice());
+        let old = self.take_buffer();
+        self.data.heap = Box::into_raw(buffer).cast::<OpRef>();
+        (self.len, self.cap) = (len, cap as u32);
+        drop(old);
+    }
+
+    /// Takes the buffer out, if there is one, leaving the head empty, its room in place.
+    fn take_buffer(&mut self) -> Option<Box<[OpRef]>> {
+        if !self.spilled() {
+            return None;
+        }
+        // SAFETY: a head with a buffer keeps in `heap` the address of the `Box<[OpRef]>`
+        // of `cap` entries it made (`grow_to`) and owns; the box is remade once, here,
+        // and the head forgets it at once (below, before anything can unwind).
+        let buffer = unsafe {
+            Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                self.data.heap,
+                self.cap as usize,
+            ))
+        };
+        self.data.inline = [OpRef::default(); INLINE];
+        (self.len, self.cap) = (0, INLINE as u32);
+        Some(buffer)
+    }
+
+    /// Appends `ops`; the head must stay within [`BLOCK`].
+    pub(crate) fn extend_from_slice(&mut self, ops: &[OpRef]) {
+        let (len, end) = (self.len(), self.len() + ops.len());
+        assert!(end <= BLOCK, "a head of {end} entries");
+        if end > self.cap as usize {
+            self.grow_to(end.max((2 * self.cap as usize).min(BLOCK)));
+        }
+        self.room_mut()[len..end].copy_from_slice(ops);
+        self.len = end as u32;
+    }
+
+    /// Keeps the first `len` entries (if there are more).
+    #[inline]
+    fn truncate(&mut self, len: usize) {
+        if len < self.len() {
+            self.len = len as u32;
+        }
+    }
+}
+
+impl Drop for Head {
+    fn drop(&mut self) {
+        drop(self.take_buffer());
+    }
+}
+
+/// The entries of a head, moved out in order.
+pub(crate) struct HeadIntoIter {
+    head: Head,
+    next: usize,
+}
+
+impl Iterator for HeadIntoIter {
+    type Item = OpRef;
+
+    #[inline]
+    fn next(&mut self) -> Option<OpRef> {
+        let op = self.head.as_slice().get(self.next).copied();
+        self.next += usize::from(op.is_some());
+        op
+    }
+
+    #[inline]
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.head.len() - self.next;
+        (left, Some(left))
+    }
+}
 
 /// One key's operations, in arrival order (see the module doc).
 #[derive(Default)]
 pub(crate) struct OpList {
-    head: Ops,
+    head: Head,
     // Boxed: one word per list instead of two `Vec` headers' six, since almost no list
     // has a tail.
     tail: Option<Box<Tail>>,
@@ -67,26 +280,33 @@ struct Tail {
 impl OpList {
     /// A list of one operation.
     pub(crate) fn one(op: OpRef) -> Self {
-        let mut head = Ops::new();
-        head.push(op);
+        let mut head = Head::default();
+        head.push_in_room(op);
         OpList { head, tail: None }
     }
 
     /// Appends `op`. Inlined up to the common case, a list that is one segment with
-    /// room (an out-of-line call cost about 11 of the 34 instructions of a push).
+    /// room to spare (an out-of-line call cost about 11 of the 34 instructions of a
+    /// push). The head's room is at most [`BLOCK`], so room to spare is room below it.
     #[inline(always)]
     pub(crate) fn push(&mut self, op: OpRef) {
-        if self.tail.is_none() && self.head.len() < BLOCK {
-            self.head.push(op);
+        if self.tail.is_none() && self.head.has_room() {
+            self.head.push_in_room(op);
         } else {
-            self.push_to_tail(op);
+            self.push_slow(op);
         }
     }
 
-    /// [`push`](Self::push) when the head is full or a tail exists.
+    /// [`push`](Self::push) when the head's room is full or a tail exists: a head below
+    /// [`BLOCK`] grows (to twice its room, at most `BLOCK`), a full one starts the tail.
     #[inline(never)]
-    fn push_to_tail(&mut self, op: OpRef) {
+    fn push_slow(&mut self, op: OpRef) {
         match &mut self.tail {
+            None if self.head.len() < BLOCK => {
+                let cap = (2 * self.head.len()).clamp(INLINE + 1, BLOCK);
+                self.head.grow_to(cap);
+                self.head.push_in_room(op);
+            }
             None => {
                 self.tail = Some(Box::new(Tail {
                     blocks: vec![block_of(op)],
@@ -130,6 +350,7 @@ impl OpList {
     #[cfg(all(test, not(loom)))]
     pub(crate) fn iter(&self) -> impl Iterator<Item = OpRef> + '_ {
         self.head
+            .as_slice()
             .iter()
             .chain(self.blocks().iter().flatten())
             .copied()
@@ -140,7 +361,7 @@ impl OpList {
     /// time in W3-events at 100,000/s).
     #[inline]
     pub(crate) fn copy_into<const N: usize>(&self, out: &mut SmallVec<[OpRef; N]>) {
-        out.extend_from_slice(&self.head);
+        out.extend_from_slice(self.head.as_slice());
         for block in self.blocks() {
             out.extend_from_slice(block);
         }
@@ -248,14 +469,16 @@ impl OpList {
 
 impl IntoIterator for OpList {
     type Item = OpRef;
-    type IntoIter = std::iter::Chain<
-        smallvec::IntoIter<[OpRef; 2]>,
-        std::iter::Flatten<std::vec::IntoIter<Vec<OpRef>>>,
-    >;
+    type IntoIter =
+        std::iter::Chain<HeadIntoIter, std::iter::Flatten<std::vec::IntoIter<Vec<OpRef>>>>;
 
     fn into_iter(self) -> Self::IntoIter {
         let blocks = self.tail.map(|tail| tail.blocks).unwrap_or_default();
-        self.head.into_iter().chain(blocks.into_iter().flatten())
+        let head = HeadIntoIter {
+            head: self.head,
+            next: 0,
+        };
+        head.chain(blocks.into_iter().flatten())
     }
 }
 
@@ -310,14 +533,15 @@ trait Segment {
     fn truncate(&mut self, len: usize);
 }
 
-impl Segment for Ops {
+impl Segment for Head {
     #[inline]
     fn entries(&mut self) -> &mut [OpRef] {
-        self.as_mut_slice()
+        let len = self.len();
+        &mut self.room_mut()[..len]
     }
     #[inline]
     fn truncate(&mut self, len: usize) {
-        SmallVec::truncate(self, len);
+        Head::truncate(self, len);
     }
 }
 
@@ -429,6 +653,54 @@ mod tests {
         assert_eq!(indices(&list).last(), Some(&9_999));
     }
 
+    /// The head's room grows by doubling from its two entries in place up to a block and
+    /// never past it, whether by pushes or by a merge; its entries survive each move,
+    /// and it gives them back in order (and frees its buffer: Miri checks for leaks).
+    #[test]
+    fn the_head_grows_in_place_then_doubles_up_to_a_block() {
+        let mut list = OpList::default();
+        let mut rooms = Vec::new();
+        for i in 0..BLOCK as u32 + 1 {
+            list.push(op(i));
+            if rooms.last() != Some(&list.head.cap) {
+                rooms.push(list.head.cap);
+            }
+        }
+        assert_eq!(rooms, [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]);
+        assert_eq!(list.head.len(), BLOCK);
+        assert_eq!(
+            list.blocks().len(),
+            1,
+            "the entry past a block starts the tail"
+        );
+        assert_eq!(indices(&list), (0..BLOCK as u32 + 1).collect::<Vec<_>>());
+        // A merge into a small head: room for the entries, at most a block.
+        let mut head = Head::default();
+        head.extend_from_slice(&[op(1)]);
+        assert!(!head.spilled());
+        head.extend_from_slice(&(2..6).map(op).collect::<Vec<_>>());
+        assert_eq!((head.len(), head.cap), (5, 5));
+        head.extend_from_slice(&[op(6)]);
+        assert_eq!((head.len(), head.cap), (6, 10));
+        head.extend_from_slice(&(7..BLOCK as u32 + 1).map(op).collect::<Vec<_>>());
+        assert_eq!((head.len(), head.cap as usize), (BLOCK, BLOCK));
+        let all: Vec<u32> = HeadIntoIter { head, next: 0 }
+            .map(|op| op.index())
+            .collect();
+        assert_eq!(all, (1..BLOCK as u32 + 1).collect::<Vec<_>>());
+        // Moved out part way, in place and spilled.
+        for n in [1, 2, 3, 9] {
+            let mut list = list_of(n);
+            let mut entries = list.head.as_slice().to_vec();
+            Segment::truncate(&mut list.head, n as usize - 1);
+            entries.pop();
+            assert_eq!(list.head.as_slice(), entries);
+            let mut iter = list.into_iter();
+            assert_eq!(iter.size_hint(), (n as usize - 1, Some(n as usize - 1)));
+            assert_eq!(iter.next().map(|op| op.index()), (n > 1).then_some(0));
+        }
+    }
+
     /// A block merged away is kept and is the list's next new block (the same
     /// allocation); the spares never outnumber the blocks in use, and a list filtered
     /// short again holds none.
@@ -472,7 +744,9 @@ mod tests {
 
     /// Checks the layout invariants and returns the entries.
     fn checked(list: &OpList) -> Vec<u32> {
-        assert!(list.head.len() <= BLOCK);
+        assert!(list.head.len() <= list.head.cap as usize);
+        assert!(list.head.cap as usize <= BLOCK);
+        assert_eq!(list.head.spilled(), list.head.cap as usize > INLINE);
         if let Some(tail) = &list.tail {
             let blocks = &tail.blocks;
             assert!(!blocks.is_empty(), "an empty tail is None");
@@ -585,9 +859,10 @@ mod tests {
                 let got: Vec<u32> = block.iter().map(|op| op.index()).collect();
                 assert_eq!(got, want, "block of {len}, {name}");
                 assert_eq!(dropped, len - want.len(), "block of {len}, {name}");
-                let mut head: Ops = (0..len as u32).map(op).collect();
+                let mut head = Head::default();
+                head.extend_from_slice(&(0..len as u32).map(op).collect::<Vec<_>>());
                 let dropped = drop_completed_entries(&mut head, &waiting);
-                let got: Vec<u32> = head.iter().map(|op| op.index()).collect();
+                let got: Vec<u32> = head.as_slice().iter().map(|op| op.index()).collect();
                 assert_eq!(got, want, "head of {len}, {name}");
                 assert_eq!(dropped, len - want.len(), "head of {len}, {name}");
             }
