@@ -353,7 +353,7 @@ impl<O: DelayedOperation> OpTable<O> {
         aside_from: u32,
     ) {
         free.extend(indices.clone().filter(|&index| index < aside_from));
-        list.available.store(free.len(), Ordering::Relaxed);
+        list.publish(free.len(), &self.free_mask);
         if indices.clone().any(|index| index >= aside_from) {
             let mut aside = self.aside.slots.lock();
             aside.extend(indices.filter(|&index| index >= aside_from));
@@ -530,7 +530,7 @@ impl<O: DelayedOperation> OpTable<O> {
             }
         }
         let list_done = i >= free.len();
-        free_list.available.store(free.len(), Ordering::Relaxed);
+        free_list.publish(free.len(), &self.free_mask);
         drop(free);
         if !moved.is_empty() {
             let mut aside = self.aside.slots.lock();
@@ -607,7 +607,7 @@ impl<O: DelayedOperation> OpTable<O> {
                 std::mem::swap(&mut *free, &mut aside);
             }
             free.extend_from_slice(&aside);
-            list.available.store(free.len(), Ordering::Relaxed);
+            list.publish(free.len(), &self.free_mask);
         }
         self.giving_back.looks.store(0, Ordering::Relaxed);
         growth.phase = Phase::Idle;
@@ -722,7 +722,7 @@ impl<O: DelayedOperation> OpTable<O> {
 
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use super::super::tests::{fill, Named};
+    use super::super::tests::{check_free_mask, fill, Named};
     use super::super::OpRef;
     use super::*;
     use crate::operation::Completion;
@@ -996,10 +996,12 @@ mod tests {
         for op in ops {
             assert!(table.take(&pin, *op).is_some());
         }
+        check_free_mask(table);
     }
 
     /// Free slots in the free lists at or above `from`.
     fn listed_from(table: &OpTable<Named>, from: u32) -> usize {
+        check_free_mask(table);
         table
             .free
             .iter()
