@@ -32,9 +32,11 @@
 //!   single cancel publishes nothing, and a batch cancel that empties the shard whole
 //!   keeps the old value on purpose (see `cancel_batch`), until an advance reaches it.
 //! - A shard's `next_tick_nanos` is `(wheel.current_tick() + 1) * tick_nanos`
-//!   (saturating) whenever its lock is free, or 0 once the shard is closed: what moves a
-//!   wheel's time (`catch_up`, the advance in `fire_due`) sets it right after (`moved`),
-//!   and closing a shard sets it to 0. Every clock reading is at least 0, so an add,
+//!   (saturating) whenever its lock is free, or 0 once the shard is closed, or
+//!   `u64::MAX` after an add found a bucket due that stopped its catch-up (until the
+//!   advance that fires it: adds in between would find the same): what moves a wheel's
+//!   time (`catch_up`, the advance in `fire_due`) sets it right after (`moved`), and
+//!   closing a shard sets it to 0. Every clock reading is at least 0, so an add,
 //!   which compares its reading with it (`catch_up`), looks at `closed` only when the
 //!   tick has moved on or the shard is closed: no check of its own.
 //! - An advance that publishes a shard idle increments `idled` first, under the shard
@@ -301,17 +303,23 @@ impl<T> TimerCore<T> {
     #[inline]
     #[must_use]
     fn catch_up(&self, state: &mut ShardState<T>, now: u64) -> bool {
-        debug_assert_eq!(
-            state.next_tick_nanos,
-            self.next_tick_nanos(state),
+        debug_assert!(
+            state.next_tick_nanos == u64::MAX && !state.closed
+                || state.next_tick_nanos == self.next_tick_nanos(state),
             "the wheel's time moved without `moved`"
         );
         if now >= state.next_tick_nanos {
             if state.closed {
                 return false;
             }
-            state.wheel.catch_up(now / self.tick_nanos);
-            self.moved(state);
+            if state.wheel.catch_up(now / self.tick_nanos) {
+                self.moved(state);
+            } else {
+                // A bucket is due: the wheel's time waits for the advance that fires it,
+                // which sets `next_tick_nanos` again (`moved`); until then every add
+                // would find the same, so none looks (see the module doc).
+                state.next_tick_nanos = u64::MAX;
+            }
         }
         true
     }

@@ -439,11 +439,14 @@ impl<T> Wheel<T> {
 
     /// Moves the wheel's time forward to `now` if no bucket is due by then, so that
     /// inserts are placed relative to the real time (fewer cascades later). Does nothing
-    /// when a bucket is due: flushing is `advance`'s job.
-    pub fn catch_up(&mut self, now: u64) {
-        if self.queue.peek().is_none_or(|next| next > now) {
+    /// when a bucket is due: flushing is `advance`'s job. Returns whether it moved (or
+    /// had nothing to move for): `false` when a bucket due stopped it.
+    pub fn catch_up(&mut self, now: u64) -> bool {
+        let free = self.queue.peek().is_none_or(|next| next > now);
+        if free {
             self.advance_levels(now);
         }
+        free
     }
 
     /// Gives back the memory of the slots a burst left unused (see `slab.rs`), at most
