@@ -261,6 +261,8 @@ struct Member<'a, K, O: DelayedOperation> {
     locked: Option<Locked<'a, O>>,
     /// Its name, once it has a slot.
     op: OpRef,
+    /// Its position in the chunk's input (where its result goes).
+    position: usize,
 }
 
 impl<'a, K, O: DelayedOperation> Member<'a, K, O> {
@@ -572,12 +574,12 @@ where
             match self.admit(closed, op, &mut keys, false) {
                 Ok((op, timeout)) => {
                     ops.push((op, CarriedSpan::current(&self.user)));
-                    chunk.positions.push(position);
                     members.push(Member {
                         keys,
                         timeout,
                         locked: None,
                         op: OpRef::default(),
+                        position,
                     });
                 }
                 Err(refused) => chunk.out[position] = Some(Err(refused)),
@@ -605,7 +607,9 @@ where
             let keys = u32::try_from(m.keys.len()).unwrap_or(u32::MAX);
             m.locked().set_keys(keys);
             let op = m.op;
-            for key in m.keys.drain(..) {
+            // Taken out as a single watch's (`take_keys`): a `SmallVec` drain tested
+            // whether the keys had spilled at every key.
+            for key in take_keys(&mut m.keys) {
                 entries.push((Some(key), op));
             }
             ends.push(entries.len());
@@ -621,10 +625,10 @@ where
             // The first member whose entries end after entry `i`.
             failures[ends.partition_point(|&end| end <= i)] += 1;
         }
-        for (j, (m, &count)) in members.iter_mut().zip(&failures).enumerate() {
+        for (m, &count) in members.iter_mut().zip(&failures) {
             if count > 0 {
                 let refusal = self.unlisted(m.held(), count);
-                chunk.refused(chunk.positions[j], refusal);
+                chunk.refused(m.position, refusal);
             }
         }
     }
@@ -654,11 +658,11 @@ where
         let at = self.armed_at();
         let mut armings = armings.into_iter();
         let mut handed_over = SmallVec::new();
-        for (j, m) in members.iter_mut().enumerate() {
+        for m in members.iter_mut() {
             if m.locked.is_none() {
                 continue;
             }
-            let position = chunk.positions[j];
+            let position = m.position;
             let arming = armings.next().expect("one result per task");
             match self.armed(m.held(), arming, at) {
                 Ok(expired) => {
@@ -678,8 +682,9 @@ where
     /// unlock hands over.
     fn try_chunk(&self, chunk: &mut Chunk<O>, driver: &Driver<Group>) {
         let pin = self.table.pin();
-        for &position in &chunk.positions {
-            let Some(Ok(WatchOutcome::Pending(handle))) = &chunk.out[position] else {
+        // In input order, which is the members' order; those refused have an error here.
+        for result in chunk.out.iter_mut() {
+            let Some(Ok(WatchOutcome::Pending(handle))) = result else {
                 continue;
             };
             let Some(locked) = self.table.lock(&pin, handle.op) else {
@@ -687,7 +692,7 @@ where
             };
             // Completed now, it never waited (as a single watch's at its tries).
             if self.try_held(locked, driver, true) == Tried::Completed {
-                chunk.out[position] = Some(Ok(WatchOutcome::Completed));
+                *result = Some(Ok(WatchOutcome::Completed));
             }
         }
     }
@@ -737,8 +742,6 @@ where
 /// position, and the slots to free once no slot is held.
 struct Chunk<O> {
     out: SmallVec<[Option<WatchResult<O>>; CHUNK]>,
-    /// The input position of each admitted member, in member order.
-    positions: SmallVec<[usize; CHUNK]>,
     /// Slots of refused members, emptied while other slots of the chunk are held.
     vacated: SmallVec<[Vacated; CHUNK]>,
     /// Their spans, closed with the slots freed (the subscriber is user code).
@@ -748,9 +751,13 @@ struct Chunk<O> {
 impl<O> Chunk<O> {
     #[inline(always)]
     fn new(len: usize) -> Self {
+        // Pushed one by one: collected from a range, `SmallVec`'s `extend` cost more.
+        let mut out = SmallVec::new();
+        for _ in 0..len {
+            out.push(None);
+        }
         Chunk {
-            out: (0..len).map(|_| None).collect(),
-            positions: SmallVec::new(),
+            out,
             vacated: SmallVec::new(),
             spans: SmallVec::new(),
         }
