@@ -989,3 +989,106 @@ mod serde_tests {
         assert_eq!((old.pending, old.clock_panics), (7, 0));
     }
 }
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::{ManualClock, TimerBuilder};
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// A one-shard core of 1 ms ticks, 20 buckets a level, on a manual clock at 0.
+    fn core() -> (TimerCore<&'static str>, ManualClock) {
+        let clock = ManualClock::new();
+        let core = TimerBuilder::new()
+            .tick(MS)
+            .wheel_size(20)
+            .shards(1)
+            .clock(clock.clone())
+            .build_core()
+            .unwrap();
+        (core, clock)
+    }
+
+    fn next_tick_nanos<T>(core: &TimerCore<T>) -> u64 {
+        core.shards[0].state.lock().next_tick_nanos
+    }
+
+    fn current_tick<T>(core: &TimerCore<T>) -> u64 {
+        core.shards[0].state.lock().wheel.current_tick()
+    }
+
+    /// Moves the clock to `at` ms and advances without waiting; returns what fired.
+    fn fire_at(core: &TimerCore<&'static str>, clock: &ManualClock, at: u64) -> Vec<&'static str> {
+        clock.set(Duration::from_millis(at));
+        let mut fired = Vec::new();
+        core.advance_into(Duration::ZERO, &mut fired);
+        fired.sort_unstable();
+        fired
+    }
+
+    /// An add that finds a bucket due marks the shard's next tick `u64::MAX`; a batch
+    /// cancel then takes that bucket off the queue, so no advance comes for it and the
+    /// wheel's time stays behind the clock while adds keep placing tasks against it
+    /// (at level 0 and, past its interval, at level 1, in a bucket that starts before
+    /// their deadline). None fires before its deadline nor after its tick; once an
+    /// advance visits the shard, its next tick follows the wheel again.
+    #[test]
+    fn adds_against_a_wheel_held_behind_by_a_cancelled_due_bucket_fire_on_time() {
+        let (core, clock) = core();
+        let due = core.add(MS, "due").unwrap();
+        core.add(Duration::from_secs(3600), "far").unwrap();
+        clock.set(5 * MS);
+        // Finds tick 1 due: the wheel stays at 0, the next tick at u64::MAX.
+        core.add(10 * MS, "at 15").unwrap();
+        assert_eq!((current_tick(&core), next_tick_nanos(&core)), (0, u64::MAX));
+        // The due bucket cancelled whole: off the queue, so nothing is due at 5 ms.
+        let mut cancelled = Vec::new();
+        assert_eq!(core.cancel_batch(&mut [due], &mut cancelled), 1);
+        assert_eq!(core.next_expiration(), Some(15 * MS));
+        // Placed against tick 0, not 5: no catch-up while the next tick is u64::MAX.
+        core.add(MS, "at 6").unwrap();
+        core.add(30 * MS, "at 35").unwrap(); // level 1, the bucket starting at 20
+        let moved = core.add(40 * MS, "reset to 9").unwrap();
+        assert!(core.reset(moved, 4 * MS));
+        assert_eq!((current_tick(&core), next_tick_nanos(&core)), (0, u64::MAX));
+        assert_eq!(fire_at(&core, &clock, 5), Vec::<&str>::new());
+        assert_eq!(fire_at(&core, &clock, 6), ["at 6"]);
+        // The advance moved the wheel, and its next tick with it.
+        assert_eq!(
+            (current_tick(&core), next_tick_nanos(&core)),
+            (6, 7_000_000)
+        );
+        assert_eq!(fire_at(&core, &clock, 8), Vec::<&str>::new());
+        assert_eq!(fire_at(&core, &clock, 9), ["reset to 9"]);
+        assert_eq!(fire_at(&core, &clock, 14), Vec::<&str>::new());
+        assert_eq!(fire_at(&core, &clock, 15), ["at 15"]);
+        for at in 16..35 {
+            assert_eq!(fire_at(&core, &clock, at), Vec::<&str>::new(), "at {at} ms");
+        }
+        assert_eq!(fire_at(&core, &clock, 35), ["at 35"]);
+        assert_eq!(core.len(), 1);
+        assert_eq!(core.shutdown(), ["far"]);
+    }
+
+    /// A shard whose next tick is `u64::MAX` (a due bucket stopped an add's catch-up)
+    /// still refuses adds and resets once closed: closing sets it to 0.
+    #[test]
+    fn a_shard_marked_behind_refuses_adds_and_resets_once_closed() {
+        let (core, clock) = core();
+        core.add(MS, "due").unwrap();
+        clock.set(5 * MS);
+        let pending = core.add(10 * MS, "pending").unwrap();
+        assert_eq!(next_tick_nanos(&core), u64::MAX);
+        assert!(core.close());
+        assert_eq!(next_tick_nanos(&core), 0);
+        assert!(matches!(
+            core.add(MS, "late"),
+            Err(AddError::Shutdown("late"))
+        ));
+        assert!(!core.reset(pending, MS));
+        let mut drained = core.drain();
+        drained.sort_unstable();
+        assert_eq!(drained, ["due", "pending"]);
+    }
+}
