@@ -772,6 +772,61 @@ mod tests {
         entries
     }
 
+    /// The cases the head's unsafe code must survive, in one list small enough for Miri
+    /// (the random test is too slow there): a spilled head emptied by filtering while a
+    /// tail with spares remains, pushes then going to the tail, the first block merged
+    /// back into the emptied head (`extend_from_slice`, within its room of a block), the
+    /// head filled again up to a block, and the list moved out part way and dropped
+    /// (its head's buffer, the tail's blocks and spares freed: Miri checks for leaks).
+    #[test]
+    fn an_emptied_spilled_head_with_a_tail_takes_pushes_merges_and_drops_part_way() {
+        let n = 4 * BLOCK as u32;
+        let mut list = list_of(n);
+        // Every block a third full: merges leave spares.
+        let third = |op: OpRef| op.index() % 3 == 0;
+        let mut segment = Some(1);
+        while let Some(at) = segment {
+            segment = list.drop_completed_in(at, &third).1;
+        }
+        assert!(list.tail.as_deref().is_some_and(|t| !t.spares.is_empty()));
+        // The head emptied, spilled, with the tail still there.
+        assert_eq!(list.drop_completed_in(0, &|_| false), (BLOCK, Some(1)));
+        assert!(list.head.is_empty() && list.head.spilled() && !list.is_empty());
+        // A push goes to the tail, after every entry there.
+        list.push(op(n));
+        assert!(list.head.is_empty());
+        let mut want: Vec<u32> = (BLOCK as u32..n).filter(|&i| i % 3 == 0).collect();
+        want.push(n);
+        assert_eq!(checked(&list), want);
+        // The first block merges into the empty head, within its room.
+        let first = list.blocks()[0].len();
+        let (_, next) = list.drop_completed_in(1, &|_| true);
+        assert_eq!(
+            next,
+            Some(1),
+            "the merged block's index goes to the next one"
+        );
+        assert_eq!((list.head.len(), list.head.cap as usize), (first, BLOCK));
+        assert_eq!(checked(&list), want);
+        // Filtered down to the head alone: the tail goes, with its spares; pushes fill
+        // the head up to a block, then start a tail again.
+        list.drop_completed(&|op: OpRef| op.index() < 2 * BLOCK as u32);
+        assert!(list.tail.is_none());
+        let mut next = n + 1;
+        while list.is_short() {
+            list.push(op(next));
+            next += 1;
+        }
+        assert_eq!(list.head.len(), BLOCK);
+        let entries = checked(&list);
+        assert_eq!(entries.len(), BLOCK + 1);
+        // Moved out part way, then dropped.
+        let mut iter = list.into_iter();
+        let taken: Vec<u32> = iter.by_ref().take(3).map(|op| op.index()).collect();
+        assert_eq!(taken, entries[..3]);
+        drop(iter);
+    }
+
     #[test]
     fn random_pushes_and_filters_keep_every_waiting_entry_in_arrival_order() {
         use rand::rngs::StdRng;
