@@ -368,7 +368,10 @@ pub fn run_with<P: LoadPurgatory<LoadOp>>(name: &str, purgatory: &P, p: &W3Param
         keys: KeyTable::new(p.keys, p.key_space, 16, p.seed + 2),
     };
     let ctx: &'static LoadContext = Box::leak(Box::new(LoadContext::new(p.num, timeout, p.events)));
-    let inbox = completer::Inbox::default();
+    // Made before the clock starts: the completer's memory is the tool's, not the run's
+    // (see `completer`).
+    let ring = completer::Ring::new(timeout, Duration::from_micros(p.pace_us.max(1_000)), p.rate);
+    let inbox = completer::Inbox::with_capacity(ring.hand_over_capacity());
     let issued = AtomicU64::new(0);
     let cpu = NetCpu::start();
     let show_progress = std::io::stderr().is_terminal();
@@ -376,14 +379,7 @@ pub fn run_with<P: LoadPurgatory<LoadOp>>(name: &str, purgatory: &P, p: &W3Param
         let completer = std::thread::Builder::new()
             .name("w3-completer".into())
             .spawn_scoped(scope, || {
-                completer::run(
-                    purgatory,
-                    &inbox,
-                    ctx,
-                    &schedule.keys,
-                    timeout,
-                    Duration::from_micros(p.pace_us.max(1_000)),
-                )
+                completer::run(purgatory, &inbox, ctx, &schedule.keys, ring)
             });
         let progress = show_progress.then(|| {
             Progress::start(scope, format!("w3 {name}"), p.num as u64, || {
