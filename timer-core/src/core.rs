@@ -34,7 +34,8 @@
 //! - A shard's `next_tick_nanos` is `(wheel.current_tick() + 1) * tick_nanos`
 //!   (saturating) whenever its lock is free, or 0 once the shard is closed, or
 //!   `u64::MAX` after an add found a bucket due that stopped its catch-up (until the
-//!   advance that fires it: adds in between would find the same): what moves a wheel's
+//!   advance that fires it, adds in between would find the same; a batch cancel, which
+//!   may take that bucket off the queue, sets it back): what moves a wheel's
 //!   time (`catch_up`, the advance in `fire_due`) sets it right after (`moved`), and
 //!   closing a shard sets it to 0. Every clock reading is at least 0, so an add,
 //!   which compares its reading with it (`catch_up`), looks at `closed` only when the
@@ -735,6 +736,13 @@ impl<T> TimerCore<T> {
                     // Cancels move the earliest expiration later or leave it, and the one
                     // published is never later than the wheel's: nobody needs waking.
                     state.wheel.drop_emptied_front();
+                    // If an add found a due bucket and stopped catching up (next tick
+                    // `u64::MAX`), that bucket may be gone now, and no advance would
+                    // come to clear the mark: the next add tries again (and marks it
+                    // again if a due bucket is left).
+                    if state.next_tick_nanos == u64::MAX {
+                        self.moved(&mut state);
+                    }
                     // A shard they emptied whole keeps the expiration it published: a
                     // driver then still waits under its bound for a queued timer and
                     // looks again by then, as an owner that is not woken by the
@@ -1027,39 +1035,61 @@ mod tests {
         fired
     }
 
-    /// An add that finds a bucket due marks the shard's next tick `u64::MAX`; a batch
-    /// cancel then takes that bucket off the queue, so no advance comes for it and the
-    /// wheel's time stays behind the clock while adds keep placing tasks against it
-    /// (at level 0 and, past its interval, at level 1, in a bucket that starts before
-    /// their deadline). None fires before its deadline nor after its tick; once an
-    /// advance visits the shard, its next tick follows the wheel again.
+    /// An add that finds a bucket due marks the shard's next tick `u64::MAX`, and the
+    /// adds after it place their tasks against the wheel's old time (at level 0 and,
+    /// past its interval, at level 1, in a bucket that starts before their deadline);
+    /// none fires before its deadline nor after its tick. A batch cancel that takes that
+    /// bucket off the queue (no advance comes for it then) sets the next tick back to
+    /// the wheel's, so the next add catches up; a batch cancel that leaves a due bucket
+    /// does too, and that add marks it again.
     #[test]
-    fn adds_against_a_wheel_held_behind_by_a_cancelled_due_bucket_fire_on_time() {
+    fn adds_against_a_wheel_held_behind_by_a_due_bucket_fire_on_time() {
         let (core, clock) = core();
         let due = core.add(MS, "due").unwrap();
+        let also_due = core.add(2 * MS, "also due").unwrap();
         core.add(Duration::from_secs(3600), "far").unwrap();
         clock.set(5 * MS);
         // Finds tick 1 due: the wheel stays at 0, the next tick at u64::MAX.
         core.add(10 * MS, "at 15").unwrap();
         assert_eq!((current_tick(&core), next_tick_nanos(&core)), (0, u64::MAX));
-        // The due bucket cancelled whole: off the queue, so nothing is due at 5 ms.
-        let mut cancelled = Vec::new();
-        assert_eq!(core.cancel_batch(&mut [due], &mut cancelled), 1);
-        assert_eq!(core.next_expiration(), Some(15 * MS));
         // Placed against tick 0, not 5: no catch-up while the next tick is u64::MAX.
         core.add(MS, "at 6").unwrap();
         core.add(30 * MS, "at 35").unwrap(); // level 1, the bucket starting at 20
         let moved = core.add(40 * MS, "reset to 9").unwrap();
         assert!(core.reset(moved, 4 * MS));
         assert_eq!((current_tick(&core), next_tick_nanos(&core)), (0, u64::MAX));
-        assert_eq!(fire_at(&core, &clock, 5), Vec::<&str>::new());
-        assert_eq!(fire_at(&core, &clock, 6), ["at 6"]);
-        // The advance moved the wheel, and its next tick with it.
+        // The first due bucket cancelled whole; the one at tick 2 is still due: the
+        // mark is cleared, and the next add finds tick 2 and sets it again.
+        let mut cancelled = Vec::new();
+        assert_eq!(core.cancel_batch(&mut [due], &mut cancelled), 1);
         assert_eq!(
             (current_tick(&core), next_tick_nanos(&core)),
-            (6, 7_000_000)
+            (0, 1_000_000)
         );
-        assert_eq!(fire_at(&core, &clock, 8), Vec::<&str>::new());
+        core.add(3 * MS, "at 8").unwrap();
+        assert_eq!((current_tick(&core), next_tick_nanos(&core)), (0, u64::MAX));
+        // The second cancelled whole: nothing is due at 5 ms, the mark is cleared, and
+        // the next add catches the wheel up to the clock.
+        assert_eq!(core.cancel_batch(&mut [also_due], &mut cancelled), 1);
+        assert_eq!(core.next_expiration(), Some(6 * MS));
+        assert_eq!(
+            (current_tick(&core), next_tick_nanos(&core)),
+            (0, 1_000_000)
+        );
+        core.add(2 * MS, "at 7").unwrap();
+        assert_eq!(
+            (current_tick(&core), next_tick_nanos(&core)),
+            (5, 6_000_000)
+        );
+        assert_eq!(fire_at(&core, &clock, 5), Vec::<&str>::new());
+        assert_eq!(fire_at(&core, &clock, 6), ["at 6"]);
+        assert_eq!(fire_at(&core, &clock, 7), ["at 7"]);
+        assert_eq!(fire_at(&core, &clock, 8), ["at 8"]);
+        // The advances moved the wheel, and its next tick with it.
+        assert_eq!(
+            (current_tick(&core), next_tick_nanos(&core)),
+            (8, 9_000_000)
+        );
         assert_eq!(fire_at(&core, &clock, 9), ["reset to 9"]);
         assert_eq!(fire_at(&core, &clock, 14), Vec::<&str>::new());
         assert_eq!(fire_at(&core, &clock, 15), ["at 15"]);
