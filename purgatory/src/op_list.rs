@@ -292,9 +292,18 @@ impl OpList {
     pub(crate) fn push(&mut self, op: OpRef) {
         if self.tail.is_none() && self.head.has_room() {
             self.head.push_in_room(op);
-        } else {
-            self.push_slow(op);
+            return;
         }
+        // A long list's last block with room, inlined too: under load every push to a
+        // hot key's list is one (W3 at the top rate: 497,395 of 600,000 pushes went out
+        // of line, 41 instructions each).
+        if let Some(last) = self.tail.as_mut().and_then(|tail| tail.blocks.last_mut()) {
+            if last.len() < BLOCK {
+                last.push(op);
+                return;
+            }
+        }
+        self.push_slow(op);
     }
 
     /// [`push`](Self::push) when the head's room is full or a tail exists: a head below
