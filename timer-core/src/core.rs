@@ -714,7 +714,9 @@ impl<T> TimerCore<T> {
             handles.sort_by_key(|h| h.shard);
         }
         let mut won = 0;
-        let mut run: Vec<T> = Vec::new();
+        // Sized for a whole run at once: grown push by push, from 4 to 64, it was
+        // reallocated four times a call (43 instructions a cancel, `forced_batches`).
+        let mut run: Vec<T> = Vec::with_capacity(handles.len().min(CANCEL_BATCH));
         let mut rest = &handles[..];
         while let Some(first) = rest.first() {
             let same = rest
