@@ -40,7 +40,7 @@ use crate::span::CarriedSpan;
 use crate::state::State;
 use crate::stats::PurgatoryStats;
 use crate::user_code::report;
-use crate::watch::{collect_keys, refusal, Keys, Tried, CHUNK};
+use crate::watch::{collect_keys, refusal, Keys, Staged, Tried, CHUNK};
 
 /// Batches of fewer operations than this are watched one by one: the chunk's passes and
 /// buffers cost more than the locks it shares among that few (callgrind, 3 keys an
@@ -347,26 +347,25 @@ where
         Ks: IntoIterator<Item = K>,
     {
         // Run the caller's iterators before any lock is taken: they are user code.
-        let staged: Vec<(O, Keys<K>)> = batch
+        let mut staged: Vec<Staged<K, O>> = batch
             .into_iter()
-            .map(|(op, keys)| (op, collect_keys(keys)))
+            .map(|(op, keys)| (Some(op), collect_keys(keys)))
             .collect();
         let mut results = Vec::with_capacity(staged.len());
         let state = self.state();
         if staged.len() < SMALL_BATCH {
-            for (op, mut keys) in staged {
-                let mut placed = Some(op);
-                let watched = state.watch_one(&mut placed, &mut keys, false, &self.driver);
-                drop(keys); // emptied by the watch
+            for (op, keys) in staged.iter_mut() {
+                let mut placed = op.take();
+                let watched = state.watch_one(&mut placed, keys, false, &self.driver);
                 let settled = state.settle(watched, &mut placed, &self.driver);
                 results.push(settled.map_err(|kind| refusal(&mut placed, kind)));
             }
         } else {
-            let mut staged = staged.into_iter();
-            while staged.len() > 0 {
-                state.watch_chunk(staged.by_ref().take(CHUNK), &mut results, &self.driver);
+            for chunk in staged.chunks_mut(CHUNK) {
+                state.watch_chunk(chunk, &mut results, &self.driver);
             }
         }
+        drop(staged); // emptied by the watches
         let refused = results.iter().filter(|result| result.is_err()).count();
         if refused > 0 {
             state.counters.add(Count::Refused, refused as u64);

@@ -99,6 +99,13 @@ pub(crate) const CHUNK: usize = 64;
 /// The keys of one operation, collected before any lock is taken.
 pub(crate) type Keys<K> = SmallVec<[K; 4]>;
 
+/// An operation of a batch and its keys, collected before any lock is taken; the chunk
+/// that watches it takes the operation out, and the keys as it lists them. (Moved into a
+/// member of the chunk with the operation's timeout, slot and position, 96 bytes, and
+/// out again, they cost 45 instructions an operation more; callgrind, `expiring_watches
+/// 20000 64`.)
+pub(crate) type Staged<K, O> = (Option<O>, Keys<K>);
+
 /// Collects an operation's keys. The first four are pushed one by one (they fit inline,
 /// and `SmallVec`'s general `extend` costs about 80 instructions for three); any beyond
 /// go through `extend`.
@@ -252,29 +259,10 @@ pub(crate) fn refusal<O>(placed: &mut Option<O>, kind: WatchErrorKind) -> WatchE
     WatchError::from_parts(op, kind)
 }
 
-/// One operation of a chunk as it goes through the steps (a single watch keeps these in
-/// its own locals).
-struct Member<'a, K, O: DelayedOperation> {
-    keys: Keys<K>,
-    timeout: Duration,
-    /// Its slot, held from step 1 until it is taken or armed and unlocked.
-    locked: Option<Locked<'a, O>>,
-    /// Its name, once it has a slot.
-    op: OpRef,
-    /// Its position in the chunk's input (where its result goes).
-    position: usize,
-}
-
-impl<'a, K, O: DelayedOperation> Member<'a, K, O> {
-    fn locked(&mut self) -> &mut Locked<'a, O> {
-        self.locked.as_mut().expect("held until taken or armed")
-    }
-
-    /// Its slot, held: taken out of the member.
-    fn held(&mut self) -> Locked<'a, O> {
-        self.locked.take().expect("held until taken or armed")
-    }
-}
+/// The slots of a chunk's operations by input position, each held from step 1 until it
+/// is taken or armed and unlocked (none for one refused at step 1); their timeouts are
+/// kept beside them, their keys where they were staged ([`Staged`]).
+type Held<'a, O> = [Option<Locked<'a, O>>; CHUNK];
 
 impl<K, O> State<K, O>
 where
@@ -519,33 +507,37 @@ where
         self.complete_expiry(handed_over.take());
     }
 
-    /// Watches the operations of `chunk` (at most [`CHUNK`]) and appends one result per
-    /// operation, in order, to `results`: the steps of a chunk (see the module doc).
+    /// Watches the operations of a chunk (at most [`CHUNK`]), each taken out of `staged`
+    /// with its keys (each left empty), and appends one result per operation, in order,
+    /// to `results`: the steps of a chunk (see the module doc).
     pub(crate) fn watch_chunk(
         &self,
-        batch: impl ExactSizeIterator<Item = (O, Keys<K>)>,
+        staged: &mut [Staged<K, O>],
         results: &mut Vec<WatchResult<O>>,
         driver: &Driver<Group>,
     ) {
-        debug_assert!(batch.len() <= CHUNK);
-        // Lives in this frame and is lent to the steps: moving its inline array in or
+        debug_assert!(staged.len() <= CHUNK);
+        let len = staged.len().min(CHUNK);
+        let staged = &mut staged[..len];
+        // Both live in this frame and are lent to the steps: moving an inline array in or
         // out of a step copied kilobytes per chunk (callgrind: four copies of about 2 KB
         // a call, 780 instructions an operation in chunks of ten).
-        let mut members: SmallVec<[Member<'_, K, O>; CHUNK]> = SmallVec::new();
+        let mut held: Held<'_, O> = [const { None }; CHUNK];
+        let mut timeouts = [Duration::ZERO; CHUNK];
         // Each operation's result is pushed at step 1, in input order, and rewritten in
         // place by the later steps: kept aside by position and appended at step 6, the
         // results cost 40 instructions an operation more (callgrind, `expiring_watches
         // 20000 64`).
         let start = results.len();
-        self.admit_chunk(batch, &mut members, results);
+        self.admit_chunk(staged, &mut held, &mut timeouts, results);
         let mut chunk = Chunk {
             out: &mut results[start..],
             vacated: SmallVec::new(),
             spans: SmallVec::new(),
         };
-        self.list_chunk(&mut members, &mut chunk);
-        let handed_over = self.arm_chunk(&mut members, &mut chunk);
-        drop(members);
+        let held = &mut held[..len];
+        self.list_chunk(held, staged, &mut chunk);
+        let handed_over = self.arm_chunk(held, &timeouts, &mut chunk);
         // Expiries handed over by the unlocks: every one taken out of its slot before any
         // is answered (an answer's callbacks may call this purgatory on another of their
         // keys), all under one `work` taken before the first take (a shutdown that begins
@@ -569,67 +561,79 @@ where
         report!(self.user, DEBUG, purgatory = %self.name, operations = chunk.out.len(), "watch");
     }
 
-    /// Step 1 for a chunk: admits each operation, pushing one result each to `results`
-    /// (its refusal, or the handle it will have: made for its slot by step 3), and puts
-    /// the admitted ones in new slots, held.
+    /// Step 1 for a chunk: admits the operation at each position of `staged` (taken out
+    /// of it), pushing one result each to `results` (its refusal, or the handle it will
+    /// have: made for its slot by step 3), and puts the admitted ones in new slots, held
+    /// in `held` with their timeouts in `timeouts`, at their positions.
     fn admit_chunk<'a>(
         &'a self,
-        batch: impl ExactSizeIterator<Item = (O, Keys<K>)>,
-        members: &mut SmallVec<[Member<'a, K, O>; CHUNK]>,
+        staged: &mut [Staged<K, O>],
+        held: &mut Held<'a, O>,
+        timeouts: &mut [Duration; CHUNK],
         results: &mut Vec<WatchResult<O>>,
     ) {
         let closed = self.timer.is_shutdown();
-        let mut ops: SmallVec<[(O, CarriedSpan); CHUNK]> = SmallVec::new();
-        for (position, (op, mut keys)) in batch.enumerate() {
-            match self.admit(closed, op, &mut keys, false) {
-                Ok((op, timeout)) => {
-                    ops.push((op, CarriedSpan::current(&self.user)));
-                    members.push(Member {
-                        keys,
-                        timeout,
-                        locked: None,
-                        op: OpRef::default(),
-                        position,
-                    });
+        let mut admitted: SmallVec<[(O, CarriedSpan); CHUNK]> = SmallVec::new();
+        for ((op, keys), timeout) in staged.iter_mut().zip(timeouts.iter_mut()) {
+            let op = op.take().expect("each operation is watched once");
+            match self.admit(closed, op, keys, false) {
+                Ok((op, admitted_timeout)) => {
+                    admitted.push((op, CarriedSpan::current(&self.user)));
+                    *timeout = admitted_timeout;
+                    results.push(Ok(WatchOutcome::Pending(OperationHandle::new(
+                        OpRef::default(),
+                        self.id,
+                    ))));
                 }
-                Err(refused) => {
-                    results.push(Err(refused));
-                    continue;
-                }
+                Err(refused) => results.push(Err(refused)),
             }
-            results.push(Ok(WatchOutcome::Pending(OperationHandle::new(
-                OpRef::default(),
-                self.id,
-            ))));
         }
-        self.table
-            .insert_many(ops.drain(..), members.iter_mut().map(|m| &mut m.locked));
-        for m in members.iter_mut() {
-            m.op = m.locked().op();
+        // Refused at step 1 (rare), the admitted are those whose result is not a refusal
+        // yet; otherwise every position is (the slots filled without that filter: 12
+        // instructions an operation less; callgrind, `expiring_watches 20000 64`).
+        if admitted.len() == staged.len() {
+            self.table.insert_many(admitted.drain(..), held.iter_mut());
+        } else {
+            let start = results.len() - staged.len();
+            let slots = held
+                .iter_mut()
+                .zip(&results[start..])
+                .filter(|(_, result)| result.is_ok())
+                .map(|(slot, _)| slot);
+            self.table.insert_many(admitted.drain(..), slots);
         }
     }
 
-    /// Step 2 for a chunk: lists every member on its keys, each watcher shard locked
-    /// once; takes back a member whose key could not be listed.
-    fn list_chunk(&self, members: &mut [Member<'_, K, O>], chunk: &mut Chunk<'_, O>) {
-        let total: usize = members.iter().map(|m| m.keys.len()).sum();
+    /// Step 2 for a chunk: lists every operation held on its keys (taken out of `keys`,
+    /// which are left empty), each watcher shard locked once; takes back an operation
+    /// whose key could not be listed.
+    fn list_chunk(
+        &self,
+        held: &mut [Option<Locked<'_, O>>],
+        staged: &mut [Staged<K, O>],
+        chunk: &mut Chunk<'_, O>,
+    ) {
+        let total: usize = staged.iter().map(|(_, keys)| keys.len()).sum();
         let mut entries: Vec<(Option<K>, OpRef)> = Vec::with_capacity(total);
-        // Where each member's entries end in `entries`: who owns an entry that could not
-        // be listed (rare) is worked out from these, not recorded per entry (that, with
-        // two `extend`s per member, cost 59 instructions an operation: callgrind,
+        // Where each position's entries end in `entries`: who owns an entry that could
+        // not be listed (rare) is worked out from these, not recorded per entry (that,
+        // with two `extend`s per member, cost 59 instructions an operation: callgrind,
         // `expiring_watches 20000 64`).
-        let mut ends: SmallVec<[usize; CHUNK]> = SmallVec::new();
-        for m in members.iter_mut() {
-            // Every member is held here: nothing of a chunk is tried before it is listed.
-            let keys = u32::try_from(m.keys.len()).unwrap_or(u32::MAX);
-            m.locked().set_keys(keys);
-            let op = m.op;
-            // Taken out as a single watch's (`take_keys`): a `SmallVec` drain tested
-            // whether the keys had spilled at every key.
-            for key in take_keys(&mut m.keys) {
-                entries.push((Some(key), op));
+        let mut ends = [0; CHUNK];
+        for ((locked, (_, keys)), end) in held.iter_mut().zip(staged.iter_mut()).zip(&mut ends) {
+            // Every operation admitted is held here: nothing of a chunk is tried before
+            // it is listed. (A refused one's keys were dropped at step 1.)
+            if let Some(locked) = locked {
+                let count = u32::try_from(keys.len()).unwrap_or(u32::MAX);
+                locked.set_keys(count);
+                let op = locked.op();
+                // Taken out as a single watch's (`take_keys`): a `SmallVec` drain tested
+                // whether the keys had spilled at every key.
+                for key in take_keys(keys) {
+                    entries.push((Some(key), op));
+                }
             }
-            ends.push(entries.len());
+            *end = entries.len();
         }
         // Every key is taken out of `entries` (listed, or dropped through the door).
         let unlisted = self.watchers.watch_many(&mut entries, &self.user);
@@ -637,56 +641,59 @@ where
         if unlisted.is_empty() {
             return;
         }
-        let mut failures: SmallVec<[u32; CHUNK]> = SmallVec::from_elem(0, members.len());
+        let ends = &ends[..held.len()];
+        let mut failures = [0u32; CHUNK];
         for i in unlisted {
-            // The first member whose entries end after entry `i`.
+            // The first position whose entries end after entry `i`.
             failures[ends.partition_point(|&end| end <= i)] += 1;
         }
-        for (m, &count) in members.iter_mut().zip(&failures) {
+        for (position, (locked, &count)) in held.iter_mut().zip(&failures).enumerate() {
             if count > 0 {
-                let refusal = self.unlisted(m.held(), count);
-                chunk.refused(m.position, refusal);
+                let locked = locked.take().expect("an operation with entries is held");
+                let refusal = self.unlisted(locked, count);
+                chunk.refused(position, refusal);
             }
         }
     }
 
-    /// Step 3 for a chunk: arms every member still held (one `add_batch`), then unlocks
-    /// each; returns the expiries those unlocks handed over.
+    /// Step 3 for a chunk: arms every operation still held (one `add_batch`), then
+    /// unlocks each; returns the expiries those unlocks handed over.
     fn arm_chunk<'a>(
         &self,
-        members: &mut [Member<'a, K, O>],
+        held: &mut [Option<Locked<'a, O>>],
+        timeouts: &[Duration; CHUNK],
         chunk: &mut Chunk<'_, O>,
     ) -> SmallVec<[HandedOver<'a, O>; 1]> {
-        // Sized for every member up front: collected from a `filter` (no exact length),
+        // Sized for every position up front: collected from a `filter` (no exact length),
         // it grew from 4 to 64 by four reallocations a chunk (68 instructions an
         // operation; callgrind, `expiring_watches 20000 64`).
-        let mut tasks: Vec<(Duration, Expiry)> = Vec::with_capacity(members.len());
-        for m in members.iter().filter(|m| m.locked.is_some()) {
-            tasks.push((
-                m.timeout,
-                Expiry {
-                    op: m.op,
+        let mut tasks: Vec<(Duration, Expiry)> = Vec::with_capacity(held.len());
+        for (locked, &timeout) in held.iter().zip(timeouts) {
+            if let Some(locked) = locked {
+                let expiry = Expiry {
+                    op: locked.op(),
                     member: self.member,
-                },
-            ));
+                };
+                tasks.push((timeout, expiry));
+            }
         }
         let mut armings = Vec::with_capacity(tasks.len());
         self.timer.add_batch(&mut tasks, &mut armings);
         let at = self.armed_at();
         let mut armings = armings.into_iter();
         let mut handed_over = SmallVec::new();
-        for m in members.iter_mut() {
-            if m.locked.is_none() {
+        for (position, locked) in held.iter_mut().enumerate() {
+            let Some(locked) = locked.take() else {
                 continue;
-            }
-            let position = m.position;
+            };
+            let op = locked.op();
             let arming = armings.next().expect("one result per task");
-            match self.armed(m.held(), arming, at) {
+            match self.armed(locked, arming, at) {
                 Ok(expired) => {
                     if let Some(expired) = expired {
                         handed_over.push(expired);
                     }
-                    chunk.pending(position, m.op, self.id);
+                    chunk.pending(position, op, self.id);
                 }
                 Err(refusal) => chunk.refused(position, refusal),
             }
