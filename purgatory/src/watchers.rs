@@ -176,15 +176,67 @@ const SHARD_BITS: u32 = 25;
 /// Most keys a shard's table holds when it shrinks (see `ShardState::shrink_if_sparse`).
 const SHRINK_LIMIT: usize = 4096;
 
-/// Most entries [`Watchers::watch_many`] lists one at a time rather than sorted by shard.
-const FEW: usize = 4;
-
 /// In [`Watchers::watch_many`]'s chains: no entry (the end of a chain, or an empty one).
 const NONE: u32 = u32::MAX;
 
-/// In [`Watchers::watch_many`]'s chains: an entry whose key's `Hash` panicked, on no
-/// chain.
-const PANICKED: u32 = u32::MAX - 1;
+/// An entry of [`Watchers::watch_many`]: its key (until listed, or dropped), operation,
+/// the key's hash, and the next entry of its shard.
+struct Entry<K> {
+    key: Option<K>,
+    op: OpRef,
+    hash: u64,
+    next: u32,
+}
+
+/// Where [`Watchers::watch_many`]'s entries are pushed, with no lock held.
+pub(crate) struct Gather<'a, K> {
+    watchers: &'a Watchers<K>,
+    user: &'a UserCode,
+    entries: &'a mut Vec<Entry<K>>,
+    /// For each shard, its first entry and (while they are pushed) its last one.
+    first: &'a mut [u32],
+    last: &'a mut [u32],
+    unlisted: &'a mut Unlisted,
+}
+
+impl<K: Hash + Eq> Gather<'_, K> {
+    /// Entries pushed so far.
+    #[inline(always)]
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Hashes `key` (user code, caught: a key whose `Hash` panics is not listed, and is
+    /// dropped now, through the door) and chains its entry, for `op`, to its shard's.
+    #[inline(always)]
+    pub(crate) fn push(&mut self, key: K, op: OpRef) {
+        let i = self.entries.len();
+        debug_assert!(i < NONE as usize);
+        let Some(hash) = self.user.call(Site::KeyHash, || self.watchers.hash(&key)) else {
+            self.unlisted.push(i);
+            self.user.drop(Site::KeyDrop, key);
+            self.entries.push(Entry {
+                key: None,
+                op,
+                hash: 0,
+                next: NONE,
+            });
+            return;
+        };
+        let s = self.watchers.shard_index(hash);
+        match self.last[s] {
+            NONE => self.first[s] = i as u32,
+            prev => self.entries[prev as usize].next = i as u32,
+        }
+        self.last[s] = i as u32;
+        self.entries.push(Entry {
+            key: Some(key),
+            op,
+            hash,
+            next: NONE,
+        });
+    }
+}
 
 /// Where a purge of one shard resumes: a bucket of its table, and a segment of the list
 /// there (see `op_list.rs`).
@@ -302,65 +354,42 @@ impl<K: Hash + Eq> Watchers<K> {
         unsafe { self.shards.get_unchecked(i) }
     }
 
-    /// Appends each `(key, operation)` of `entries` to the list of its key, keeping the
-    /// order of `entries` per key; every key is taken out of `entries`. Takes each shard
-    /// lock once: the entries are first chained by shard (in order within each shard), then
-    /// each shard's entries are listed under one lock. Returns the positions of the
-    /// entries not listed because their key's `Hash` or `Eq` panicked (each caught and
-    /// reported; the other entries are listed, and the keys not kept are dropped through
-    /// `user`).
+    /// Appends each `(key, operation)` that `gather` pushes (at most `len` of them: the
+    /// room made for them) to the list of its key, keeping their order per key. Takes
+    /// each shard lock once: each key is hashed as it is pushed, with no lock held, and
+    /// its entry chained to the others of its shard, in order; then each shard's chain
+    /// is listed under one lock. Returns the positions (in push order) of the entries not
+    /// listed because their key's `Hash` or `Eq` panicked (each caught and reported; the
+    /// other entries are listed, and the keys not kept are dropped through `user`).
+    ///
+    /// The keys are hashed and chained as they are pushed, not gathered into a vector
+    /// first and then hashed and chained in passes of their own: those cost 9
+    /// instructions an entry more (`watch_batch` 937.8 -> 911.5 an operation of three
+    /// keys; callgrind, `expiring_watches 20000 64`).
     pub(crate) fn watch_many(
         &self,
-        entries: &mut [(Option<K>, OpRef)],
+        len: usize,
         user: &UserCode,
+        gather: impl FnOnce(&mut Gather<'_, K>),
     ) -> Unlisted {
-        if entries.len() <= FEW {
-            return self.watch_few(entries, user);
-        }
-        debug_assert!(entries.len() < PANICKED as usize);
         let mut unlisted = Unlisted::new();
-        // Hashed before any lock is taken: a key's `Hash` is user code. Pushed into room
-        // reserved once: `SmallVec`'s `extend` from the iterator cost about 60
-        // instructions an operation more (callgrind, `expiring_watches 20000 64`). Each
-        // entry's hash is kept with the next entry of its shard (see below).
-        // Made empty in place and then reserved: `with_capacity` built it elsewhere and
-        // copied its 4 KB in (and `smallvec!` the 2 KB of `first` below): 10 instructions
-        // an operation (callgrind, `expiring_watches 20000 64`).
-        let mut hashes: SmallVec<[(u64, u32); 256]> = SmallVec::new();
-        hashes.reserve_exact(entries.len());
-        for (i, (key, _)) in entries.iter().enumerate() {
-            let key = key.as_ref().expect("not yet listed");
-            match user.call(Site::KeyHash, || self.hash(key)) {
-                Some(hash) => hashes.push((hash, NONE)),
-                None => {
-                    unlisted.push(i);
-                    hashes.push((0, PANICKED));
-                }
-            }
-        }
-        // A slice of the small vector, taken once: each index of a `SmallVec` itself
-        // tests whether it spilled first.
-        let hashes = &mut hashes[..];
-        // The keys whose hash panicked are never listed: dropped now, through the door.
-        for &i in &unlisted {
-            user.drop(Site::KeyDrop, entries[i].0.take());
-        }
-        // Each shard's entries chained in input order, from `first[s]` through each
-        // entry's next: linked from the last entry back, one pass and no counts (a
-        // counting sort into an order vector, with its prefix sums, cost 11 instructions
-        // an entry more: `watch_many` 391 -> 358 an operation of three keys; callgrind,
-        // `expiring_watches 20000 64`).
+        let mut entries: Vec<Entry<K>> = Vec::with_capacity(len);
+        // Made empty in place and then sized: `smallvec!` built them elsewhere and copied
+        // their 2 KB in (10 instructions an operation with `with_capacity` doing the same
+        // to 4 KB of hashes then; callgrind, `expiring_watches 20000 64`).
         let mut first: SmallVec<[u32; 512]> = SmallVec::new();
         first.resize(self.shards.len(), NONE);
-        let first = &mut first[..];
-        for (i, entry) in hashes.iter_mut().enumerate().rev() {
-            if entry.1 == PANICKED {
-                continue;
-            }
-            let s = self.shard_index(entry.0);
-            entry.1 = first[s];
-            first[s] = i as u32;
-        }
+        let mut last: SmallVec<[u32; 512]> = SmallVec::new();
+        last.resize(self.shards.len(), NONE);
+        gather(&mut Gather {
+            watchers: self,
+            user,
+            entries: &mut entries,
+            first: &mut first,
+            last: &mut last,
+            unlisted: &mut unlisted,
+        });
+        drop(last);
         // Keys already listed: dropped once no lock is held.
         let mut spare: SmallVec<[K; 8]> = SmallVec::new();
         let mut listed = 0;
@@ -373,11 +402,10 @@ impl<K: Hash + Eq> Watchers<K> {
             let mut next = head;
             while next != NONE {
                 let i = next as usize;
-                let hash;
-                (hash, next) = hashes[i];
-                let (key, op) = &mut entries[i];
-                let key = key.take().expect("listed once");
-                let not_kept = match self.list_under_lock(shard, hash, key, *op, user) {
+                let entry = &mut entries[i];
+                next = entry.next;
+                let key = entry.key.take().expect("listed once");
+                let not_kept = match self.list_under_lock(shard, entry.hash, key, entry.op, user) {
                     Ok(kept) => {
                         listed += 1;
                         kept
@@ -400,17 +428,15 @@ impl<K: Hash + Eq> Watchers<K> {
         unlisted
     }
 
-    /// [`watch_many`](Self::watch_many) for a few entries: each listed under its own
-    /// shard's lock, with no sort (and nothing on the stack sized for a batch).
-    fn watch_few(&self, entries: &mut [(Option<K>, OpRef)], user: &UserCode) -> Unlisted {
-        let mut unlisted = Unlisted::new();
-        for (i, (key, op)) in entries.iter_mut().enumerate() {
-            if !self.list_one(key.take().expect("listed once"), *op, user) {
-                unlisted.push(i);
+    /// [`watch_many`](Self::watch_many) of the `(key, operation)`s of `entries` (each key
+    /// taken out).
+    #[cfg(all(test, not(loom)))]
+    fn watch_entries(&self, entries: &mut [(Option<K>, OpRef)], user: &UserCode) -> Unlisted {
+        self.watch_many(entries.len(), user, |gather| {
+            for (key, op) in entries.iter_mut() {
+                gather.push(key.take().expect("listed once"), *op);
             }
-        }
-        self.counts.add((entries.len() - unlisted.len()) as i64, 0);
-        unlisted
+        })
     }
 
     /// Lists `op` on every key of `keys` (one operation's, taken out: `keys` is left
@@ -723,7 +749,7 @@ mod tests {
             .map(|k| (Some(k), OpRef::for_test(k, 0)))
             .collect();
         assert!(watchers
-            .watch_many(&mut entries, &UserCode::default())
+            .watch_entries(&mut entries, &UserCode::default())
             .is_empty());
         watchers.mark_stale(10_000);
         let mut cursor = Some(PurgeCursor::default());
@@ -756,7 +782,7 @@ mod tests {
         let mut entries: Vec<(Option<u32>, OpRef)> =
             (0..n).map(|i| (Some(7), OpRef::for_test(i, 0))).collect();
         assert!(watchers
-            .watch_many(&mut entries, &UserCode::default())
+            .watch_entries(&mut entries, &UserCode::default())
             .is_empty());
         let waiting = |op: OpRef| op.index() % 10 == 0;
         let mut cursor = Some(PurgeCursor::default());
@@ -791,7 +817,7 @@ mod tests {
         let mut entries: Vec<(Option<u32>, OpRef)> =
             (0..n).map(|i| (Some(7), OpRef::for_test(i, 0))).collect();
         assert!(watchers
-            .watch_many(&mut entries, &UserCode::default())
+            .watch_entries(&mut entries, &UserCode::default())
             .is_empty());
         let looked = AtomicUsize::new(0);
         let other_got_in = AtomicBool::new(false);
@@ -877,7 +903,7 @@ mod tests {
         let mut entries: Vec<(Option<u32>, OpRef)> =
             (0..6).map(|i| (Some(7), OpRef::for_test(i, 0))).collect();
         assert!(watchers
-            .watch_many(&mut entries, &UserCode::default())
+            .watch_entries(&mut entries, &UserCode::default())
             .is_empty());
         let (dropped, next) = watchers.purge_step(
             0,
