@@ -664,21 +664,17 @@ where
         timeouts: &[Duration; CHUNK],
         chunk: &mut Chunk<'_, O>,
     ) -> SmallVec<[HandedOver<'a, O>; 1]> {
-        // Sized for every position up front: collected from a `filter` (no exact length),
-        // it grew from 4 to 64 by four reallocations a chunk (68 instructions an
-        // operation; callgrind, `expiring_watches 20000 64`).
-        let mut tasks: Vec<(Duration, Expiry)> = Vec::with_capacity(held.len());
-        for (locked, &timeout) in held.iter().zip(timeouts) {
-            if let Some(locked) = locked {
-                let expiry = Expiry {
-                    op: locked.op(),
-                    member: self.member,
-                };
-                tasks.push((timeout, expiry));
-            }
-        }
-        let mut armings = Vec::with_capacity(tasks.len());
-        self.timer.add_batch(&mut tasks, &mut armings);
+        // Taken by the timer straight from the slots held, with no vector of tasks made
+        // first (which cost 18 instructions an operation; callgrind, `expiring_watches
+        // 20000 64`).
+        let tasks = Tasks {
+            held: held.iter(),
+            timeouts: timeouts.iter(),
+            left: held.iter().filter(|locked| locked.is_some()).count(),
+            member: self.member,
+        };
+        let mut armings = Vec::with_capacity(tasks.left);
+        self.timer.add_batch_from(tasks, &mut armings);
         let at = self.armed_at();
         let mut armings = armings.into_iter();
         let mut handed_over = SmallVec::new();
@@ -750,6 +746,43 @@ where
         }
     }
 }
+
+/// The timeouts of a chunk's operations still held, each with its operation's
+/// [`Expiry`], in input order: [`State::arm_chunk`]'s tasks for the timer.
+struct Tasks<'h, 'a, O: DelayedOperation> {
+    held: std::slice::Iter<'h, Option<Locked<'a, O>>>,
+    timeouts: std::slice::Iter<'h, Duration>,
+    /// How many of `held` are still to come (`Some`): the exact length the timer needs.
+    left: usize,
+    member: u32,
+}
+
+impl<O: DelayedOperation> Iterator for Tasks<'_, '_, O> {
+    type Item = (Duration, Expiry);
+
+    #[inline]
+    fn next(&mut self) -> Option<(Duration, Expiry)> {
+        loop {
+            let locked = self.held.next()?;
+            let timeout = self.timeouts.next()?;
+            if let Some(locked) = locked {
+                self.left -= 1;
+                let expiry = Expiry {
+                    op: locked.op(),
+                    member: self.member,
+                };
+                return Some((*timeout, expiry));
+            }
+        }
+    }
+
+    #[inline]
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
+    }
+}
+
+impl<O: DelayedOperation> ExactSizeIterator for Tasks<'_, '_, O> {}
 
 /// What a chunk's steps leave for the later steps: each operation's result by input
 /// position (in the caller's results), and the slots to free once no slot is held.

@@ -605,11 +605,23 @@ impl<T> TimerCore<T> {
         tasks: &mut Vec<(Duration, T)>,
         out: &mut Vec<Result<TimerHandle, AddError<T>>>,
     ) {
+        self.add_batch_from(tasks.drain(..), out);
+    }
+
+    /// [`add_batch`](Self::add_batch) of the `(delay, task)`s `tasks` gives, taken from
+    /// it as they are added, with no vector of them made first (`tasks.len()` must be
+    /// exact: a batch that made one cost its caller 18 instructions a task more). The
+    /// iterator runs with a shard's lock held: it must be quick, must not panic (the
+    /// tasks added before would stay added, their earliest deadline not yet published to
+    /// the driver), and must not call this timer.
+    pub fn add_batch_from(
+        &self,
+        tasks: impl ExactSizeIterator<Item = (Duration, T)>,
+        out: &mut Vec<Result<TimerHandle, AddError<T>>>,
+    ) {
         let now = self.now_nanos();
         out.reserve(tasks.len());
-        let at = tasks
-            .drain(..)
-            .map(|(delay, task)| (now.saturating_add(saturating_nanos(delay)), task));
+        let at = tasks.map(|(delay, task)| (now.saturating_add(saturating_nanos(delay)), task));
         self.add_many(now, at, out);
     }
 
