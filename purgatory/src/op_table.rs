@@ -955,7 +955,9 @@ impl<O: DelayedOperation> OpTable<O> {
                 self.slot(index).touch.store(0, Ordering::Relaxed);
             }
         }
-        for ((index, op), slot) in indices.into_iter().zip(ops).zip(into) {
+        // Through a slice: the `SmallVec`'s own iterator tested whether it had spilled
+        // at every index.
+        for ((&index, op), slot) in indices[..].iter().zip(ops).zip(into) {
             *slot = Some(self.occupy(index, op));
         }
     }
