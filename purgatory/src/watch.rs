@@ -178,6 +178,8 @@ impl<K> Iterator for TakenKeys<'_, K> {
     }
 }
 
+impl<K> ExactSizeIterator for TakenKeys<'_, K> {}
+
 impl<K> Drop for TakenKeys<'_, K> {
     fn drop(&mut self) {
         // SAFETY: the keys at `next..len` lie in the buffer, initialized, and are still
@@ -509,13 +511,14 @@ where
 
     /// Watches the operations of a chunk (at most [`CHUNK`]), each taken out of `staged`
     /// with its keys (each left empty), and appends one result per operation, in order,
-    /// to `results`: the steps of a chunk (see the module doc).
+    /// to `results`: the steps of a chunk (see the module doc). Returns how many of them
+    /// were refused.
     pub(crate) fn watch_chunk(
         &self,
         staged: &mut [Staged<K, O>],
         results: &mut Vec<WatchResult<O>>,
         driver: &Driver<Group>,
-    ) {
+    ) -> usize {
         debug_assert!(staged.len() <= CHUNK);
         let len = staged.len().min(CHUNK);
         let staged = &mut staged[..len];
@@ -529,9 +532,10 @@ where
         // results cost 40 instructions an operation more (callgrind, `expiring_watches
         // 20000 64`).
         let start = results.len();
-        self.admit_chunk(staged, &mut held, &mut timeouts, results);
+        let admitted = self.admit_chunk(staged, &mut held, &mut timeouts, results);
         let mut chunk = Chunk {
             out: &mut results[start..],
+            refused: len - admitted,
             vacated: SmallVec::new(),
             spans: SmallVec::new(),
         };
@@ -559,19 +563,21 @@ where
         }
         self.try_chunk(&mut chunk, driver);
         report!(self.user, DEBUG, purgatory = %self.name, operations = chunk.out.len(), "watch");
+        chunk.refused
     }
 
     /// Step 1 for a chunk: admits the operation at each position of `staged` (taken out
     /// of it), pushing one result each to `results` (its refusal, or the handle it will
     /// have: made for its slot by step 3), and puts the admitted ones in new slots, held
-    /// in `held` with their timeouts in `timeouts`, at their positions.
+    /// in `held` with their timeouts in `timeouts`, at their positions. Returns how many
+    /// were admitted.
     fn admit_chunk<'a>(
         &'a self,
         staged: &mut [Staged<K, O>],
         held: &mut Held<'a, O>,
         timeouts: &mut [Duration; CHUNK],
         results: &mut Vec<WatchResult<O>>,
-    ) {
+    ) -> usize {
         let closed = self.timer.is_shutdown();
         let mut admitted: SmallVec<[(O, CarriedSpan); CHUNK]> = SmallVec::new();
         for ((op, keys), timeout) in staged.iter_mut().zip(timeouts.iter_mut()) {
@@ -591,6 +597,7 @@ where
         // Refused at step 1 (rare), the admitted are those whose result is not a refusal
         // yet; otherwise every position is (the slots filled without that filter: 12
         // instructions an operation less; callgrind, `expiring_watches 20000 64`).
+        let count = admitted.len();
         if admitted.len() == staged.len() {
             self.table.insert_many(admitted.drain(..), held.iter_mut());
         } else {
@@ -602,6 +609,7 @@ where
                 .map(|(slot, _)| slot);
             self.table.insert_many(admitted.drain(..), slots);
         }
+        count
     }
 
     /// Step 2 for a chunk: lists every operation held on its keys (taken out of `keys`,
@@ -626,12 +634,13 @@ where
                 // Every operation admitted is held here: nothing of a chunk is tried
                 // before it is listed. (A refused one's keys were dropped at step 1.)
                 if let Some(locked) = locked {
+                    // Taken out as a single watch's (`take_keys`): a `SmallVec` drain
+                    // tested whether the keys had spilled at every key.
+                    let keys = take_keys(keys);
                     let count = u32::try_from(keys.len()).unwrap_or(u32::MAX);
                     locked.set_keys(count);
                     let op = locked.op();
-                    // Taken out as a single watch's (`take_keys`): a `SmallVec` drain
-                    // tested whether the keys had spilled at every key.
-                    for key in take_keys(keys) {
+                    for key in keys {
                         gather.push(key, op);
                     }
                 }
@@ -788,6 +797,8 @@ impl<O: DelayedOperation> ExactSizeIterator for Tasks<'_, '_, O> {}
 /// position (in the caller's results), and the slots to free once no slot is held.
 struct Chunk<'r, O> {
     out: &'r mut [WatchResult<O>],
+    /// How many of `out` are refusals.
+    refused: usize,
     /// Slots of refused members, emptied while other slots of the chunk are held.
     vacated: SmallVec<[Vacated; CHUNK]>,
     /// Their spans, closed with the slots freed (the subscriber is user code).
@@ -796,6 +807,7 @@ struct Chunk<'r, O> {
 
 impl<O> Chunk<'_, O> {
     fn refused(&mut self, position: usize, refusal: Refusal<O>) {
+        self.refused += 1;
         self.vacated.push(refusal.vacated);
         self.spans.push(refusal.span);
         self.out[position] = Err(refusal.error);
