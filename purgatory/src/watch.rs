@@ -679,9 +679,13 @@ where
         let tasks = Tasks {
             held: held.iter(),
             timeouts: timeouts.iter(),
-            left: held.iter().filter(|locked| locked.is_some()).count(),
+            // Every position not held is refused (at step 1 or 2): counted so, not by a
+            // pass over the slots (14 instructions an operation; callgrind,
+            // `expiring_watches 20000 64`).
+            left: held.len() - chunk.refused,
             member: self.member,
         };
+        debug_assert_eq!(tasks.left, held.iter().filter(|l| l.is_some()).count());
         let mut armings = Vec::with_capacity(tasks.left);
         self.timer.add_batch_from(tasks, &mut armings);
         let at = self.armed_at();
