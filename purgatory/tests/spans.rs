@@ -478,6 +478,72 @@ fn a_batch_carries_the_span_of_its_call_to_each_operation() {
     assert_eq!(open_refs(800), 0);
 }
 
+/// A key whose `Hash` panics for 0: its operation is refused by a chunk after it had a
+/// slot (and so a handle of the span).
+#[derive(Clone, PartialEq, Eq)]
+struct HashBomb(u64);
+
+impl std::hash::Hash for HashBomb {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        assert!(self.0 != 0, "Hash of key 0 panics (on purpose)");
+        self.0.hash(state);
+    }
+}
+
+/// A chunk's members each close the handle of the span they took, whichever way they go:
+/// refused at admission (no keys: no handle taken), refused at listing (a key's `Hash`
+/// panicked, after its slot was taken: closed once no slot is held), completed at the
+/// chunk's try, or expired later.
+#[test]
+fn a_chunk_closes_the_span_of_each_member_refused_completed_or_expired() {
+    let clock = ManualClock::new();
+    let p: Purgatory<HashBomb, Logs> = PurgatoryBuilder::new()
+        .name("spans-batch-refused")
+        .timer(TimerBuilder::new().clock(clock.clone()).reaper(false))
+        .build()
+        .unwrap();
+    let ops = (1300..1340).map(|op| {
+        let logs = Logs::new(op, Duration::from_millis(1));
+        if op == 1320 {
+            logs.ready.store(true, Ordering::Release);
+        }
+        let keys = match op {
+            1310 => vec![HashBomb(11), HashBomb(0)],
+            1330 => vec![],
+            _ => vec![HashBomb(11)],
+        };
+        (logs, keys)
+    });
+    let results = {
+        let _in = request(1300).entered();
+        p.watch_batch(ops)
+    };
+    let mut refused = Vec::new();
+    for (op, result) in (1300..1340).zip(results) {
+        match (op, result) {
+            (1310, Err(purgatory::WatchError::KeyPanicked(logs)))
+            | (1330, Err(purgatory::WatchError::NoKeys(logs))) => refused.push(logs),
+            (1320, Ok(WatchOutcome::Completed)) | (_, Ok(WatchOutcome::Pending(_))) => {}
+            (op, other) => panic!("operation {op}: {:?}", other.map(|_| ())),
+        }
+    }
+    assert_eq!(refused.len(), 2);
+    assert_in_span(1320, Some(1300), &["complete", "drop"]);
+    clock.advance(Duration::from_millis(5));
+    p.advance_clock(Duration::ZERO);
+    for op in (1300..1340).filter(|op| ![1310, 1320, 1330].contains(op)) {
+        assert_in_span(op, Some(1300), &["complete", "expire", "drop"]);
+    }
+    assert_eq!(
+        open_refs(1300),
+        0,
+        "a refused member's handle of the span left open"
+    );
+    drop(refused);
+    assert_in_span(1310, None, &["drop"]);
+    assert_in_span(1330, None, &["drop"]);
+}
+
 #[test]
 fn a_cancel_closes_the_span_and_a_guard_drops_the_operation_in_it() {
     let (p, _clock) = manual("spans-cancel");
