@@ -892,8 +892,8 @@ impl<O: DelayedOperation> OpTable<O> {
         self.insert_one_on(ThisStripe::read(), op, span)
     }
 
-    /// [`insert_one`](Self::insert_one) for a thread of stripe `stripe` (the calling
-    /// thread's, read already).
+    /// Puts `op` and its span in a free slot (not listed yet) and returns it locked, for
+    /// a thread of stripe `stripe` (the calling thread's, read already).
     #[inline]
     pub(crate) fn insert_one_on(
         &self,

@@ -63,10 +63,10 @@ use crate::wheel::{SlotKey, Spare, Wheel};
 /// `Shard::next_expiration` of a shard with no queued bucket.
 const IDLE: u64 = u64::MAX;
 
-/// Most cancels [`Timer::cancel_batch`] makes under one shard lock.
+/// Most cancels [`TimerCore::cancel_batch`] makes under one shard lock.
 const CANCEL_BATCH: usize = 64;
 
-/// Most adds [`Timer::add_batch`] makes under one shard lock.
+/// Most adds [`TimerCore::add_batch`] makes under one shard lock.
 const ADD_BATCH: usize = 64;
 
 /// Names one added task. Cheap to copy; stale handles, and handles of another timer, are

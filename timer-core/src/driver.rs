@@ -235,7 +235,7 @@ impl DriverConfig {
 
     /// With the inline executor and a reaper thread: the bound on how late a due task is
     /// started because of other code on the driving threads (default 20 ms,
-    /// [`DEFAULT_STAND_IN_BOUND`](crate::DEFAULT_STAND_IN_BOUND)). Work that has waited
+    /// [`DEFAULT_STAND_IN_BOUND`]). Work that has waited
     /// half of it (a batch's unclaimed tasks, or a due bucket while every driving thread
     /// is in user code) is taken over by a stand-in thread, whatever holds the driving
     /// thread (`stand_in.rs`). `None`: no stand-in; expiry then waits for slow code. A
@@ -251,7 +251,7 @@ impl DriverConfig {
     }
 
     /// With stand-ins: how many may run at once (default 32,
-    /// [`DEFAULT_MAX_STAND_INS`](crate::DEFAULT_MAX_STAND_INS); clamped to `1..=1024`,
+    /// [`DEFAULT_MAX_STAND_INS`]; clamped to `1..=1024`,
     /// [`MAX_STAND_INS_LIMIT`](crate::MAX_STAND_INS_LIMIT)). Up to this many callbacks
     /// held at once, every other due task is still started within the bound; past it,
     /// the work behind them waits for one to come back, counted in
