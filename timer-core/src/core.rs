@@ -716,9 +716,9 @@ impl<T> TimerCore<T> {
         cancelled: &mut impl Extend<T>,
     ) -> usize {
         // Grouped by shard only where they are not all of one (the common case: a
-        // thread adds to its own shard). Sorting every batch by shard and slot cost 81
-        // instructions a cancel (W3 at the top rate, the completer's batches of 64, under
-        // callgrind), for an order the two read sweeps of `prefetch_cancels` make moot.
+        // thread adds to its own shard). Sorting every batch by shard and slot cost 114
+        // instructions a cancel in batches of 64 (callgrind, `forced_batches`), for an
+        // order the two read sweeps of `prefetch_cancels` make moot.
         let one_shard = handles
             .split_first()
             .is_none_or(|(first, rest)| rest.iter().all(|h| h.shard == first.shard));
