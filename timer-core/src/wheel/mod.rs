@@ -44,6 +44,7 @@ mod bucket_queue;
 mod deferred_unlinks;
 mod free_slots;
 mod slab;
+mod system_vec;
 
 pub use self::slab::SlotKey;
 pub(crate) use self::slab::Spare;

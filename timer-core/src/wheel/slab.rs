@@ -1,12 +1,13 @@
 //! The entry arena: every task the wheel holds lives in one slot of this slab.
 //!
 //! # Layout
-//! Slots live in one flat `Vec`, indexed by slot number: one bounds check and no
+//! Slots live in one flat array, indexed by slot number: one bounds check and no
 //! indirection per access. The hot paths (cancel, re-add into a freed slot) are bound by
 //! cache misses, and the fewer instructions each takes, the more of them the CPU keeps in
 //! flight at once; a chunked layout measured 2-3x slower per random-order cancel here.
-//! Growing the `Vec` past its capacity reallocates (with glibc, large blocks move by
-//! remapping pages, not copying).
+//! Growing the array past its capacity reallocates; its memory is the system
+//! allocator's whatever the global allocator is (`system_vec.rs`), so that with glibc a
+//! large block moves by remapping its pages, not by copying them under the shard's lock.
 //!
 //! Freed slots are tracked in a separate bitmap ([`FreeSlots`]), not a list threaded
 //! through the freed slots (each pop would chase a pointer through cold memory), and the
@@ -39,6 +40,7 @@
 //!   them is above [`MAX_FLOOR`] (`RETIRED / 2`), so `floor` never goes past it.
 
 use super::free_slots::FreeSlots;
+use super::system_vec::SystemVec;
 
 /// "No slot": the end of a list, or a slot that is not linked anywhere.
 pub(crate) const NIL: u32 = u32::MAX;
@@ -76,7 +78,7 @@ pub(crate) struct Entry<T> {
 
 #[derive(Debug)]
 pub(crate) struct Slab<T> {
-    pub(crate) entries: Vec<Entry<T>>,
+    pub(crate) entries: SystemVec<Entry<T>>,
     pub(crate) free: FreeSlots,
     /// Slots retired because their generation reached [`RETIRED`].
     pub(crate) retired: usize,
@@ -94,7 +96,7 @@ pub(crate) struct Slab<T> {
 /// drops it outside the shard's lock, and a caller that must not wait hands it elsewhere
 /// (`TimerCore::give_back_elsewhere`).
 pub(crate) struct Spare<T> {
-    _entries: Vec<Entry<T>>,
+    _entries: SystemVec<Entry<T>>,
     _free: [Vec<u64>; 2],
 }
 
@@ -114,7 +116,7 @@ const GIVE_BACK_STEP: usize = 1 << 15;
 impl<T> Slab<T> {
     pub(crate) fn new() -> Self {
         Slab {
-            entries: Vec::new(),
+            entries: SystemVec::new(),
             free: FreeSlots::default(),
             retired: 0,
             floor: 0,
@@ -345,12 +347,10 @@ impl<T> Slab<T> {
             return None;
         }
         let entries = if len <= GIVE_BACK_STEP {
-            let mut kept = Vec::with_capacity(len);
-            kept.append(&mut self.entries);
-            std::mem::replace(&mut self.entries, kept)
+            self.entries.move_to_fit()
         } else {
             self.entries.shrink_to(len);
-            Vec::new()
+            SystemVec::new()
         };
         Some(Spare {
             _entries: entries,

@@ -1,0 +1,269 @@
+//! A growable array whose memory comes from the system allocator ([`std::alloc::System`]),
+//! whatever the program's global allocator: the slab's entries (`slab.rs`).
+//!
+//! # Why not a `Vec`
+//! The slab is one flat array, grown by doubling under its shard's lock. With glibc's
+//! allocator a large block grows by remapping its pages (`mremap`): no byte is copied.
+//! Many Rust servers install mimalloc or jemalloc as the global allocator, and both grow
+//! a large block by allocating a new one and copying: a slab of a million entries copied
+//! 32 MiB into freshly faulted pages while it held the shard's lock, and the reaper waited
+//! for it (measured under mimalloc in the load tool at 4.5M requests a second: 6 % of the
+//! request thread's time in that copy). Taking the slab's memory from the system
+//! allocator keeps growth a remap under every global allocator. Elsewhere than glibc the
+//! system allocator is what a `Vec` would have used with no global allocator set.
+//!
+//! # Invariants
+//! - `ptr` points to a block of `cap` elements from [`System`] (dangling when `cap` is 0
+//!   or `T` is zero-sized), of which the first `len` are initialized; `len <= cap`.
+//! - The block is freed, and the `len` elements dropped, exactly once: by [`Drop`].
+
+use std::alloc::{handle_alloc_error, GlobalAlloc, Layout, System};
+use std::marker::PhantomData;
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+
+/// A `Vec<T>` in the system allocator's memory, with the few operations the slab uses
+/// (the rest through the slice it derefs to).
+pub(crate) struct SystemVec<T> {
+    ptr: NonNull<T>,
+    len: usize,
+    cap: usize,
+    _owns: PhantomData<T>,
+}
+
+// SAFETY: a `SystemVec<T>` owns its elements as a `Vec<T>` does: sending or sharing it is
+// sending or sharing them.
+unsafe impl<T: Send> Send for SystemVec<T> {}
+// SAFETY: as above; `&SystemVec<T>` gives only `&T`.
+unsafe impl<T: Sync> Sync for SystemVec<T> {}
+
+impl<T> SystemVec<T> {
+    /// An empty array, with no memory.
+    pub(crate) const fn new() -> Self {
+        SystemVec {
+            ptr: NonNull::dangling(),
+            len: 0,
+            cap: 0,
+            _owns: PhantomData,
+        }
+    }
+
+    /// An empty array with room for `cap` elements.
+    pub(crate) fn with_capacity(cap: usize) -> Self {
+        let mut v = Self::new();
+        v.resize_block(cap);
+        v
+    }
+
+    /// The number of elements it has room for without growing.
+    pub(crate) fn capacity(&self) -> usize {
+        if std::mem::size_of::<T>() == 0 {
+            usize::MAX
+        } else {
+            self.cap
+        }
+    }
+
+    /// Appends `value`, doubling the room first if it is full.
+    #[inline]
+    pub(crate) fn push(&mut self, value: T) {
+        if self.len == self.capacity() {
+            self.grow();
+        }
+        // SAFETY: `len < capacity()`, so the slot at `len` lies in the block (or `T` is
+        // zero-sized and any aligned pointer is valid); it holds no element yet.
+        unsafe { self.ptr.as_ptr().add(self.len).write(value) };
+        self.len += 1;
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self) {
+        let cap = self.cap.checked_mul(2).expect("capacity overflow").max(4);
+        self.resize_block(cap);
+    }
+
+    /// Drops the elements from `len` on; keeps the room.
+    pub(crate) fn truncate(&mut self, len: usize) {
+        if len >= self.len {
+            return;
+        }
+        let tail = std::ptr::slice_from_raw_parts_mut(
+            // SAFETY: `len < self.len <= cap`: inside the block.
+            unsafe { self.ptr.as_ptr().add(len) },
+            self.len - len,
+        );
+        // Shortened first: a panicking drop leaks the rest rather than dropping twice.
+        self.len = len;
+        // SAFETY: the elements in `tail` were initialized and are no longer counted.
+        unsafe { std::ptr::drop_in_place(tail) };
+    }
+
+    /// Shrinks the room to at least `len` elements and at least `min` (in place where the
+    /// allocator can: glibc remaps a large block).
+    pub(crate) fn shrink_to(&mut self, min: usize) {
+        let cap = min.max(self.len);
+        if cap < self.cap {
+            self.resize_block(cap);
+        }
+    }
+
+    /// Moves the elements into a block of their exact length and returns the array with
+    /// the old block, empty: for the caller to free where it likes.
+    pub(crate) fn move_to_fit(&mut self) -> SystemVec<T> {
+        let mut kept = SystemVec::with_capacity(self.len);
+        // SAFETY: `kept` has room for `self.len` elements and the two blocks are
+        // distinct. The elements move: `self` stops counting them before anything can
+        // panic, so each is owned once.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr.as_ptr(), kept.ptr.as_ptr(), self.len);
+        }
+        kept.len = self.len;
+        self.len = 0;
+        std::mem::replace(self, kept)
+    }
+
+    /// Gives the block room for exactly `cap` elements (`cap >= len`), moving it if the
+    /// allocator must.
+    fn resize_block(&mut self, cap: usize) {
+        debug_assert!(cap >= self.len);
+        if std::mem::size_of::<T>() == 0 || cap == self.cap {
+            return;
+        }
+        let new_layout = Layout::array::<T>(cap).expect("capacity overflow");
+        let ptr = if cap == 0 {
+            // SAFETY: `cap != self.cap`, so the old block exists and `old_layout` is the
+            // layout it was made with (the invariant).
+            unsafe { System.dealloc(self.ptr.as_ptr().cast(), self.layout()) };
+            NonNull::dangling()
+        } else {
+            let raw = if self.cap == 0 {
+                // SAFETY: `new_layout` has a non-zero size (`cap > 0`, `T` not zero-sized).
+                unsafe { System.alloc(new_layout) }
+            } else {
+                // SAFETY: the block was made by `System` with `self.layout()`; the new
+                // size is non-zero and, a valid `Layout::array`, does not overflow
+                // `isize` once rounded up to the alignment.
+                unsafe {
+                    System.realloc(self.ptr.as_ptr().cast(), self.layout(), new_layout.size())
+                }
+            };
+            match NonNull::new(raw.cast::<T>()) {
+                Some(ptr) => ptr,
+                None => handle_alloc_error(new_layout),
+            }
+        };
+        self.ptr = ptr;
+        self.cap = cap;
+    }
+
+    /// The layout of the current block (`cap > 0`, `T` not zero-sized).
+    fn layout(&self) -> Layout {
+        // Was valid when the block was made with this `cap`.
+        Layout::array::<T>(self.cap).expect("the block's own layout")
+    }
+}
+
+impl<T> Default for SystemVec<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> Deref for SystemVec<T> {
+    type Target = [T];
+
+    #[inline(always)]
+    fn deref(&self) -> &[T] {
+        // SAFETY: the first `len` elements are initialized, in one block (or dangling
+        // and well aligned for `len == 0` or a zero-sized `T`).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T> DerefMut for SystemVec<T> {
+    #[inline(always)]
+    fn deref_mut(&mut self) -> &mut [T] {
+        // SAFETY: as in `deref`, and `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl<T> Drop for SystemVec<T> {
+    fn drop(&mut self) {
+        self.truncate(0);
+        if std::mem::size_of::<T>() != 0 && self.cap != 0 {
+            // SAFETY: the block was made by `System` with this layout and is freed once.
+            unsafe { System.dealloc(self.ptr.as_ptr().cast(), self.layout()) };
+        }
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for SystemVec<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::rc::Rc;
+
+    #[test]
+    fn pushes_grows_truncates_and_drops_each_element_once() {
+        let counted = Rc::new(());
+        let mut v = SystemVec::new();
+        for _ in 0..1_000 {
+            v.push(Rc::clone(&counted));
+        }
+        assert_eq!(v.len(), 1_000);
+        assert!(v.capacity() >= 1_000);
+        assert_eq!(Rc::strong_count(&counted), 1_001);
+        v.truncate(10);
+        assert_eq!(Rc::strong_count(&counted), 11);
+        v.shrink_to(0);
+        assert_eq!(v.capacity(), 10);
+        let old = v.move_to_fit();
+        assert_eq!((old.len(), v.len()), (0, 10));
+        drop(old);
+        assert_eq!(Rc::strong_count(&counted), 11);
+        v[3] = Rc::new(());
+        assert_eq!(Rc::strong_count(&counted), 10);
+        drop(v);
+        assert_eq!(Rc::strong_count(&counted), 1);
+    }
+
+    #[test]
+    fn reads_back_what_it_holds_across_growth_and_shrinking() {
+        let mut v = SystemVec::with_capacity(3);
+        for i in 0..100_000u64 {
+            v.push(i * 7);
+        }
+        assert!(v.iter().enumerate().all(|(i, x)| *x == i as u64 * 7));
+        v.truncate(5_000);
+        v.shrink_to(5_000);
+        assert_eq!(v.capacity(), 5_000);
+        assert!(v.iter().enumerate().all(|(i, x)| *x == i as u64 * 7));
+        v.push(1);
+        assert_eq!(v[5_000], 1);
+        v.truncate(0);
+        v.shrink_to(0);
+        assert_eq!(v.capacity(), 0);
+        v.push(2);
+        assert_eq!(&v[..], &[2]);
+    }
+
+    #[test]
+    fn zero_sized_elements_need_no_memory() {
+        let mut v = SystemVec::new();
+        for _ in 0..10 {
+            v.push(());
+        }
+        assert_eq!(v.len(), 10);
+        v.truncate(3);
+        assert_eq!(v.len(), 3);
+        let old = v.move_to_fit();
+        assert_eq!((old.len(), v.len()), (0, 3));
+    }
+}
