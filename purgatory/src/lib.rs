@@ -132,7 +132,7 @@ pub use parked::{Answer, Answered, Parked, Refused, Reply, Unanswered};
 pub use purgatory::Purgatory;
 pub use stats::PurgatoryStats;
 pub use timer_core::{
-    Clock, Executor, ManualClock, SystemClock, TimerBuilder, DEFAULT_MAX_STAND_INS,
+    Clock, Executor, ManualClock, SystemClock, TimerBuilder, TimerStats, DEFAULT_MAX_STAND_INS,
     DEFAULT_STAND_IN_BOUND,
 };
 #[cfg(feature = "tokio")]

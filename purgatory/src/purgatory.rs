@@ -760,6 +760,15 @@ where
         self.state().stats()
     }
 
+    /// The figures of the timer its timeouts are in: its own, or, for a member of a
+    /// [`TimerGroup`](crate::TimerGroup), the group's shared timer's (all members
+    /// together, as [`TimerGroup::timer_stats`](crate::TimerGroup::timer_stats)). Among
+    /// them the bytes its entry slabs hold, which an allocator that counts does not see
+    /// ([`TimerStats::entry_bytes`](crate::TimerStats::entry_bytes)).
+    pub fn timer_stats(&self) -> crate::TimerStats {
+        self.state().timer.stats()
+    }
+
     /// Operations waiting for their timeout.
     pub fn pending(&self) -> usize {
         self.state().pending()

@@ -5,8 +5,10 @@
 //! the batch it shares with them) must not keep the burst's size for the rest of the
 //! purgatory's life: 8 bytes an expiry each, 8 and 16 MB here before they went back.
 //!
-//! What is live is counted by this binary's allocator (the system's, counting), so the
-//! figures are exact: no allocator's free pages, and this binary runs this one test. Not
+//! What is live is counted by this binary's allocator (the system's, counting), with the
+//! timer's entry slabs added (the timer takes them from the system allocator past it,
+//! `TimerStats::entry_bytes`), so the figures are exact: no allocator's free pages, and
+//! this binary runs this one test. Not
 //! timed: the reaper's rounds after the burst are waited for up to a minute.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -14,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use purgatory::{Completion, DelayedOperation, PurgatoryBuilder, TimerBuilder};
+use purgatory::{Completion, DelayedOperation, Purgatory, PurgatoryBuilder, TimerBuilder};
 
 const BURST: u64 = 1_000_000;
 
@@ -98,9 +100,11 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-/// Bytes live now, in kB.
-fn live_kb() -> u64 {
-    (LIVE.load(Ordering::Relaxed).max(0) / 1024) as u64
+/// Bytes live now, in kB: those this allocator counts and the timer's entry slabs,
+/// which the timer takes from the system allocator itself (`TimerStats::entry_bytes`).
+fn live_kb(purgatory: &Purgatory<u64, Op>) -> u64 {
+    let counted = LIVE.load(Ordering::Relaxed).max(0) as u64;
+    (counted + purgatory.timer_stats().entry_bytes as u64) / 1024
 }
 
 /// One burst through a purgatory whose timer is `timer`; returns the figures, or what
@@ -126,7 +130,7 @@ fn burst(name: &str, timer: TimerBuilder) -> Result<String, String> {
         gate.entered.load(Ordering::Acquire),
         "the reaper reached the gate"
     );
-    let baseline_kb = live_kb();
+    let baseline_kb = live_kb(&purgatory);
     for key in 0..BURST {
         let op = Op {
             gate: None,
@@ -134,7 +138,7 @@ fn burst(name: &str, timer: TimerBuilder) -> Result<String, String> {
         };
         assert!(!purgatory.try_complete_else_watch(op, [key]).unwrap());
     }
-    let peak_kb = live_kb();
+    let peak_kb = live_kb(&purgatory);
     // Every timeout passes while the reaper waits: its next round fires them all.
     std::thread::sleep(Duration::from_millis(5));
     gate.open.store(true, Ordering::Release);
@@ -149,13 +153,13 @@ fn burst(name: &str, timer: TimerBuilder) -> Result<String, String> {
     let growth_kb = peak_kb.saturating_sub(baseline_kb);
     let bound_kb = baseline_kb + growth_kb * BOUND_PERCENT / 100;
     let deadline = Instant::now() + Duration::from_secs(60);
-    let mut after_kb = live_kb();
+    let mut after_kb = live_kb(&purgatory);
     while after_kb > bound_kb && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
-        after_kb = live_kb();
+        after_kb = live_kb(&purgatory);
     }
     std::thread::sleep(Duration::from_secs(2));
-    after_kb = live_kb();
+    after_kb = live_kb(&purgatory);
     let figures = format!(
         "{name}: expiry burst of {BURST}: live {baseline_kb} kB before, {peak_kb} kB at \
          the peak, {after_kb} kB after ({:.1} % of the growth kept; bound {BOUND_PERCENT} %)",

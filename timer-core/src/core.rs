@@ -126,6 +126,14 @@ pub struct TimerStats {
     /// `TimerBuilder::max_stand_ins`): counted once each time the limit is reached, not
     /// per look. Expiry behind the blocked callbacks then waits for one of them.
     pub stand_in_limit_reached: u64,
+    /// Bytes the shards' entry slabs hold now, the room made for tasks whether in use or
+    /// not (32 bytes a task for pointer-sized tasks; a purgatory's are 40). A gauge, not
+    /// a counter. This memory comes from the system allocator (`std::alloc::System`)
+    /// whatever the program's global allocator is, so that a slab grows by remapping
+    /// pages, not by a copy under its shard's lock (with glibc; see `docs/timer.md`): a
+    /// global allocator that counts its bytes does not see it, and this figure is what
+    /// to add.
+    pub entry_bytes: usize,
 }
 
 /// What one advance fired: how many tasks, and how long before the advance read the
@@ -862,6 +870,7 @@ impl<T> TimerCore<T> {
             stats.added += state.added;
             stats.cancelled += state.cancelled;
             stats.expired += state.expired;
+            stats.entry_bytes += state.wheel.entry_bytes();
         }
         stats.clock_panics = self.clock.panics();
         stats.stand_ins = self.relief.started.load(Ordering::Relaxed);
@@ -1007,6 +1016,7 @@ mod serde_tests {
             clock_panics: 6,
             stand_ins: 7,
             stand_in_limit_reached: 8,
+            entry_bytes: 9,
         };
         let json = serde_json::to_value(stats).unwrap();
         assert_eq!(
@@ -1014,7 +1024,7 @@ mod serde_tests {
             serde_json::json!({
                 "pending": 1, "added": 2, "cancelled": 3, "expired": 4,
                 "panicked": 5, "clock_panics": 6, "stand_ins": 7,
-                "stand_in_limit_reached": 8,
+                "stand_in_limit_reached": 8, "entry_bytes": 9,
             })
         );
         assert_eq!(serde_json::from_value::<TimerStats>(json).unwrap(), stats);
@@ -1059,6 +1069,29 @@ mod tests {
         core.advance_into(Duration::ZERO, &mut fired);
         fired.sort_unstable();
         fired
+    }
+
+    /// `entry_bytes` counts the slab's room: none before the first add, at least an
+    /// entry a task while they wait, and it shrinks once a burst's room is given back.
+    #[test]
+    fn entry_bytes_follow_the_slabs_room() {
+        let (core, _clock) = core();
+        assert_eq!(core.stats().entry_bytes, 0);
+        let handles: Vec<_> = (0..100_000)
+            .map(|_| core.add(Duration::from_secs(10), "t").unwrap())
+            .collect();
+        let entry = std::mem::size_of::<crate::wheel::EntryOf<&'static str>>();
+        let grown = core.stats().entry_bytes;
+        assert!(grown >= 100_000 * entry, "{grown}");
+        assert!(grown <= 2 * 100_000 * entry, "{grown}");
+        // Last first: the cancels whose unlinks wait (`deferred_unlinks.rs`) keep the
+        // lowest slots, not the top ones the give-back drops.
+        for handle in handles.into_iter().rev() {
+            assert!(core.cancel(handle).is_some());
+        }
+        while core.give_back() > 0 {}
+        let kept = core.stats().entry_bytes;
+        assert!(kept < grown / 4, "{kept} of {grown}");
     }
 
     /// An add that finds a bucket due marks the shard's next tick `u64::MAX`, and the

@@ -48,6 +48,9 @@ mod system_vec;
 
 pub use self::slab::SlotKey;
 pub(crate) use self::slab::Spare;
+/// One slab entry holding a `T` (its size is what [`Wheel`]'s entry bytes count).
+#[cfg(test)]
+pub(crate) type EntryOf<T> = self::slab::Entry<T>;
 
 use self::bucket::{Bucket, NOT_QUEUED};
 use self::bucket_queue::BucketQueue;
@@ -162,6 +165,11 @@ impl<T> Wheel<T> {
     /// Number of tasks held.
     pub fn len(&self) -> usize {
         self.slab.occupied() - self.cancelled.len()
+    }
+
+    /// The bytes the entry slab holds (see `Slab::bytes`).
+    pub(crate) fn entry_bytes(&self) -> usize {
+        self.slab.bytes()
     }
 
     /// Whether the wheel holds no task.

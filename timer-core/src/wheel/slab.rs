@@ -358,6 +358,12 @@ impl<T> Slab<T> {
         })
     }
 
+    /// The bytes its entries' block holds: room made, in use or not (the free set's
+    /// bitmap, an eighth of a byte a slot, not counted).
+    pub(crate) fn bytes(&self) -> usize {
+        self.entries.capacity() * std::mem::size_of::<Entry<T>>()
+    }
+
     #[inline]
     pub(crate) fn get_mut(&mut self, index: u32) -> &mut Entry<T> {
         &mut self.entries[index as usize]
