@@ -266,4 +266,81 @@ mod tests {
         let old = v.move_to_fit();
         assert_eq!((old.len(), v.len()), (0, 3));
     }
+
+    /// A deterministic random run of every operation against a `Vec` model, with boxed
+    /// elements, so that Miri sees each block's layout, each move and each drop.
+    #[test]
+    fn random_operations_match_a_vec() {
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move |n: usize| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        let mut v: SystemVec<Box<u64>> = SystemVec::new();
+        let mut model: Vec<u64> = Vec::new();
+        let steps = if cfg!(miri) { 600 } else { 20_000 };
+        for step in 0..steps {
+            match next(10) {
+                0..=4 => {
+                    v.push(Box::new(step));
+                    model.push(step);
+                }
+                5 => {
+                    let to = next(model.len() + 2);
+                    v.truncate(to);
+                    model.truncate(to);
+                }
+                6 => {
+                    let before = v.capacity();
+                    let min = next(before + 2);
+                    v.shrink_to(min);
+                    assert_eq!(v.capacity(), min.max(model.len()).min(before));
+                }
+                7 => {
+                    let old = v.move_to_fit();
+                    assert_eq!(old.len(), 0);
+                    assert_eq!(v.capacity(), model.len());
+                }
+                8 if !model.is_empty() => {
+                    let i = next(model.len());
+                    drop(std::mem::replace(&mut v[i], Box::new(step + 1_000_000)));
+                    model[i] = step + 1_000_000;
+                }
+                _ => {
+                    v = SystemVec::with_capacity(next(8));
+                    model.clear();
+                }
+            }
+            assert!(v.len() <= v.capacity());
+            assert!(v.iter().map(|b| **b).eq(model.iter().copied()));
+        }
+    }
+
+    /// Zero-sized elements with a drop: each dropped once, through truncate, a move and
+    /// the array's own drop.
+    #[test]
+    fn zero_sized_elements_are_each_dropped_once() {
+        use std::cell::Cell;
+        thread_local!(static DROPS: Cell<usize> = const { Cell::new(0) });
+        struct Z;
+        impl Drop for Z {
+            fn drop(&mut self) {
+                DROPS.with(|d| d.set(d.get() + 1));
+            }
+        }
+        let mut v = SystemVec::with_capacity(5);
+        for _ in 0..100 {
+            v.push(Z);
+        }
+        v.truncate(60);
+        assert_eq!(DROPS.with(Cell::get), 40);
+        v.shrink_to(0);
+        drop(v.move_to_fit());
+        assert_eq!(DROPS.with(Cell::get), 40);
+        assert_eq!(v.len(), 60);
+        drop(v);
+        assert_eq!(DROPS.with(Cell::get), 100);
+    }
 }
