@@ -93,7 +93,8 @@ impl<T> SystemVec<T> {
             unsafe { self.ptr.as_ptr().add(len) },
             self.len - len,
         );
-        // Shortened first: a panicking drop leaks the rest rather than dropping twice.
+        // Shortened first, so that a panicking drop drops nothing twice (the slice's drop
+        // goes on to the elements after it as it unwinds).
         self.len = len;
         // SAFETY: the elements in `tail` were initialized and are no longer counted.
         unsafe { std::ptr::drop_in_place(tail) };
@@ -191,11 +192,23 @@ impl<T> DerefMut for SystemVec<T> {
 
 impl<T> Drop for SystemVec<T> {
     fn drop(&mut self) {
-        self.truncate(0);
-        if std::mem::size_of::<T>() != 0 && self.cap != 0 {
-            // SAFETY: the block was made by `System` with this layout and is freed once.
-            unsafe { System.dealloc(self.ptr.as_ptr().cast(), self.layout()) };
+        /// Frees the block when dropped: after the elements, and also when one of their
+        /// drops panics (as a `Vec` frees its buffer then), rather than leaking it.
+        struct FreeBlock<'a, T>(&'a mut SystemVec<T>);
+        impl<T> Drop for FreeBlock<'_, T> {
+            fn drop(&mut self) {
+                let v = &mut *self.0;
+                if std::mem::size_of::<T>() != 0 && v.cap != 0 {
+                    // SAFETY: the block was made by `System` with this layout and is
+                    // freed once: `cap` becomes 0, and the elements are no longer
+                    // counted (`truncate` shortens before it drops).
+                    unsafe { System.dealloc(v.ptr.as_ptr().cast(), v.layout()) };
+                    v.cap = 0;
+                }
+            }
         }
+        let block = FreeBlock(self);
+        block.0.truncate(0);
     }
 }
 
@@ -342,5 +355,33 @@ mod tests {
         assert_eq!(v.len(), 60);
         drop(v);
         assert_eq!(DROPS.with(Cell::get), 100);
+    }
+
+    /// An element whose drop panics: no element is dropped twice, and the block is freed
+    /// (Miri reports a leaked block).
+    #[test]
+    fn a_panicking_drop_drops_nothing_twice_and_frees_the_block() {
+        struct Bomb(#[allow(dead_code)] Rc<()>, bool);
+        impl Drop for Bomb {
+            fn drop(&mut self) {
+                if self.1 {
+                    panic!("boom");
+                }
+            }
+        }
+        let counted = Rc::new(());
+        let mut v = SystemVec::new();
+        for i in 0..10 {
+            v.push(Bomb(Rc::clone(&counted), i == 7));
+        }
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| v.truncate(5)));
+        assert!(caught.is_err());
+        assert_eq!(v.len(), 5);
+        // The elements after the one that panicked were dropped too.
+        assert_eq!(Rc::strong_count(&counted), 6);
+        v[4].1 = true;
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(v)));
+        assert!(caught.is_err());
+        assert_eq!(Rc::strong_count(&counted), 1);
     }
 }
