@@ -128,11 +128,11 @@ pub struct TimerStats {
     pub stand_in_limit_reached: u64,
     /// Bytes the shards' entry slabs hold now, the room made for tasks whether in use or
     /// not (32 bytes a task for pointer-sized tasks; a purgatory's are 40). A gauge, not
-    /// a counter. This memory comes from the system allocator (`std::alloc::System`)
-    /// whatever the program's global allocator is, so that a slab grows by remapping
-    /// pages, not by a copy under its shard's lock (with glibc; see `docs/timer.md`): a
-    /// global allocator that counts its bytes does not see it, and this figure is what
-    /// to add.
+    /// a counter. This memory does not come from the program's global allocator: a
+    /// large slab is pages mapped for it alone (Linux), a small one the system
+    /// allocator's (`std::alloc::System`), so that a slab grows by remapping pages, not
+    /// by a copy under its shard's lock (see `docs/timer.md`). A global allocator that
+    /// counts its bytes does not see it, and this figure is what to add.
     pub entry_bytes: usize,
 }
 

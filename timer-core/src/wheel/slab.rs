@@ -5,9 +5,9 @@
 //! indirection per access. The hot paths (cancel, re-add into a freed slot) are bound by
 //! cache misses, and the fewer instructions each takes, the more of them the CPU keeps in
 //! flight at once; a chunked layout measured 2-3x slower per random-order cancel here.
-//! Growing the array past its capacity reallocates; its memory is the system
-//! allocator's whatever the global allocator is (`system_vec.rs`), so that with glibc a
-//! large block moves by remapping its pages, not by copying them under the shard's lock.
+//! Growing the array past its capacity reallocates; its memory comes from the system
+//! whatever the global allocator is (`system_vec.rs`): a large array is pages mapped for
+//! it alone, which grow by remapping, so no growth copies it under the shard's lock.
 //!
 //! Freed slots are tracked in a separate bitmap ([`FreeSlots`]), not a list threaded
 //! through the freed slots (each pop would chase a pointer through cold memory), and the
@@ -58,10 +58,10 @@ pub struct SlotKey {
 /// One slot of the arena. 32 bytes when `T` is a pointer or a `u32`-sized value with a
 /// niche-free `Option` layout of 8 bytes.
 ///
-/// The buffer is only as aligned as the allocator makes it (16 bytes; asking for 32 would
-/// make `realloc` copy the slab instead of remapping it), so about half the entries
-/// straddle two cache lines. Code that reads entries ahead of using them reads two
-/// fields far apart.
+/// A small slab's buffer is only as aligned as the system allocator makes it (16 bytes),
+/// a large one's is mapped pages (`system_vec.rs`); entries of other sizes than 32 bytes
+/// (a purgatory's are 40) straddle two cache lines in either, about half of them. Code
+/// that reads entries ahead of using them reads two fields far apart.
 #[derive(Debug)]
 pub(crate) struct Entry<T> {
     /// Next slot in the same bucket list, or `NIL`.

@@ -1,21 +1,29 @@
-//! A growable array whose memory comes from the system allocator ([`std::alloc::System`]),
-//! whatever the program's global allocator: the slab's entries (`slab.rs`).
+//! A growable array whose memory comes from the system, whatever the program's global
+//! allocator: the slab's entries (`slab.rs`). A large array is pages mapped for it alone,
+//! and grows by remapping them.
 //!
 //! # Why not a `Vec`
-//! The slab is one flat array, grown by doubling under its shard's lock. With glibc's
-//! allocator a large block grows by remapping its pages (`mremap`): no byte is copied.
-//! Many Rust servers install mimalloc or jemalloc as the global allocator, and both grow
-//! a large block by allocating a new one and copying: a slab of a million entries copied
-//! 32 MiB into freshly faulted pages while it held the shard's lock, and the reaper waited
+//! The slab is one flat array, grown by doubling under its shard's lock. Many Rust
+//! servers install mimalloc or jemalloc as the global allocator, and both grow a large
+//! block by allocating a new one and copying into it: a slab of a million entries copied
+//! 40 MiB into freshly faulted pages while it held the shard's lock, and the reaper waited
 //! for it (measured under mimalloc in the load tool at 4.5M requests a second: 6 % of the
-//! request thread's time in that copy). Taking the slab's memory from the system
-//! allocator keeps growth a remap under every global allocator. Elsewhere than glibc the
-//! system allocator is what a `Vec` would have used with no global allocator set.
+//! request thread's samples in that copy). glibc's `realloc` remaps a block it mapped,
+//! but whether it maps one depends on its history: after a mapped block of up to 32 MiB
+//! is freed (as the slab's give-back does), blocks below that size come from its heap and
+//! are copied as they grow. So a block of [`MAP_FROM`] bytes or more is mapped here
+//! (`mmap`) and grows or shrinks with `mremap`, which moves page tables and copies no
+//! byte; a smaller one comes from the system allocator ([`std::alloc::System`]). Off Linux,
+//! and under Miri, every block is the system allocator's.
 //!
 //! # Invariants
-//! - `ptr` points to a block of `cap` elements from [`System`] (dangling when `cap` is 0
-//!   or `T` is zero-sized), of which the first `len` are initialized; `len <= cap`.
-//! - The block is freed, and the `len` elements dropped, exactly once: by [`Drop`].
+//! - `ptr` points to a block of `cap` elements (dangling when `cap` is 0 or `T` is
+//!   zero-sized), made by [`allocate`] or [`reallocate`] with `T`'s array layout of `cap`,
+//!   of which the first `len` elements are initialized; `len <= cap`.
+//! - Whether a block is mapped depends on its layout alone ([`is_mapped`]), so it is
+//!   resized and freed the way it was made.
+//! - The block is freed, and the `len` elements dropped, exactly once: by [`Drop`] (the
+//!   block also when an element's drop panics).
 
 use std::alloc::{handle_alloc_error, GlobalAlloc, Layout, System};
 use std::marker::PhantomData;
@@ -124,8 +132,8 @@ impl<T> SystemVec<T> {
         std::mem::replace(self, kept)
     }
 
-    /// Gives the block room for exactly `cap` elements (`cap >= len`), moving it if the
-    /// allocator must.
+    /// Gives the block room for exactly `cap` elements (`cap >= len`), moving it if it
+    /// must (see [`reallocate`]).
     fn resize_block(&mut self, cap: usize) {
         debug_assert!(cap >= self.len);
         if std::mem::size_of::<T>() == 0 || cap == self.cap {
@@ -133,26 +141,24 @@ impl<T> SystemVec<T> {
         }
         let new_layout = Layout::array::<T>(cap).expect("capacity overflow");
         let ptr = if cap == 0 {
-            // SAFETY: `cap != self.cap`, so the old block exists and `old_layout` is the
-            // layout it was made with (the invariant).
-            unsafe { System.dealloc(self.ptr.as_ptr().cast(), self.layout()) };
+            // SAFETY: `cap != self.cap`, so the old block exists, made with
+            // `self.layout()` (the invariant); it holds no element (`len <= cap`).
+            unsafe { free(self.ptr.cast(), self.layout()) };
             NonNull::dangling()
+        } else if self.cap == 0 {
+            allocate(new_layout).cast()
         } else {
-            let raw = if self.cap == 0 {
-                // SAFETY: `new_layout` has a non-zero size (`cap > 0`, `T` not zero-sized).
-                unsafe { System.alloc(new_layout) }
-            } else {
-                // SAFETY: the block was made by `System` with `self.layout()`; the new
-                // size is non-zero and, a valid `Layout::array`, does not overflow
-                // `isize` once rounded up to the alignment.
-                unsafe {
-                    System.realloc(self.ptr.as_ptr().cast(), self.layout(), new_layout.size())
-                }
-            };
-            match NonNull::new(raw.cast::<T>()) {
-                Some(ptr) => ptr,
-                None => handle_alloc_error(new_layout),
+            // SAFETY: the block was made with `self.layout()` and holds `len` elements,
+            // which fit in the new one (`len <= cap`); both layouts are `T`'s arrays.
+            unsafe {
+                reallocate(
+                    self.ptr.cast(),
+                    self.layout(),
+                    new_layout,
+                    self.len * std::mem::size_of::<T>(),
+                )
             }
+            .cast()
         };
         self.ptr = ptr;
         self.cap = cap;
@@ -163,6 +169,145 @@ impl<T> SystemVec<T> {
         // Was valid when the block was made with this `cap`.
         Layout::array::<T>(self.cap).expect("the block's own layout")
     }
+}
+
+/// Blocks of at least this many bytes are pages mapped for them alone (Linux, outside
+/// Miri, which cannot map pages), smaller ones come from the system allocator. Tests map
+/// from one page on, so that every test crosses between the two.
+#[cfg(all(target_os = "linux", not(miri)))]
+const MAP_FROM: usize = if cfg!(test) { 4096 } else { 256 * 1024 };
+#[cfg(not(all(target_os = "linux", not(miri))))]
+const MAP_FROM: usize = usize::MAX;
+
+/// Whether a block of `layout` is mapped pages (else the system allocator's). It depends
+/// on the layout alone, so every block is freed or resized the way it was made.
+fn is_mapped(layout: Layout) -> bool {
+    layout.size() >= MAP_FROM && layout.align() <= 4096
+}
+
+/// A new block of `layout` (non-zero size, alignment at most a page's); on failure, the
+/// allocation error handler runs.
+fn allocate(layout: Layout) -> NonNull<u8> {
+    let raw = if is_mapped(layout) {
+        map(layout.size())
+    } else {
+        // SAFETY: `layout` has a non-zero size (the caller's promise).
+        unsafe { System.alloc(layout) }
+    };
+    NonNull::new(raw).unwrap_or_else(|| handle_alloc_error(layout))
+}
+
+/// Frees a block.
+///
+/// # Safety
+/// `ptr` was returned for `layout` by [`allocate`] or [`reallocate`], is not freed yet,
+/// and holds nothing that still needs dropping.
+unsafe fn free(ptr: NonNull<u8>, layout: Layout) {
+    if is_mapped(layout) {
+        // SAFETY: (the caller's promise) `ptr` is a mapping of `layout.size()` bytes,
+        // made for this block alone.
+        unsafe { unmap(ptr, layout.size()) };
+    } else {
+        // SAFETY: (the caller's promise) made by `System` with `layout`.
+        unsafe { System.dealloc(ptr.as_ptr(), layout) };
+    }
+}
+
+/// Moves a block of `old` to one of `new` (non-zero size, the same alignment), keeping
+/// its first `keep` bytes, and returns it. A mapped block that stays mapped is remapped
+/// by the kernel, which moves page tables and copies no byte, whatever its size; one
+/// that crosses `MAP_FROM` is copied (less than `MAP_FROM` bytes). On failure the old
+/// block is left as it was and the allocation error handler runs.
+///
+/// # Safety
+/// `ptr` was returned for `old` by [`allocate`] or [`reallocate`] and is not freed;
+/// `keep` is at most both sizes.
+unsafe fn reallocate(ptr: NonNull<u8>, old: Layout, new: Layout, keep: usize) -> NonNull<u8> {
+    debug_assert!(keep <= old.size() && keep <= new.size());
+    let moved = match (is_mapped(old), is_mapped(new)) {
+        // SAFETY: `ptr` is a mapping of `old.size()` bytes made for this block alone.
+        (true, true) => unsafe { remap(ptr, old.size(), new.size()) },
+        // SAFETY: made by `System` with `old`; `new.size()` is non-zero and, the size of
+        // a valid `Layout` of `old`'s alignment, does not overflow once rounded up.
+        (false, false) => unsafe { System.realloc(ptr.as_ptr(), old, new.size()) },
+        _ => {
+            let to = allocate(new);
+            // SAFETY: two distinct live blocks, each of at least `keep` bytes; the old
+            // one is freed once, its bytes now in the new one.
+            unsafe {
+                std::ptr::copy_nonoverlapping(ptr.as_ptr(), to.as_ptr(), keep);
+                free(ptr, old);
+            }
+            return to;
+        }
+    };
+    NonNull::new(moved).unwrap_or_else(|| handle_alloc_error(new))
+}
+
+/// `size` bytes of fresh zeroed pages, or null.
+#[cfg(all(target_os = "linux", not(miri)))]
+fn map(size: usize) -> *mut u8 {
+    // SAFETY: an anonymous private mapping at an address the kernel picks: no existing
+    // memory is touched.
+    let raw = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            size,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if raw == libc::MAP_FAILED {
+        std::ptr::null_mut()
+    } else {
+        raw.cast()
+    }
+}
+
+/// The mapping at `ptr` of `old` bytes, resized to `new` and moved if it must be, or
+/// null (the mapping then stays as it was).
+///
+/// # Safety
+/// `ptr` is a mapping of `old` bytes that [`map`] or this made, and nothing else uses
+/// its address range.
+#[cfg(all(target_os = "linux", not(miri)))]
+unsafe fn remap(ptr: NonNull<u8>, old: usize, new: usize) -> *mut u8 {
+    // SAFETY: (the caller's promise) the whole range is this block's mapping.
+    let raw = unsafe { libc::mremap(ptr.as_ptr().cast(), old, new, libc::MREMAP_MAYMOVE) };
+    if raw == libc::MAP_FAILED {
+        std::ptr::null_mut()
+    } else {
+        raw.cast()
+    }
+}
+
+/// Unmaps a block's pages. Only fails if the kernel cannot split a mapping, which a
+/// whole mapping never needs: then the pages stay mapped (a leak, not an error).
+///
+/// # Safety
+/// `ptr` is a mapping of `size` bytes that [`map`] or [`remap`] made, not used again.
+#[cfg(all(target_os = "linux", not(miri)))]
+unsafe fn unmap(ptr: NonNull<u8>, size: usize) {
+    // SAFETY: (the caller's promise) the range is this block's mapping alone.
+    let done = unsafe { libc::munmap(ptr.as_ptr().cast(), size) };
+    debug_assert_eq!(done, 0, "munmap of a whole block");
+}
+
+#[cfg(not(all(target_os = "linux", not(miri))))]
+fn map(_size: usize) -> *mut u8 {
+    unreachable!("no block is mapped here")
+}
+
+#[cfg(not(all(target_os = "linux", not(miri))))]
+unsafe fn remap(_ptr: NonNull<u8>, _old: usize, _new: usize) -> *mut u8 {
+    unreachable!("no block is mapped here")
+}
+
+#[cfg(not(all(target_os = "linux", not(miri))))]
+unsafe fn unmap(_ptr: NonNull<u8>, _size: usize) {
+    unreachable!("no block is mapped here")
 }
 
 impl<T> Default for SystemVec<T> {
@@ -199,10 +344,10 @@ impl<T> Drop for SystemVec<T> {
             fn drop(&mut self) {
                 let v = &mut *self.0;
                 if std::mem::size_of::<T>() != 0 && v.cap != 0 {
-                    // SAFETY: the block was made by `System` with this layout and is
+                    // SAFETY: the block was made with this layout and is
                     // freed once: `cap` becomes 0, and the elements are no longer
                     // counted (`truncate` shortens before it drops).
-                    unsafe { System.dealloc(v.ptr.as_ptr().cast(), v.layout()) };
+                    unsafe { free(v.ptr.cast(), v.layout()) };
                     v.cap = 0;
                 }
             }
@@ -265,6 +410,46 @@ mod tests {
         assert_eq!(v.capacity(), 0);
         v.push(2);
         assert_eq!(&v[..], &[2]);
+    }
+
+    /// Blocks cross between the system allocator and mapped pages (from a page on in
+    /// tests) both ways, by growth, shrinking and a move, and keep their elements.
+    #[test]
+    fn elements_survive_every_crossing_between_allocator_and_mapped_pages() {
+        let mapped = |v: &SystemVec<u64>| is_mapped(Layout::array::<u64>(v.capacity()).unwrap());
+        let check = |v: &SystemVec<u64>| assert!(v.iter().enumerate().all(|(i, x)| *x == i as u64));
+        let mut v = SystemVec::new();
+        for i in 0..2_000u64 {
+            v.push(i);
+        }
+        check(&v);
+        assert_eq!(mapped(&v), cfg!(all(target_os = "linux", not(miri))));
+        // Down to the allocator by shrinking, up again by growth, then remapped growth.
+        v.truncate(100);
+        v.shrink_to(0);
+        assert!(!mapped(&v));
+        check(&v);
+        for i in 100..3_000u64 {
+            v.push(i);
+        }
+        check(&v);
+        // A move to a fitting block: mapped to mapped, then allocator to allocator.
+        drop(v.move_to_fit());
+        check(&v);
+        v.truncate(10);
+        drop(v.move_to_fit());
+        assert!(!mapped(&v));
+        check(&v);
+        // Straight from nothing to a mapped block, and freed from there.
+        let mut w = SystemVec::with_capacity(1_000);
+        assert_eq!(mapped(&w), cfg!(all(target_os = "linux", not(miri))));
+        for i in 0..1_000u64 {
+            w.push(i);
+        }
+        check(&w);
+        w.truncate(0);
+        w.shrink_to(0);
+        assert_eq!(w.capacity(), 0);
     }
 
     #[test]
