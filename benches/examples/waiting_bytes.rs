@@ -17,8 +17,8 @@
 //!   back, by requested size (a wrapper over the system allocator counts every
 //!   allocation, free and reallocation), so the figure does not depend on an allocator's
 //!   rounding or its headers; resident memory (`VmRSS`, system allocator) does, and is
-//!   printed beside it. Ours takes its timer's entry slabs from the system allocator
-//!   itself, past the wrapper: their bytes (`TimerStats::entry_bytes`, the slabs'
+//!   printed beside it. Ours takes its timer's entry slabs from the system itself
+//!   (mapped pages, or the system allocator for small ones), past the wrapper: their bytes (`TimerStats::entry_bytes`, the slabs'
 //!   capacity) are added to ours' live bytes.
 //! - Both are read after the implementation is built (its threads running, nothing
 //!   watched) and again once the count of live bytes has not moved for 300 ms after the
@@ -84,7 +84,7 @@ unsafe impl GlobalAlloc for Counting {
 static GLOBAL: Counting = Counting;
 
 /// Live bytes (those the global allocator counts, and `unseen`, what the implementation
-/// took from the system allocator itself) and resident bytes now.
+/// took from the system itself) and resident bytes now.
 fn reading(unseen: &dyn Fn() -> usize) -> (isize, u64) {
     (
         LIVE.load(Ordering::Relaxed) + unseen() as isize,
@@ -106,7 +106,7 @@ fn settle() {
 }
 
 /// `unseen`: the bytes `p` holds that the global allocator does not count (ours: the
-/// timer's entry slabs, taken from the system allocator, `TimerStats::entry_bytes`).
+/// timer's entry slabs, taken from the system itself, `TimerStats::entry_bytes`).
 fn measure<P: LoadPurgatory<LoadOp>>(
     name: &str,
     p: &P,

@@ -6,10 +6,10 @@
 //! purgatory's life: 8 bytes an expiry each, 8 and 16 MB here before they went back.
 //!
 //! What is live is counted by this binary's allocator (the system's, counting), with the
-//! timer's entry slabs added (the timer takes them from the system allocator past it,
+//! timer's entry slabs added (the timer takes them from the system itself, past it:
 //! `TimerStats::entry_bytes`), so the figures are exact: no allocator's free pages, and
-//! this binary runs this one test. Not
-//! timed: the reaper's rounds after the burst are waited for up to a minute.
+//! this binary runs this one test. Not timed: the reaper's rounds after the burst are
+//! waited for up to a minute.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -101,7 +101,7 @@ unsafe impl GlobalAlloc for Counting {
 static ALLOCATOR: Counting = Counting;
 
 /// Bytes live now, in kB: those this allocator counts and the timer's entry slabs,
-/// which the timer takes from the system allocator itself (`TimerStats::entry_bytes`).
+/// which the timer takes from the system itself (`TimerStats::entry_bytes`).
 fn live_kb(purgatory: &Purgatory<u64, Op>) -> u64 {
     let counted = LIVE.load(Ordering::Relaxed).max(0) as u64;
     (counted + purgatory.timer_stats().entry_bytes as u64) / 1024

@@ -30,8 +30,9 @@ use std::marker::PhantomData;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 
-/// A `Vec<T>` in the system allocator's memory, with the few operations the slab uses
-/// (the rest through the slice it derefs to).
+/// A `Vec<T>` in memory of its own (mapped pages when large, the system allocator's
+/// when small), with the few operations the slab uses (the rest through the slice it
+/// derefs to).
 pub(crate) struct SystemVec<T> {
     ptr: NonNull<T>,
     len: usize,
@@ -108,8 +109,8 @@ impl<T> SystemVec<T> {
         unsafe { std::ptr::drop_in_place(tail) };
     }
 
-    /// Shrinks the room to at least `len` elements and at least `min` (in place where the
-    /// allocator can: glibc remaps a large block).
+    /// Shrinks the room to at least `len` elements and at least `min` (a mapped block
+    /// that stays mapped shrinks in place).
     pub(crate) fn shrink_to(&mut self, min: usize) {
         let cap = min.max(self.len);
         if cap < self.cap {
