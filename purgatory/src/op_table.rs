@@ -64,6 +64,13 @@
 //!   slots, from index `FIRST_SEGMENT * (2^k - 1)`); they are made as new slots reach
 //!   them and given back, a bounded step at a time, once a burst has drained
 //!   (`op_table/give_back.rs`, with its state tables).
+//! - A segment is made of zeroed memory: every slot of it unfilled (`slot.rs`: no name
+//!   matches it, nothing reads its state). A slot is filled, free for the segment's
+//!   floor generation, by the thread it is first handed out to, before that thread names
+//!   it to anyone ([`new_slots`](OpTable::new_slots)); slots are handed out in order
+//!   from a segment's first, so those ever filled are a prefix, at most
+//!   [`Segment::reach`] long once the segment was unlinked. Generations start at 1, so an
+//!   unfilled slot's generation (0) is below every name's.
 //! - The free lists' indices are all below `high_water`, and every slot below it
 //!   exists.
 //! - No slot is waited for ([`OpTable::lock`]) while another is held (a batch watch
@@ -204,10 +211,11 @@ impl<O> OpState<O> {
 }
 
 impl<O> TableSlot<O> {
-    /// A free slot whose next occupant gets `generation`.
-    fn free_with(generation: u32) -> Self {
+    /// An unfilled slot, as zeroed memory is one (see [`Segment::new`]).
+    #[cfg(loom)]
+    fn unfilled() -> Self {
         TableSlot {
-            slot: Slot::free_with(OpState::vacant(), generation),
+            slot: Slot::unfilled(),
             keys: StdAtomicU32::new(0),
             touch: StdAtomicU32::new(0),
         }
@@ -503,6 +511,15 @@ struct Segment<O> {
     tags: Box<[AtomicU8]>,
     /// The index of its first slot: `FIRST_SEGMENT * (2^k - 1)` for segment `k`.
     first: usize,
+    /// The generation its slots start with, as each is filled ([`OpTable::new_slots`]).
+    floor: u32,
+    /// How many of its first slots may have been filled: every slot from here on is
+    /// unfilled. Written under `growth` when the segment is unlinked (from
+    /// `high_water`, which every slot handed out is below), and by the table's drop; a
+    /// linked segment's slots are handed out from its first on, so the ones handed out
+    /// are a prefix. Read by the give-back's scan and the drop, which never touch the
+    /// pages of slots never used.
+    reach: StdAtomicU32,
     /// Under loom: written when the segment would be freed, read by every look-up, so
     /// that the models catch a look-up the grace period does not cover (a data race).
     #[cfg(loom)]
@@ -543,20 +560,122 @@ impl<O> Segment<O> {
         unsafe { self.tags.get_unchecked(offset) }
     }
 
-    /// Segment `k`, every slot free with `floor` as its next generation.
+    /// Segment `k`, every slot unfilled (`slot.rs`), to be filled with `floor` as its
+    /// next generation when it is first handed out.
+    ///
+    /// Its slots and tags are zeroed memory, which is what an unfilled slot and a tag of
+    /// 0 are: nothing is written here, and a large segment new to the process comes as
+    /// pages the system maps (and zeroes) only when a slot on them is first filled.
+    /// Writing every slot here, as this did before, held the watch that reached a new
+    /// segment for 22 ms at a million operations (`benches/examples/watch_tail.rs`), and
+    /// twice that at each doubling. (An allocator that reuses memory for a segment clears
+    /// it in `alloc_zeroed`: glibc, once it has raised its mapping threshold, for a
+    /// segment of up to 32 MiB made again after a give-back, 2.7 ms for that size.)
     fn new(k: usize, floor: u32) -> Box<Self> {
+        let len = FIRST_SEGMENT << k;
         Box::new(Segment {
-            slots: (0..FIRST_SEGMENT << k)
-                .map(|_| TableSlot::free_with(floor))
-                .collect(),
-            tags: (0..FIRST_SEGMENT << k)
-                .map(|_| AtomicU8::new(tag_of(floor)))
-                .collect(),
+            slots: zeroed_slots(len),
+            tags: zeroed_tags(len),
             first: FIRST_SEGMENT * ((1 << k) - 1),
+            floor,
+            reach: StdAtomicU32::new(0),
             #[cfg(loom)]
             alive: loom::cell::UnsafeCell::new(true),
         })
     }
+
+    /// Fills the slots from `from` to `to` (excluded) that are unfilled, handed out just
+    /// now by [`OpTable::new_slots`], and sets their tags.
+    ///
+    /// # Safety
+    /// The caller was just handed these slots as new (the range is in this segment) and
+    /// has named none of them to anybody yet.
+    unsafe fn fill(&self, from: u32, to: u32) {
+        // Slots from here on were never filled: handed out in order from the segment's
+        // first while it is linked, they reached no further than `reach` before it was
+        // last unlinked (if it ever was).
+        let never_filled = self.first + self.reach();
+        for index in from..to {
+            // SAFETY: `index` is in this segment (the caller's promise).
+            let (slot, tag) = unsafe { (self.slot_at(index), self.tag_at(index)) };
+            let surely_unfilled = index as usize >= never_filled;
+            // SAFETY: just handed out as new, named to nobody (the caller's promise);
+            // never filled if `surely_unfilled`, by `reach`.
+            if unsafe {
+                slot.slot
+                    .fill(OpState::vacant(), self.floor, surely_unfilled)
+            } {
+                tag.store(tag_of(self.floor), Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Records that its slots below `high_water` (an index) may have been filled.
+    fn reached(&self, high_water: u32) {
+        let upto = (high_water as usize)
+            .saturating_sub(self.first)
+            .min(self.slots.len());
+        self.reach.fetch_max(upto as u32, Ordering::Relaxed);
+    }
+
+    /// How many of its first slots may have been filled (see [`reach`](Self::reach)).
+    fn reach(&self) -> usize {
+        self.reach.load(Ordering::Relaxed) as usize
+    }
+}
+
+impl<O> Drop for Segment<O> {
+    /// Drops the state of each slot that was filled (vacant, unless the table is dropped
+    /// with operations in it); reads no slot past [`reach`](Self::reach).
+    fn drop(&mut self) {
+        let reach = self.reach();
+        for slot in &mut self.slots[..reach] {
+            // SAFETY: the slots are dropped with the segment, right after.
+            unsafe { slot.slot.drop_state() };
+        }
+    }
+}
+
+/// `len` unfilled slots: zeroed memory from the global allocator, no byte of it written
+/// here (see [`Segment::new`]).
+#[cfg(not(loom))]
+fn zeroed_slots<O>(len: usize) -> Box<[TableSlot<O>]> {
+    // SAFETY: all zeros are a valid `TableSlot`: its atomics read 0, and its state is a
+    // `MaybeUninit` (any bytes) in an `UnsafeCell` (no invariant); that is an unfilled
+    // slot (`slot.rs`).
+    unsafe { zeroed_box(len) }
+}
+
+/// Under loom, whose atomics are not plain memory: each slot made unfilled.
+#[cfg(loom)]
+fn zeroed_slots<O>(len: usize) -> Box<[TableSlot<O>]> {
+    (0..len).map(|_| TableSlot::unfilled()).collect()
+}
+
+/// `len` tags of 0 (`AtomicU8` is std's, also under loom).
+fn zeroed_tags(len: usize) -> Box<[AtomicU8]> {
+    // SAFETY: a zero byte is a valid `AtomicU8`.
+    unsafe { zeroed_box(len) }
+}
+
+/// `len` values of `T` (not zero-sized), all zero bytes, from the global allocator's
+/// `alloc_zeroed`: fresh memory from the system is not written at all (its pages are
+/// mapped, zeroed, as they are first written); memory the allocator reuses, it clears.
+///
+/// # Safety
+/// All-zero bytes are a valid `T`.
+unsafe fn zeroed_box<T>(len: usize) -> Box<[T]> {
+    let layout = std::alloc::Layout::array::<T>(len).expect("segment size");
+    assert!(layout.size() != 0, "a segment has slots, of a sized type");
+    // SAFETY: the layout's size is not zero (checked above).
+    let memory = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
+    if memory.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    // SAFETY: room for `len` values allocated by the global allocator with the layout of
+    // `[T; len]`, which `Box<[T]>` frees with; every byte zero, a valid `T` (the
+    // caller's promise).
+    unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(memory, len)) }
 }
 
 /// The segment and offset of slot `index`.
@@ -605,7 +724,7 @@ impl<O: DelayedOperation> OpTable<O> {
         };
         // The first segment up front, so small purgatories never race to create it; it
         // is never given back.
-        table.segments[0].store(Box::into_raw(Segment::new(0, 0)), Ordering::Release);
+        table.segments[0].store(Box::into_raw(Segment::new(0, 1)), Ordering::Release);
         table
     }
 
@@ -727,14 +846,36 @@ impl<O: DelayedOperation> OpTable<O> {
     }
 
     /// `count` (at least 1) slots not in use, above every slot that exists, their
-    /// segments created.
+    /// segments created and the slots filled.
     ///
-    /// A segment is made (allocated and filled, which takes tens of milliseconds for the
-    /// largest) outside `growth`, so that the reaper's `give_back` and the threads that
-    /// find slots already made never wait for it; under `making`, so that the threads of
-    /// a burst that all reach a missing segment make it once (the others wait for it
-    /// there, then find it linked). Lock order: `making`, then `growth`.
+    /// A segment is made (allocated, as zeroed memory: see [`Segment::new`]) outside
+    /// `growth`, so that the reaper's `give_back` and the threads that find slots
+    /// already made never wait for it; under `making`, so that the threads of a burst
+    /// that all reach a missing segment make it once (the others wait for it there, then
+    /// find it linked). Lock order: `making`, then `growth`. The slots handed out are
+    /// filled after `growth` is released, by the caller alone (nobody else can name
+    /// them yet, and their segments stay linked while they are in use).
     fn new_slots(&self, count: u32) -> std::ops::RangeInclusive<u32> {
+        let slots = self.link_new_slots(count);
+        let (from, to) = (*slots.start(), *slots.end() + 1);
+        let mut index = from;
+        while index < to {
+            let (k, offset) = locate(index);
+            let upto = to.min(index - offset as u32 + (FIRST_SEGMENT << k) as u32);
+            let segment = self
+                .live_segment(k)
+                .expect("the segment of a slot just handed out is linked");
+            // SAFETY: `index..upto` is in segment `k`, just handed out to this caller as
+            // new slots and named to nobody yet.
+            unsafe { segment.fill(index, upto) };
+            index = upto;
+        }
+        slots
+    }
+
+    /// [`new_slots`](Self::new_slots) but the fill: hands the slots out and links their
+    /// segments.
+    fn link_new_slots(&self, count: u32) -> std::ops::RangeInclusive<u32> {
         // A segment made for this call, with its index and the floor it was made with.
         let mut made: Option<(usize, u32, Box<Segment<O>>)> = None;
         let mut making = None;
@@ -1086,13 +1227,18 @@ impl<O: DelayedOperation> OpTable<O> {
 impl<O> Drop for OpTable<O> {
     /// Frees every segment, made or given back (nobody else can reach them now).
     fn drop(&mut self) {
+        let high_water = *self.high_water.get_mut();
         for segment in &self.segments {
             let segment = segment.swap(std::ptr::null_mut(), Ordering::Relaxed);
             if !segment.is_null() {
                 // SAFETY: made by `Box::into_raw` and unlinked here, once.
-                drop(unsafe { Box::from_raw(segment) });
+                let segment = unsafe { Box::from_raw(segment) };
+                segment.reached(high_water);
+                drop(segment);
             }
         }
+        // SAFETY: `gone` is dropped right after, and nobody reads it any more.
+        unsafe { self.gone.slot.drop_state() };
     }
 }
 
@@ -1491,6 +1637,48 @@ mod tests {
             (again.index as usize) < n,
             "a freed slot is reused before a new one"
         );
+    }
+
+    /// A new segment is zeroed memory: only the slots handed out are written (filled,
+    /// free for generation 1, their tags set), so making the segment writes nothing, and
+    /// a stale name of a slot past them matches nothing there.
+    #[test]
+    fn a_segment_is_written_only_as_its_slots_are_handed_out() {
+        let table = OpTable::new();
+        let ops = fill(&table, FIRST_SEGMENT + 5);
+        assert!(ops.iter().all(|op| op.generation == 1), "slots start at 1");
+        let pin = table.pin();
+        for index in FIRST_SEGMENT..FIRST_SEGMENT * 3 {
+            let slot = &table.slot(index as u32).slot;
+            if index < FIRST_SEGMENT + 5 {
+                assert!(slot.is_filled(), "slot {index} handed out");
+                assert_eq!(slot.generation(), 1);
+                assert_eq!(table.tag(index as u32).load(Ordering::Relaxed), 1);
+            } else {
+                assert!(!slot.is_filled(), "slot {index} never handed out");
+                assert_eq!(table.tag(index as u32).load(Ordering::Relaxed), 0);
+                for generation in [0, 1] {
+                    let stale = OpRef {
+                        index: index as u32,
+                        generation,
+                    };
+                    assert!(table.take(&pin, stale).is_none());
+                    assert!(!table.find(&pin, stale).slot.slot.is_filled());
+                }
+            }
+        }
+        for op in &ops {
+            assert!(table.take(&pin, *op).is_some());
+        }
+        drop(pin);
+        let again = fill(&table, FIRST_SEGMENT + 6);
+        assert_eq!(
+            table.high_water.load(Ordering::Relaxed) as usize,
+            FIRST_SEGMENT + 6
+        );
+        assert!(table.slot(FIRST_SEGMENT as u32 + 5).slot.is_filled());
+        assert!(!table.slot(FIRST_SEGMENT as u32 + 6).slot.is_filled());
+        assert_eq!(again.len(), FIRST_SEGMENT + 6);
     }
 
     /// Fills the table with `n` operations, returning their names (all released).

@@ -7,6 +7,7 @@
 //! | bits   | name       | meaning |
 //! |--------|------------|---------|
 //! | 63..32 | generation | the occupant's while the slot is occupied; the next occupant's while it is free |
+//! | 4      | `FILLED`   | set in every word but an unfilled slot's (0): no name's compare ever matches an unfilled slot |
 //! | 3      | `BY_SHUTDOWN` | with `EXPIRED` only: the expiry was shutdown's (it drained the operation's timer), not its timeout's |
 //! | 2      | `EXPIRED`  | the occupant's timeout fired while the slot was locked: whoever unlocks it expires it |
 //! | 1      | `PARKED`   | a thread sleeps in [`Slot::lock`], waiting for the slot |
@@ -15,8 +16,11 @@
 //! # States
 //! A name (an `OpRef`, `op_table.rs`) is a slot index and a generation `g`.
 //!
+//! (Below, `g` stands for the word of generation `g`, `FILLED` included.)
+//!
 //! | state                     | word               | the operation |
 //! |---------------------------|--------------------|---------------|
+//! | unfilled                  | 0                  | none, and the state is not even written: the memory as the system gave it |
 //! | free, or waiting unlocked | `g`                | none (free: no name `g` was handed out yet), or waiting |
 //! | locked                    | `g \| LOCKED`      | read or changed by the holder only (`try_complete` runs here) |
 //! | locked, expiry requested  | `g \| LOCKED \| EXPIRED` | as locked; the holder must expire it if it does not take it |
@@ -27,6 +31,7 @@
 //! # Transitions, and who makes each
 //! | from                           | to                          | by |
 //! |--------------------------------|-----------------------------|----|
+//! | unfilled                       | free `g`                    | the thread handed it out first ([`Slot::fill`]): nobody else can name it yet |
 //! | free `g`                       | locked `g`                  | the allocator ([`Slot::occupy`]): nobody else can name `g` yet |
 //! | waiting `g`                    | locked `g`                  | [`Slot::lock`] or [`Slot::lock_or_request_expiry`] naming `g` |
 //! | locked `g`                     | locked `g` + `PARKED`       | [`Slot::lock`] naming `g`, before it sleeps |
@@ -57,7 +62,14 @@
 //!   can never meet on one occupant: shutdown drains only timers that have not fired.
 //! - Generations never wrap: a slot whose generation reaches `RETIRED` stays retired
 //!   (see `op_table.rs`).
+//! - An unfilled slot (the op table makes its segments from zeroed memory and fills a
+//!   slot only when it is first handed out) has the word 0, which no compare expects
+//!   (each expects `FILLED`) and [`Slot::occupy`] refuses: nothing holds it, reads its
+//!   state or writes it but [`Slot::fill`], and a stale name of a slot made again finds
+//!   no match there as it finds none in a filled one. Its generation reads as 0, below
+//!   every generation the op table hands out (it starts them at 1).
 
+use std::mem::MaybeUninit;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 
 use crate::sync::{AtomicU64, Parker, SpinWait, UnsafeCell};
@@ -70,11 +82,13 @@ const PARKED: u64 = 1 << 1;
 const EXPIRED: u64 = 1 << 2;
 const BY_SHUTDOWN: u64 = 1 << 3;
 const FLAGS: u64 = LOCKED | PARKED | EXPIRED | BY_SHUTDOWN;
+/// Set in the word of every slot but an unfilled one (whose word is 0).
+const FILLED: u64 = 1 << 4;
 
 /// The word of an unlocked slot of generation `generation`.
 #[inline]
 fn unlocked(generation: u32) -> u64 {
-    u64::from(generation) << 32
+    u64::from(generation) << 32 | FILLED
 }
 
 #[inline]
@@ -119,34 +133,90 @@ pub(crate) enum Unlocked {
     MustExpire { by_shutdown: bool },
 }
 
-/// One slot; its operation state `S` is only touched by the slot's holder.
+/// One slot; its operation state `S` is only touched by the slot's holder, and written
+/// only once the slot is filled.
+///
+/// A slot has no drop glue of its own: its state is dropped by its owner, with
+/// [`drop_state`](Self::drop_state), so that dropping a segment reads no slot that was
+/// never filled (the op table's segments track how far they were handed out).
 pub(crate) struct Slot<S> {
     word: AtomicU64,
-    state: UnsafeCell<S>,
+    /// Written (initialised) while the word is 0 by [`fill`](Self::fill) only; from then
+    /// on a valid `S`, for good.
+    state: UnsafeCell<MaybeUninit<S>>,
 }
 
-// SAFETY: the state is only reached through `with_state`, whose contract is that the
-// caller holds the slot (the `LOCKED` bit), so one thread at a time touches it; the lock's
-// acquire and release order those touches. The state moves between threads (`S: Send`).
+// SAFETY: the state is only reached through `fill`, whose caller is the only one who may
+// fill the slot and does so before it names the slot to anyone, and `with_state`, whose
+// contract is that the caller holds the slot (the `LOCKED` bit), so one thread at a time
+// touches it; the fill's release and the lock's acquire and release order those touches.
+// The state moves between threads (`S: Send`).
 unsafe impl<S: Send> Sync for Slot<S> {}
 
 impl<S> Slot<S> {
-    /// A free slot whose next occupant gets `generation` (below [`RETIRED`]): for a slot
-    /// made anew where an older one was, whose names must never match it.
-    pub(crate) fn free_with(state: S, generation: u32) -> Self {
-        debug_assert_ne!(generation, RETIRED);
-        Slot {
-            word: AtomicU64::new(unlocked(generation)),
-            state: UnsafeCell::new(state),
-        }
-    }
-
     /// A slot that no name ever matches: it stands in for the slots of a segment given
     /// back (`op_table.rs`), so a stale name finds "gone" there and writes nothing.
     pub(crate) fn retired(state: S) -> Self {
         Slot {
             word: AtomicU64::new(unlocked(RETIRED)),
-            state: UnsafeCell::new(state),
+            state: UnsafeCell::new(MaybeUninit::new(state)),
+        }
+    }
+
+    /// An unfilled slot: what a slot of zeroed memory is (the word 0, the state not
+    /// written), for the segments made without zeroed memory (under loom) and tests.
+    #[cfg(any(loom, test))]
+    pub(crate) fn unfilled() -> Self {
+        Slot {
+            word: AtomicU64::new(0),
+            state: UnsafeCell::new(MaybeUninit::uninit()),
+        }
+    }
+
+    /// Fills the slot, if it is unfilled, with `state`, free for an occupant of
+    /// `generation` (at least 1, below [`RETIRED`]); `false` (`state` dropped) if it was
+    /// filled before. With `surely_unfilled`, it does not look first: a read of a page
+    /// never written maps the system's zero page, and the write after it faults a second
+    /// time (90,000 faults against 68,000 in `benches/examples/watch_tail.rs`).
+    ///
+    /// Every name of an earlier slot at this place must be below `generation` (a segment
+    /// made again starts above its earlier slots' generations, `op_table/give_back.rs`).
+    ///
+    /// # Safety
+    /// The caller was handed the slot as a new one (above every slot handed out before
+    /// it in its segment) and has named it to nobody yet, so no other thread fills it,
+    /// holds it or reads its state meanwhile (a stale name's compare may still read the
+    /// word: it expects `FILLED` and fails). With `surely_unfilled`, the slot was never
+    /// filled.
+    #[inline]
+    pub(crate) unsafe fn fill(&self, state: S, generation: u32, surely_unfilled: bool) -> bool {
+        debug_assert!(generation != 0 && generation != RETIRED);
+        debug_assert!(!surely_unfilled || self.word.load(Relaxed) == 0);
+        if !surely_unfilled && self.word.load(Relaxed) != 0 {
+            return false;
+        }
+        // SAFETY: the word is 0, so nobody holds the slot (a holder's word has `FILLED`),
+        // and by the caller's contract nobody else fills it: this is the one access.
+        unsafe { self.state.with_mut(|cell| *cell = MaybeUninit::new(state)) };
+        // Release: the thread that occupies it next acquires the state written here.
+        self.word.store(unlocked(generation), Release);
+        true
+    }
+
+    /// Drops the state, if the slot was ever filled; reads nothing else of it.
+    ///
+    /// # Safety
+    /// The slot is dropped right after, and nothing reads its state again.
+    pub(crate) unsafe fn drop_state(&mut self) {
+        #[cfg(not(loom))]
+        let word = *self.word.get_mut();
+        #[cfg(loom)]
+        let word = self.word.with_mut(|word| *word);
+        if word & FILLED != 0 {
+            // SAFETY: a filled slot's state was written by `fill` (or made with it) and
+            // stays a valid `S`; `&mut self` makes this the one access, and the caller
+            // reads it no more.
+            unsafe { self.state.with_mut(|cell| cell.assume_init_drop()) };
         }
     }
 
@@ -178,8 +248,9 @@ impl<S> Slot<S> {
     /// [`occupy`](Self::occupy)) and has not released it since.
     #[inline]
     pub(crate) unsafe fn with_state<R>(&self, f: impl FnOnce(&mut S) -> R) -> R {
-        // SAFETY: the holder has exclusive access (see the module doc).
-        unsafe { self.state.with_mut(f) }
+        // SAFETY: the holder has exclusive access (see the module doc), and a slot held
+        // was filled (a word without `FILLED` is never locked), so its state is an `S`.
+        unsafe { self.state.with_mut(|cell| f(cell.assume_init_mut())) }
     }
 
     /// Locks a free slot for its new occupant; returns the occupant's generation.
@@ -197,8 +268,9 @@ impl<S> Slot<S> {
         // into the other flags, but that word is already a broken invariant, and
         // `not_free` panics on it before anything else is written.
         let word = self.word.fetch_add(LOCKED, Acquire);
-        // Checked in every build: the state's exclusive access rests on it.
-        if word & FLAGS != 0 || generation_of(word) == RETIRED {
+        // Checked in every build: the state's exclusive access rests on it (and, for an
+        // unfilled slot, whether it has a state at all).
+        if word & (FLAGS | FILLED) != FILLED || generation_of(word) == RETIRED {
             not_free(word);
         }
         generation_of(word)
@@ -224,7 +296,8 @@ impl<S> Slot<S> {
     fn lock_slow(&self, generation: u32, mut word: u64, parker: &Parker) -> bool {
         let mut spin = SpinWait::new();
         loop {
-            if generation_of(word) != generation {
+            // Another generation, or an unfilled slot (no `FILLED`, whatever the name).
+            if word & !FLAGS != unlocked(generation) {
                 return false;
             }
             if word & LOCKED == 0 {
@@ -275,7 +348,8 @@ impl<S> Slot<S> {
         };
         let mut word = self.word.load(Relaxed);
         loop {
-            if generation_of(word) != generation || word & EXPIRED != 0 {
+            // Another generation, an unfilled slot, or an expiry requested already.
+            if word & !FLAGS != unlocked(generation) || word & EXPIRED != 0 {
                 return ExpiryAttempt::Gone;
             }
             let (new, attempt) = if word & LOCKED == 0 {
@@ -346,6 +420,12 @@ impl<S> Slot<S> {
         }
     }
 
+    /// Test support: whether the slot was filled (its word is not 0).
+    #[cfg(all(test, not(loom)))]
+    pub(crate) fn is_filled(&self) -> bool {
+        self.word.load(Relaxed) != 0
+    }
+
     /// Test support: gives a free slot generation `generation`, as if it had been reused
     /// that many times.
     #[cfg(all(test, not(loom)))]
@@ -367,5 +447,47 @@ fn prefetch_line<T>(at: &T) {
         std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
             (at as *const T).cast::<i8>(),
         )
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+
+    /// An unfilled slot (zeroed memory) is held by nobody: no generation's lock or
+    /// expiry matches it, and filling it makes it free for the fill's generation alone.
+    #[test]
+    fn an_unfilled_slot_matches_no_name_until_filled() {
+        let parker = Parker::default();
+        let slot: Slot<String> = Slot::unfilled();
+        for generation in [0, 1, 2, RETIRED] {
+            assert!(!slot.lock(generation, &parker), "lock {generation}");
+            assert!(matches!(
+                slot.lock_or_request_expiry(generation, false),
+                ExpiryAttempt::Gone
+            ));
+        }
+        assert_eq!(slot.generation(), 0, "below every generation handed out");
+        assert!(!slot.is_filled(), "the failed compares wrote nothing");
+        // SAFETY: this test's slot, named to nobody.
+        assert!(unsafe { slot.fill("state".to_string(), 3, true) });
+        // SAFETY: as above; filled already, so `false` and the state is dropped.
+        assert!(!unsafe { slot.fill("again".to_string(), 9, false) });
+        assert!(!slot.lock(2, &parker));
+        assert_eq!(slot.occupy(), 3);
+        // SAFETY: held (occupied just now).
+        unsafe { slot.with_state(|state| assert_eq!(state, "state")) };
+        slot.release_taken(4, &parker);
+        let mut slot = slot;
+        // SAFETY: the slot is dropped right after.
+        unsafe { slot.drop_state() };
+    }
+
+    /// The allocator's check refuses an unfilled slot: it has no state to hold.
+    #[test]
+    #[should_panic(expected = "not free")]
+    fn occupying_an_unfilled_slot_panics() {
+        let slot: Slot<String> = Slot::unfilled();
+        slot.occupy();
     }
 }

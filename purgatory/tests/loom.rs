@@ -1051,6 +1051,85 @@ fn a_stale_force_racing_a_relinked_segment_touches_no_new_operation() {
     });
 }
 
+/// [`relink_model`] with the segment surely made anew: the late thread uses X's stale
+/// name only once the giver's purge is done (no pin held it, so the second segment was
+/// unlinked and freed), while the giver's next nine watches make the segment again. Its
+/// slots are unfilled until handed out (zeroed memory, `slot.rs`), and the ninth watch
+/// fills X's slot under the late thread's compare: X's name matches neither the unfilled
+/// slot nor the filled one (its floor is above X's generation), and the late thread never
+/// reads a state (loom reports a read of the cell the fill writes as a data race).
+fn made_anew_model(action: LateAction) {
+    let clock = ManualClock::new();
+    let purgatory = purgatory(&clock);
+    let watch_nine = |purgatory: &Purgatory<u8, Op>, first_key: u8| {
+        (0..9u8)
+            .map(|i| {
+                let (op, _) = never_ready(Duration::from_secs(60));
+                let key = if first_key == KEY && i == 8 {
+                    KEY
+                } else {
+                    first_key + 1 + i
+                };
+                let WatchOutcome::Pending(handle) = purgatory.watch(op, [key]).expect("accepted")
+                else {
+                    panic!("waits");
+                };
+                handle
+            })
+            .collect::<Vec<_>>()
+    };
+    let first = watch_nine(&purgatory, KEY);
+    let x = first[8];
+    assert_eq!(purgatory.force_complete_batch(first.iter()), 9);
+    let purged = Arc::new(AtomicBool::new(false));
+    let late = {
+        let purgatory = purgatory.clone();
+        let purged = Arc::clone(&purged);
+        spawn(move || {
+            while !purged.load(SeqCst) {
+                loom::thread::yield_now();
+            }
+            match action {
+                LateAction::Cancel => assert!(purgatory.cancel(&x).is_none()),
+                LateAction::Force => assert!(!purgatory.force_complete(&x)),
+                LateAction::IsCompleted => assert!(purgatory.is_completed(&x)),
+                LateAction::Check => assert_eq!(purgatory.check_and_complete(&KEY), 0),
+            }
+        })
+    };
+    let giver = {
+        let purgatory = purgatory.clone();
+        let purged = Arc::clone(&purged);
+        spawn(move || {
+            purgatory.purge();
+            purged.store(true, SeqCst);
+            watch_nine(&purgatory, 100)
+        })
+    };
+    late.join().unwrap();
+    let second = giver.join().unwrap();
+    assert!(purgatory.is_completed(&x), "{action:?}");
+    assert!(!purgatory.force_complete(&x), "{action:?}");
+    for handle in &second {
+        assert!(!purgatory.is_completed(handle), "{action:?}");
+    }
+    assert_eq!(purgatory.stats().pending, 9);
+}
+
+#[test]
+fn a_stale_force_racing_the_fill_of_a_segment_made_anew_touches_nothing() {
+    explore("segment made anew and a late force", || {
+        made_anew_model(LateAction::Force)
+    });
+}
+
+#[test]
+fn a_stale_check_racing_the_fill_of_a_segment_made_anew_touches_nothing() {
+    explore("segment made anew and a late check", || {
+        made_anew_model(LateAction::Check)
+    });
+}
+
 /// Watches `n` never-ready operations on keys `first_key + 1 ..`, each with its
 /// outcome.
 fn watch_pending(

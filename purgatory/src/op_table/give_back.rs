@@ -16,7 +16,7 @@
 //! | look | a few loads (the free lists' counts), no lock; when it starts setting aside, the room for the segment's slots allocated | 1.9 us | 19 us |
 //! | sweep | [`SWEEP_STEP`] entries of one free list under its lock, then those of the segment appended to `aside` | 22 us | 108 us |
 //! | unlink | a few stores under `growth` and `aside`'s lock; `aside`'s room handed over to be freed | 5.9 us | 70 us |
-//! | scan | [`SCAN_STEP`] slots' generations of a segment unlinked, under `growth` | 124 us | 188 us |
+//! | scan | [`SCAN_STEP`] slots' generations of a segment unlinked (of its slots ever filled, `Segment::reach`), under `growth` | 124 us | 188 us |
 //! | free | the segments whose grace passed handed to the thread that drops things (`discard.rs`: their drop and unmapping took up to 47 ms on the reaper); that thread started, once a process | 3.0 us | 94 us |
 //! | shrink | one free list of at most [`SHRINK_COPY_UP_TO`] entries copied to a buffer twice its length, the old one handed over to be freed | 0.2 us | 0.4 us |
 //! | stop setting aside | each free list's lock taken once, then `aside`'s slots moved to one list | - | - |
@@ -202,7 +202,7 @@ pub(super) struct Growth<O> {
 impl<O> Growth<O> {
     pub(super) fn new() -> Self {
         Growth {
-            floors: [0; SEGMENTS],
+            floors: [1; SEGMENTS],
             unlinked: Vec::new(),
             kept: Vec::new(),
             phase: Phase::Idle,
@@ -575,6 +575,7 @@ impl<O: DelayedOperation> OpTable<O> {
         // SAFETY: segment `k` existed (it holds slot `high - 1`), made by
         // `Box::into_raw`; unlinked now, it is freed only after its grace.
         let segment = unsafe { Box::from_raw(segment) };
+        segment.reached(high);
         growth.unlinked.push(Unlinked {
             segment,
             k,
@@ -619,18 +620,19 @@ impl<O: DelayedOperation> OpTable<O> {
         let Some(at) = growth
             .unlinked
             .iter()
-            .position(|u| u.scanned < u.segment.slots.len())
+            .position(|u| u.scanned < u.segment.reach())
         else {
             return false;
         };
         let unlinked = &mut growth.unlinked[at];
-        let end = (unlinked.scanned + SCAN_STEP).min(unlinked.segment.slots.len());
+        // The slots past its reach were never filled: generation 0, below every floor.
+        let end = (unlinked.scanned + SCAN_STEP).min(unlinked.segment.reach());
         unlinked.highest = unlinked.segment.slots[unlinked.scanned..end]
             .iter()
             .map(|s| s.slot.generation())
             .fold(unlinked.highest, u32::max);
         unlinked.scanned = end;
-        if end == unlinked.segment.slots.len() {
+        if end == unlinked.segment.reach() {
             let (k, highest) = (unlinked.k, unlinked.highest);
             if highest > MAX_FLOOR {
                 // Made again, every slot of it would start there: one hot slot would age
@@ -654,8 +656,7 @@ impl<O: DelayedOperation> OpTable<O> {
         let mut i = 0;
         while i < growth.unlinked.len() {
             let unlinked = &mut growth.unlinked[i];
-            if unlinked.scanned == unlinked.segment.slots.len() && unlinked.grace.passed(&self.pins)
-            {
+            if unlinked.scanned == unlinked.segment.reach() && unlinked.grace.passed(&self.pins) {
                 freed.push(growth.unlinked.swap_remove(i).segment);
             } else {
                 i += 1;
