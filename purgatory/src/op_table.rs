@@ -637,12 +637,23 @@ impl<O> Segment<O> {
 
 impl<O> Drop for Segment<O> {
     /// Drops the state of each slot that was filled (vacant, unless the table is dropped
-    /// with operations in it); reads no slot past [`reach`](Self::reach).
+    /// with operations in it); reads no slot past [`reach`](Self::reach). An operation
+    /// whose drop panics does not stop the others' (as a slice's drop goes on): the first
+    /// panic is raised again once all were dropped.
     fn drop(&mut self) {
         let reach = self.reach();
+        let mut panicked = None;
         for slot in &mut self.slots[..reach] {
             // SAFETY: the slots are dropped with the segment, right after.
-            unsafe { slot.slot.drop_state() };
+            let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| unsafe {
+                slot.slot.drop_state()
+            }));
+            if let Err(payload) = dropped {
+                panicked.get_or_insert(payload);
+            }
+        }
+        if let Some(payload) = panicked {
+            std::panic::resume_unwind(payload);
         }
     }
 }
@@ -1256,19 +1267,30 @@ impl<O: DelayedOperation> OpTable<O> {
 
 impl<O> Drop for OpTable<O> {
     /// Frees every segment, made or given back (nobody else can reach them now).
+    /// An operation's drop that panics (with the table dropped while operations are in
+    /// it) stops no other segment's: the first panic is raised again at the end.
     fn drop(&mut self) {
         let high_water = *self.high_water.get_mut();
+        let mut panicked = None;
         for segment in &self.segments {
             let segment = segment.swap(std::ptr::null_mut(), Ordering::Relaxed);
             if !segment.is_null() {
                 // SAFETY: made by `Box::into_raw` and unlinked here, once.
                 let segment = unsafe { Box::from_raw(segment) };
                 segment.reached(high_water);
-                drop(segment);
+                let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    drop(segment);
+                }));
+                if let Err(payload) = dropped {
+                    panicked.get_or_insert(payload);
+                }
             }
         }
         // SAFETY: `gone` is dropped right after, and nobody reads it any more.
         unsafe { self.gone.slot.drop_state() };
+        if let Some(payload) = panicked {
+            std::panic::resume_unwind(payload);
+        }
     }
 }
 
@@ -1740,6 +1762,49 @@ mod tests {
             table.segment_bytes(),
             FIRST_SEGMENT * 3 * per_slot,
             "made again"
+        );
+    }
+
+    /// A table dropped with operations still in it (only after a panic of the
+    /// purgatory's own code) drops each of them once, across segments, even when one's
+    /// drop panics; the panic comes out after.
+    #[test]
+    fn a_table_dropped_with_operations_in_it_drops_each_once_despite_a_panicking_drop() {
+        use std::sync::atomic::AtomicUsize;
+        static DROPPED: AtomicUsize = AtomicUsize::new(0);
+        struct Counted(usize);
+        impl Drop for Counted {
+            fn drop(&mut self) {
+                DROPPED.fetch_add(1, Ordering::Relaxed);
+                if self.0 == 7 || self.0 == FIRST_SEGMENT + 7 {
+                    panic!("drop {}", self.0);
+                }
+            }
+        }
+        impl DelayedOperation for Counted {
+            fn timeout(&self) -> std::time::Duration {
+                std::time::Duration::from_secs(1)
+            }
+            fn try_complete(&mut self) -> bool {
+                false
+            }
+            fn on_complete(&mut self, _how: crate::Completion) {}
+        }
+        let n = FIRST_SEGMENT * 2;
+        let table = OpTable::new();
+        let mut locked: Vec<Option<Locked<'_, Counted>>> = (0..n).map(|_| None).collect();
+        table.insert_many(
+            (0..n).map(|i| (Counted(i), CarriedSpan::default())),
+            locked.iter_mut(),
+        );
+        drop(locked);
+        assert_eq!(DROPPED.load(Ordering::Relaxed), 0);
+        let dropped = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| drop(table)));
+        assert!(dropped.is_err(), "the first panic comes out");
+        assert_eq!(
+            DROPPED.load(Ordering::Relaxed),
+            n,
+            "every operation dropped once"
         );
     }
 
