@@ -110,7 +110,7 @@ fn concurrent_growth_with_give_backs_and_stale_handles_loses_and_doubles_nothing
             let next_id = Arc::clone(&next_id);
             let barrier = Arc::clone(&barrier);
             std::thread::spawn(move || {
-                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (t as u64 + 1) * 0x1234_5678_9abc_def1);
+                let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ ((t as u64 + 1) * 0x1234_5678_9abc_def1));
                 let mut stale: Vec<(usize, OperationHandle<Op>)> = Vec::new();
                 for round in 0..ROUNDS {
                     barrier.wait();
