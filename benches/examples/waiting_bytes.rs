@@ -17,10 +17,9 @@
 //!   back, by requested size (a wrapper over the system allocator counts every
 //!   allocation, free and reallocation), so the figure does not depend on an allocator's
 //!   rounding or its headers; resident memory (`VmRSS`, system allocator) does, and is
-//!   printed beside it. Ours takes its timer's entry slabs and its operation table's
-//!   segments from the system itself (mapped pages, or the system allocator for small
-//!   ones), past the wrapper: their bytes (`TimerStats::entry_bytes`, the slabs'
-//!   capacity, and `PurgatoryStats::table_bytes`) are added to ours' live bytes.
+//!   printed beside it. Ours takes its timer's entry slabs from the system itself
+//!   (mapped pages, or the system allocator for small ones), past the wrapper: their bytes (`TimerStats::entry_bytes`, the slabs'
+//!   capacity) are added to ours' live bytes.
 //! - Both are read after the implementation is built (its threads running, nothing
 //!   watched) and again once the count of live bytes has not moved for 300 ms after the
 //!   last watch (the `DelayQueue` peer's driver takes its channel's messages in after
@@ -107,8 +106,7 @@ fn settle() {
 }
 
 /// `unseen`: the bytes `p` holds that the global allocator does not count (ours: the
-/// timer's entry slabs and the operation table's segments, taken from the system
-/// itself, `TimerStats::entry_bytes` and `PurgatoryStats::table_bytes`).
+/// timer's entry slabs, taken from the system itself, `TimerStats::entry_bytes`).
 fn measure<P: LoadPurgatory<LoadOp>>(
     name: &str,
     p: &P,
@@ -165,13 +163,7 @@ fn main() {
                 .name("waiting")
                 .build()
                 .expect("a purgatory");
-            measure(
-                name,
-                &p,
-                &|| p.timer_stats().entry_bytes + p.stats().table_bytes,
-                n,
-                keys,
-            );
+            measure(name, &p, &|| p.timer_stats().entry_bytes, n, keys);
         }
         "naive" => measure(
             name,

@@ -77,7 +77,7 @@ pub(crate) const INTERVAL: Duration = Duration::from_secs(1);
 type Figure = fn(&PurgatoryStats) -> u64;
 
 /// Gauges: name, help text, figure.
-const GAUGES: [(&str, &str, Figure); 5] = [
+const GAUGES: [(&str, &str, Figure); 4] = [
     (
         "purgatory_pending",
         "Operations waiting for their timeout (Kafka's NumDelayedOperations).",
@@ -96,11 +96,6 @@ const GAUGES: [(&str, &str, Figure); 5] = [
     ("purgatory_keys", "Keys with a watcher list.", |s| {
         s.keys as u64
     }),
-    (
-        "purgatory_table_bytes",
-        "Bytes of the operation table's slots (the system's memory, not the global allocator's).",
-        |s| s.table_bytes as u64,
-    ),
 ];
 
 /// Counters: name, help text, figure.
@@ -329,7 +324,6 @@ where
     /// | `purgatory_watched` | gauge | `watched`: watcher entries, answered ones not yet dropped included | `PurgatorySize` |
     /// | `purgatory_watched_live` | gauge | `watched_live`: watcher entries of operations still waiting | |
     /// | `purgatory_keys` | gauge | `keys`: keys with a watcher list | |
-    /// | `purgatory_table_bytes` | gauge | `table_bytes`: bytes of the operation table's slots | |
     /// | `purgatory_completed_total` | counter | `completed`: by `try_complete` | |
     /// | `purgatory_forced_total` | counter | `forced`: by `force_complete` | |
     /// | `purgatory_expired_total` | counter | `expired`: by their timeout | |

@@ -486,10 +486,6 @@ pub(crate) struct OpTable<O> {
     /// Held by the one thread that makes a segment, outside `growth` (see
     /// [`new_slots`](Self::new_slots)).
     making: Mutex<()>,
-    /// The bytes of the segments made and not freed (linked, unlinked, kept, or made and
-    /// not linked yet): counted when one is made, discounted when it is dropped unused
-    /// or handed over to be freed.
-    segment_bytes: std::sync::atomic::AtomicUsize,
     /// The free slots of the top segment while it is being emptied, handed out only
     /// when every free list is empty (`give_back.rs`, "Setting aside").
     aside: Aside,
@@ -508,11 +504,11 @@ pub(crate) struct OpTable<O> {
 
 /// One segment of slots and their tags, created together, so that one look-up finds both.
 struct Segment<O> {
-    slots: Slots<O>,
+    slots: Box<[TableSlot<O>]>,
     /// The low 8 bits of each slot's generation, packed 64 to a cache line, for telling
     /// stale list entries apart without touching their slots (see
     /// [`OpTable::may_be_waiting`]).
-    tags: timer_core::ZeroedSlice<AtomicU8>,
+    tags: Box<[AtomicU8]>,
     /// The index of its first slot: `FIRST_SEGMENT * (2^k - 1)` for segment `k`.
     first: usize,
     /// The generation its slots start with, as each is filled ([`OpTable::new_slots`]).
@@ -568,15 +564,13 @@ impl<O> Segment<O> {
     /// next generation when it is first handed out.
     ///
     /// Its slots and tags are zeroed memory, which is what an unfilled slot and a tag of
-    /// 0 are: nothing is written here, and a large segment comes as pages the system
-    /// maps (and zeroes) only when a slot on them is first filled. Writing every slot
-    /// here, as this did before, held the watch that reached a new segment for 20-37 ms
-    /// at a million operations (`benches/examples/watch_tail.rs`), and twice that at each
-    /// doubling. The memory is the system's, not the global allocator's, which clears a
-    /// block it reuses all at once in `alloc_zeroed` (glibc, once it has raised its
-    /// mapping threshold, a segment of up to 32 MiB made again after a give-back: 2.4-5.9
-    /// ms); so a counting global allocator does not see it: [`OpTable::segment_bytes`]
-    /// gives it.
+    /// 0 are: nothing is written here, and a large segment new to the process comes as
+    /// pages the system maps (and zeroes) only when a slot on them is first filled.
+    /// Writing every slot here, as this did before, held the watch that reached a new
+    /// segment for 20-37 ms at a million operations (`benches/examples/watch_tail.rs`),
+    /// and twice that at each doubling. (An allocator that reuses memory for a segment
+    /// clears it in `alloc_zeroed`: glibc, once it has raised its mapping threshold, for
+    /// a segment of up to 32 MiB made again after a give-back: 2.4-5.9 ms.)
     fn new(k: usize, floor: u32) -> Box<Self> {
         let len = FIRST_SEGMENT << k;
         Box::new(Segment {
@@ -628,11 +622,6 @@ impl<O> Segment<O> {
     fn reach(&self) -> usize {
         self.reach.load(Ordering::Relaxed) as usize
     }
-
-    /// The bytes of its slots and tags.
-    fn bytes(&self) -> usize {
-        self.slots.len() * (std::mem::size_of::<TableSlot<O>>() + 1)
-    }
 }
 
 impl<O> Drop for Segment<O> {
@@ -658,34 +647,46 @@ impl<O> Drop for Segment<O> {
     }
 }
 
-/// A segment's slots: zeroed memory of their own (`timer_core::ZeroedSlice`: pages
-/// mapped for a large segment, which the system zeroes as each is first written, so no
-/// allocator clears a reused block at once); under loom, whose atomics are not plain
-/// memory, a box of slots made unfilled one by one.
+/// `len` unfilled slots: zeroed memory from the global allocator, no byte of it written
+/// here (see [`Segment::new`]).
 #[cfg(not(loom))]
-type Slots<O> = timer_core::ZeroedSlice<TableSlot<O>>;
-#[cfg(loom)]
-type Slots<O> = Box<[TableSlot<O>]>;
-
-/// `len` unfilled slots, no byte of them written.
-#[cfg(not(loom))]
-fn zeroed_slots<O>(len: usize) -> Slots<O> {
+fn zeroed_slots<O>(len: usize) -> Box<[TableSlot<O>]> {
     // SAFETY: all zeros are a valid `TableSlot`: its atomics read 0, and its state is a
     // `MaybeUninit` (any bytes) in an `UnsafeCell` (no invariant); that is an unfilled
     // slot (`slot.rs`).
-    unsafe { timer_core::ZeroedSlice::new(len) }
+    unsafe { zeroed_box(len) }
 }
 
-/// Under loom: each slot made unfilled.
+/// Under loom, whose atomics are not plain memory: each slot made unfilled.
 #[cfg(loom)]
-fn zeroed_slots<O>(len: usize) -> Slots<O> {
+fn zeroed_slots<O>(len: usize) -> Box<[TableSlot<O>]> {
     (0..len).map(|_| TableSlot::unfilled()).collect()
 }
 
-/// `len` tags of 0, as [`zeroed_slots`]' memory (`AtomicU8` is std's, also under loom).
-fn zeroed_tags(len: usize) -> timer_core::ZeroedSlice<AtomicU8> {
+/// `len` tags of 0 (`AtomicU8` is std's, also under loom).
+fn zeroed_tags(len: usize) -> Box<[AtomicU8]> {
     // SAFETY: a zero byte is a valid `AtomicU8`.
-    unsafe { timer_core::ZeroedSlice::new(len) }
+    unsafe { zeroed_box(len) }
+}
+
+/// `len` values of `T` (not zero-sized), all zero bytes, from the global allocator's
+/// `alloc_zeroed`: fresh memory from the system is not written at all (its pages are
+/// mapped, zeroed, as they are first written); memory the allocator reuses, it clears.
+///
+/// # Safety
+/// All-zero bytes are a valid `T`.
+unsafe fn zeroed_box<T>(len: usize) -> Box<[T]> {
+    let layout = std::alloc::Layout::array::<T>(len).expect("segment size");
+    assert!(layout.size() != 0, "a segment has slots, of a sized type");
+    // SAFETY: the layout's size is not zero (checked above).
+    let memory = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<T>();
+    if memory.is_null() {
+        std::alloc::handle_alloc_error(layout);
+    }
+    // SAFETY: room for `len` values allocated by the global allocator with the layout of
+    // `[T; len]`, which `Box<[T]>` frees with; every byte zero, a valid `T` (the
+    // caller's promise).
+    unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(memory, len)) }
 }
 
 /// The segment and offset of slot `index`.
@@ -724,7 +725,6 @@ impl<O: DelayedOperation> OpTable<O> {
             gone_tag: AtomicU8::new(tag_of(RETIRED)),
             growth: Mutex::new(Growth::new()),
             making: Mutex::new(()),
-            segment_bytes: Default::default(),
             aside: Aside::default(),
             giving_back: Pending::default(),
             free: std::array::from_fn(FreeList::new),
@@ -735,30 +735,8 @@ impl<O: DelayedOperation> OpTable<O> {
         };
         // The first segment up front, so small purgatories never race to create it; it
         // is never given back.
-        let first = table.make_segment(0, 1);
-        table.segments[0].store(Box::into_raw(first), Ordering::Release);
+        table.segments[0].store(Box::into_raw(Segment::new(0, 1)), Ordering::Release);
         table
-    }
-
-    /// Segment `k` made anew ([`Segment::new`]), its bytes counted.
-    fn make_segment(&self, k: usize, floor: u32) -> Box<Segment<O>> {
-        let segment = Segment::new(k, floor);
-        self.segment_bytes
-            .fetch_add(segment.bytes(), Ordering::Relaxed);
-        segment
-    }
-
-    /// Discounts the bytes of `segment`, about to be freed (dropped, or handed over to
-    /// be).
-    fn forget_segment(&self, segment: &Segment<O>) {
-        self.segment_bytes
-            .fetch_sub(segment.bytes(), Ordering::Relaxed);
-    }
-
-    /// The bytes of the segments of slots and tags the table holds (made and not freed),
-    /// which are the system's memory, not the global allocator's ([`Segment::new`]).
-    pub(crate) fn segment_bytes(&self) -> usize {
-        self.segment_bytes.load(Ordering::Relaxed)
     }
 
     /// Pins the table for the calling thread: required to look a slot up by a name
@@ -936,11 +914,7 @@ impl<O: DelayedOperation> OpTable<O> {
                         Some((at, floor, segment)) if at == k && floor == growth.floors[k] => {
                             segment
                         }
-                        unused => {
-                            if let Some((_, _, segment)) = &unused {
-                                // Made with a floor that changed meanwhile: dropped.
-                                self.forget_segment(segment);
-                            }
+                        _ => {
                             missing = Some((k, growth.floors[k]));
                             break;
                         }
@@ -950,10 +924,6 @@ impl<O: DelayedOperation> OpTable<O> {
             }
             let Some((k, floor)) = missing else {
                 self.high_water.store(end, Ordering::Relaxed);
-                if let Some((_, _, unused)) = made {
-                    // Made for a segment linked again meanwhile: dropped.
-                    self.forget_segment(&unused);
-                }
                 return first..=last;
             };
             drop(growth);
@@ -962,7 +932,7 @@ impl<O: DelayedOperation> OpTable<O> {
                 making = Some(self.making.lock());
                 continue;
             }
-            made = Some((k, floor, self.make_segment(k, floor)));
+            made = Some((k, floor, Segment::new(k, floor)));
         }
     }
 
@@ -1731,38 +1701,6 @@ mod tests {
         assert!(table.slot(FIRST_SEGMENT as u32 + 5).slot.is_filled());
         assert!(!table.slot(FIRST_SEGMENT as u32 + 6).slot.is_filled());
         assert_eq!(again.len(), FIRST_SEGMENT + 6);
-    }
-
-    /// The table's count of its segments' bytes (what a counting global allocator no
-    /// longer sees) follows each segment made, and each given back.
-    #[test]
-    fn segment_bytes_follow_the_segments_made_and_given_back() {
-        let table: OpTable<Named> = OpTable::new();
-        let per_slot = std::mem::size_of::<TableSlot<Named>>() + 1;
-        assert_eq!(table.segment_bytes(), FIRST_SEGMENT * per_slot);
-        let ops = fill(&table, FIRST_SEGMENT * 3 + 1);
-        assert_eq!(
-            table.segment_bytes(),
-            FIRST_SEGMENT * 7 * per_slot,
-            "segments 0-2"
-        );
-        let pin = table.pin();
-        for op in &ops {
-            assert!(table.take(&pin, *op).is_some());
-        }
-        drop(pin);
-        assert!(table.give_back() > 0);
-        assert_eq!(
-            table.segment_bytes(),
-            FIRST_SEGMENT * per_slot,
-            "all but the first given back"
-        );
-        fill(&table, FIRST_SEGMENT + 1);
-        assert_eq!(
-            table.segment_bytes(),
-            FIRST_SEGMENT * 3 * per_slot,
-            "made again"
-        );
     }
 
     /// A table dropped with operations still in it (only after a panic of the

@@ -68,14 +68,6 @@ pub struct PurgatoryStats {
     /// callbacks then waited for one of them. Each time is also reported (a warning,
     /// target `timer_core`). Not 0: raise the limit, or find what blocks the callbacks.
     pub stand_in_limit_reached: u64,
-    /// Bytes of the operation table: the slots the waiting operations live in (one cache
-    /// line each for an operation of up to 24 bytes, and a tag byte), in segments that double
-    /// as the purgatory grows, given back after a burst has drained. They are the
-    /// system's memory (large segments are pages mapped for them alone), not the global
-    /// allocator's, so a program that counts its allocations there adds this (and the
-    /// timer's `TimerStats::entry_bytes`, `Purgatory::timer_stats`) for the purgatory's
-    /// whole footprint.
-    pub table_bytes: usize,
 }
 
 impl<K, O: DelayedOperation> State<K, O> {
@@ -105,7 +97,6 @@ impl<K, O: DelayedOperation> State<K, O> {
             panicked: self.user.panicked() + self.timer.clock_panics(),
             stand_ins: timer.stand_ins,
             stand_in_limit_reached: timer.stand_in_limit_reached,
-            table_bytes: self.table.segment_bytes(),
         }
     }
 }
@@ -157,7 +148,6 @@ mod tests {
             panicked: 10,
             stand_ins: 13,
             stand_in_limit_reached: 14,
-            table_bytes: 15,
         };
         let json = serde_json::to_value(stats).unwrap();
         assert_eq!(
@@ -166,7 +156,6 @@ mod tests {
                 "pending": 1, "watched": 2, "watched_live": 11, "keys": 3, "completed": 4, "forced": 5,
                 "expired": 6, "expired_at_shutdown": 7, "cancelled": 8, "purged": 9,
                 "refused": 12, "panicked": 10, "stand_ins": 13, "stand_in_limit_reached": 14,
-                "table_bytes": 15,
             })
         );
         assert_eq!(

@@ -6,9 +6,9 @@
 //! purgatory's life: 8 bytes an expiry each, 8 and 16 MB here before they went back.
 //!
 //! What is live is counted by this binary's allocator (the system's, counting), with the
-//! timer's entry slabs and the operation table's segments added (both are taken from the
-//! system itself, past it: `TimerStats::entry_bytes`, `PurgatoryStats::table_bytes`), so
-//! the figures are exact: no allocator's free pages, and this binary runs this one test. Not timed: the reaper's rounds after the burst are
+//! timer's entry slabs added (the timer takes them from the system itself, past it:
+//! `TimerStats::entry_bytes`), so the figures are exact: no allocator's free pages, and
+//! this binary runs this one test. Not timed: the reaper's rounds after the burst are
 //! waited for up to a minute.
 
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -100,13 +100,11 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
-/// Bytes live now, in kB: those this allocator counts, the timer's entry slabs and the
-/// operation table's segments, which are taken from the system itself
-/// (`TimerStats::entry_bytes`, `PurgatoryStats::table_bytes`).
+/// Bytes live now, in kB: those this allocator counts and the timer's entry slabs,
+/// which the timer takes from the system itself (`TimerStats::entry_bytes`).
 fn live_kb(purgatory: &Purgatory<u64, Op>) -> u64 {
     let counted = LIVE.load(Ordering::Relaxed).max(0) as u64;
-    let unseen = purgatory.timer_stats().entry_bytes + purgatory.stats().table_bytes;
-    (counted + unseen as u64) / 1024
+    (counted + purgatory.timer_stats().entry_bytes as u64) / 1024
 }
 
 /// One burst through a purgatory whose timer is `timer`; returns the figures, or what

@@ -131,7 +131,6 @@ fn publish_metrics_reports_every_figure_labelled_with_the_purgatory() {
         ("purgatory_watched", stats.watched as u64),
         ("purgatory_watched_live", stats.watched_live as u64),
         ("purgatory_keys", stats.keys as u64),
-        ("purgatory_table_bytes", stats.table_bytes as u64),
         ("purgatory_completed_total", stats.completed),
         ("purgatory_forced_total", stats.forced),
         ("purgatory_expired_total", stats.expired),

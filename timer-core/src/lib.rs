@@ -78,10 +78,6 @@ pub use wheel::{SlotKey, Wheel};
 #[doc(hidden)]
 pub use sync::UnsafeCell;
 
-/// Zeroed memory of its own for the purgatory's op table segments: not part of the API.
-#[doc(hidden)]
-pub use wheel::ZeroedSlice;
-
 /// The package README's examples, compiled and run as doctests so they stay true.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]

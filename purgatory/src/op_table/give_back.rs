@@ -674,9 +674,6 @@ impl<O: DelayedOperation> OpTable<O> {
     /// caller's runs in their drop.
     #[cfg(not(loom))]
     fn free_elsewhere(&self, _growth: &mut Growth<O>, segments: Segments<O>) {
-        for segment in &segments {
-            self.forget_segment(segment);
-        }
         free_off_the_reaper(segments);
     }
 
@@ -687,7 +684,6 @@ impl<O: DelayedOperation> OpTable<O> {
     #[cfg(loom)]
     fn free_elsewhere(&self, growth: &mut Growth<O>, segments: Segments<O>) {
         for segment in &segments {
-            self.forget_segment(segment);
             // SAFETY: loom checks that no look-up reads this concurrently.
             segment.alive.with_mut(|alive| unsafe { *alive = false });
         }

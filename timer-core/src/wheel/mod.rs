@@ -45,11 +45,9 @@ mod deferred_unlinks;
 mod free_slots;
 mod slab;
 mod system_vec;
-mod zeroed_slice;
 
 pub use self::slab::SlotKey;
 pub(crate) use self::slab::Spare;
-pub use self::zeroed_slice::ZeroedSlice;
 /// One slab entry holding a `T` (its size is what [`Wheel`]'s entry bytes count).
 #[cfg(test)]
 pub(crate) type EntryOf<T> = self::slab::Entry<T>;

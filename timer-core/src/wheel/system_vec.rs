@@ -186,20 +186,6 @@ fn is_mapped(layout: Layout) -> bool {
     layout.size() >= MAP_FROM && layout.align() <= 4096
 }
 
-/// A new block of `layout` (non-zero size), every byte zero: fresh mapped pages (which
-/// the system zeroes as they are first touched, so nothing is written here), or the
-/// system allocator's zeroed block; on failure, the allocation error handler runs. Freed
-/// by [`free`], as a block of [`allocate`].
-pub(crate) fn allocate_zeroed(layout: Layout) -> NonNull<u8> {
-    let raw = if is_mapped(layout) {
-        map(layout.size())
-    } else {
-        // SAFETY: `layout` has a non-zero size (the caller's promise).
-        unsafe { System.alloc_zeroed(layout) }
-    };
-    NonNull::new(raw).unwrap_or_else(|| handle_alloc_error(layout))
-}
-
 /// A new block of `layout` (non-zero size, alignment at most a page's); on failure, the
 /// allocation error handler runs.
 fn allocate(layout: Layout) -> NonNull<u8> {
@@ -215,9 +201,9 @@ fn allocate(layout: Layout) -> NonNull<u8> {
 /// Frees a block.
 ///
 /// # Safety
-/// `ptr` was returned for `layout` by [`allocate`], [`allocate_zeroed`] or
-/// [`reallocate`], is not freed yet, and holds nothing that still needs dropping.
-pub(crate) unsafe fn free(ptr: NonNull<u8>, layout: Layout) {
+/// `ptr` was returned for `layout` by [`allocate`] or [`reallocate`], is not freed yet,
+/// and holds nothing that still needs dropping.
+unsafe fn free(ptr: NonNull<u8>, layout: Layout) {
     if is_mapped(layout) {
         // SAFETY: (the caller's promise) `ptr` is a mapping of `layout.size()` bytes,
         // made for this block alone.
