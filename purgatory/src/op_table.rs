@@ -570,7 +570,7 @@ impl<O> Segment<O> {
     /// segment for 20-37 ms at a million operations (`benches/examples/watch_tail.rs`),
     /// and twice that at each doubling. (An allocator that reuses memory for a segment
     /// clears it in `alloc_zeroed`: glibc, once it has raised its mapping threshold, for
-    /// a segment of up to 32 MiB made again after a give-back: 2.4-5.9 ms.)
+    /// a segment of up to 32 MiB made again after a give-back: 2.4-8.6 ms.)
     fn new(k: usize, floor: u32) -> Box<Self> {
         let len = FIRST_SEGMENT << k;
         Box::new(Segment {
