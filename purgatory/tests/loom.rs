@@ -897,24 +897,7 @@ enum LateAction {
 fn give_back_model(action: LateAction) {
     let clock = ManualClock::new();
     let purgatory = purgatory(&clock);
-    let watch_nine = |first_key: u8| {
-        (0..9u8)
-            .map(|i| {
-                let (op, _) = never_ready(Duration::from_secs(60));
-                let key = if first_key == KEY && i == 8 {
-                    KEY
-                } else {
-                    first_key + 1 + i
-                };
-                let WatchOutcome::Pending(handle) = purgatory.watch(op, [key]).expect("accepted")
-                else {
-                    panic!("waits");
-                };
-                handle
-            })
-            .collect::<Vec<_>>()
-    };
-    let first = watch_nine(KEY);
+    let first = watch_nine(&purgatory, KEY);
     let x = first[8];
     assert_eq!(purgatory.force_complete_batch(first.iter()), 9);
     let late = {
@@ -936,7 +919,7 @@ fn give_back_model(action: LateAction) {
     giver.join().unwrap();
     // Frees what waited for the late thread's pin (if it had to).
     purgatory.purge();
-    let second = watch_nine(100);
+    let second = watch_nine(&purgatory, 100);
     assert!(purgatory.is_completed(&x), "{action:?}");
     assert!(purgatory.cancel(&x).is_none(), "{action:?}");
     assert!(!purgatory.force_complete(&x), "{action:?}");
@@ -974,6 +957,27 @@ fn a_stale_check_racing_a_give_back_reads_no_freed_segment() {
     });
 }
 
+/// Watches nine never-ready operations on keys `first_key + 1 ..` (the ninth on `KEY`
+/// when `first_key` is `KEY`): with eight before them, the ninth takes the first slot of
+/// the second segment (8 slots a segment under loom).
+fn watch_nine(purgatory: &Purgatory<u8, Op>, first_key: u8) -> Vec<purgatory::OperationHandle<Op>> {
+    (0..9u8)
+        .map(|i| {
+            let (op, _) = never_ready(Duration::from_secs(60));
+            let key = if first_key == KEY && i == 8 {
+                KEY
+            } else {
+                first_key + 1 + i
+            };
+            let WatchOutcome::Pending(handle) = purgatory.watch(op, [key]).expect("accepted")
+            else {
+                panic!("waits");
+            };
+            handle
+        })
+        .collect()
+}
+
 /// [`give_back_model`] with the next burst racing the late thread: the giver purges
 /// (giving the second segment back) and then watches nine operations, the ninth of which
 /// needs the second segment again. While the late thread's pin lives the segment waits
@@ -983,23 +987,6 @@ fn a_stale_check_racing_a_give_back_reads_no_freed_segment() {
 fn relink_model(action: LateAction) {
     let clock = ManualClock::new();
     let purgatory = purgatory(&clock);
-    let watch_nine = |purgatory: &Purgatory<u8, Op>, first_key: u8| {
-        (0..9u8)
-            .map(|i| {
-                let (op, _) = never_ready(Duration::from_secs(60));
-                let key = if first_key == KEY && i == 8 {
-                    KEY
-                } else {
-                    first_key + 1 + i
-                };
-                let WatchOutcome::Pending(handle) = purgatory.watch(op, [key]).expect("accepted")
-                else {
-                    panic!("waits");
-                };
-                handle
-            })
-            .collect::<Vec<_>>()
-    };
     let first = watch_nine(&purgatory, KEY);
     let x = first[8];
     assert_eq!(purgatory.force_complete_batch(first.iter()), 9);
@@ -1061,23 +1048,6 @@ fn a_stale_force_racing_a_relinked_segment_touches_no_new_operation() {
 fn made_anew_model(action: LateAction) {
     let clock = ManualClock::new();
     let purgatory = purgatory(&clock);
-    let watch_nine = |purgatory: &Purgatory<u8, Op>, first_key: u8| {
-        (0..9u8)
-            .map(|i| {
-                let (op, _) = never_ready(Duration::from_secs(60));
-                let key = if first_key == KEY && i == 8 {
-                    KEY
-                } else {
-                    first_key + 1 + i
-                };
-                let WatchOutcome::Pending(handle) = purgatory.watch(op, [key]).expect("accepted")
-                else {
-                    panic!("waits");
-                };
-                handle
-            })
-            .collect::<Vec<_>>()
-    };
     let first = watch_nine(&purgatory, KEY);
     let x = first[8];
     assert_eq!(purgatory.force_complete_batch(first.iter()), 9);
