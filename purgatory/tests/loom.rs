@@ -902,12 +902,7 @@ fn give_back_model(action: LateAction) {
     assert_eq!(purgatory.force_complete_batch(first.iter()), 9);
     let late = {
         let purgatory = purgatory.clone();
-        spawn(move || match action {
-            LateAction::Cancel => assert!(purgatory.cancel(&x).is_none()),
-            LateAction::Force => assert!(!purgatory.force_complete(&x)),
-            LateAction::IsCompleted => assert!(purgatory.is_completed(&x)),
-            LateAction::Check => assert_eq!(purgatory.check_and_complete(&KEY), 0),
-        })
+        spawn(move || act_late(&purgatory, &x, action))
     };
     let giver = {
         let purgatory = purgatory.clone();
@@ -920,13 +915,7 @@ fn give_back_model(action: LateAction) {
     // Frees what waited for the late thread's pin (if it had to).
     purgatory.purge();
     let second = watch_nine(&purgatory, 100);
-    assert!(purgatory.is_completed(&x), "{action:?}");
-    assert!(purgatory.cancel(&x).is_none(), "{action:?}");
-    assert!(!purgatory.force_complete(&x), "{action:?}");
-    for handle in &second {
-        assert!(!purgatory.is_completed(handle), "{action:?}");
-    }
-    assert_eq!(purgatory.stats().pending, 9);
+    assert_reaches_nothing(&purgatory, &x, &second, action);
 }
 
 #[test]
@@ -955,6 +944,34 @@ fn a_stale_check_racing_a_give_back_reads_no_freed_segment() {
     explore("give back and a late check", || {
         give_back_model(LateAction::Check)
     });
+}
+
+/// What the late thread of the give-back models does with X's stale name: it finds X
+/// answered, and changes nothing.
+fn act_late(purgatory: &Purgatory<u8, Op>, x: &purgatory::OperationHandle<Op>, action: LateAction) {
+    match action {
+        LateAction::Cancel => assert!(purgatory.cancel(x).is_none()),
+        LateAction::Force => assert!(!purgatory.force_complete(x)),
+        LateAction::IsCompleted => assert!(purgatory.is_completed(x)),
+        LateAction::Check => assert_eq!(purgatory.check_and_complete(&KEY), 0),
+    }
+}
+
+/// After a give-back model: X's stale name matches none of the `second` burst's
+/// operations, which all still wait.
+fn assert_reaches_nothing(
+    purgatory: &Purgatory<u8, Op>,
+    x: &purgatory::OperationHandle<Op>,
+    second: &[purgatory::OperationHandle<Op>],
+    action: LateAction,
+) {
+    assert!(purgatory.is_completed(x), "{action:?}");
+    assert!(purgatory.cancel(x).is_none(), "{action:?}");
+    assert!(!purgatory.force_complete(x), "{action:?}");
+    for handle in second {
+        assert!(!purgatory.is_completed(handle), "{action:?}");
+    }
+    assert_eq!(purgatory.stats().pending, 9);
 }
 
 /// Watches nine never-ready operations on keys `first_key + 1 ..` (the ninth on `KEY`
@@ -992,12 +1009,7 @@ fn relink_model(action: LateAction) {
     assert_eq!(purgatory.force_complete_batch(first.iter()), 9);
     let late = {
         let purgatory = purgatory.clone();
-        spawn(move || match action {
-            LateAction::Cancel => assert!(purgatory.cancel(&x).is_none()),
-            LateAction::Force => assert!(!purgatory.force_complete(&x)),
-            LateAction::IsCompleted => assert!(purgatory.is_completed(&x)),
-            LateAction::Check => assert_eq!(purgatory.check_and_complete(&KEY), 0),
-        })
+        spawn(move || act_late(&purgatory, &x, action))
     };
     let giver = {
         let purgatory = purgatory.clone();
@@ -1008,13 +1020,7 @@ fn relink_model(action: LateAction) {
     };
     late.join().unwrap();
     let second = giver.join().unwrap();
-    assert!(purgatory.is_completed(&x), "{action:?}");
-    assert!(purgatory.cancel(&x).is_none(), "{action:?}");
-    assert!(!purgatory.force_complete(&x), "{action:?}");
-    for handle in &second {
-        assert!(!purgatory.is_completed(handle), "{action:?}");
-    }
-    assert_eq!(purgatory.stats().pending, 9);
+    assert_reaches_nothing(&purgatory, &x, &second, action);
 }
 
 #[test]
@@ -1059,12 +1065,7 @@ fn made_anew_model(action: LateAction) {
             while !purged.load(SeqCst) {
                 loom::thread::yield_now();
             }
-            match action {
-                LateAction::Cancel => assert!(purgatory.cancel(&x).is_none()),
-                LateAction::Force => assert!(!purgatory.force_complete(&x)),
-                LateAction::IsCompleted => assert!(purgatory.is_completed(&x)),
-                LateAction::Check => assert_eq!(purgatory.check_and_complete(&KEY), 0),
-            }
+            act_late(&purgatory, &x, action);
         })
     };
     let giver = {
@@ -1078,12 +1079,7 @@ fn made_anew_model(action: LateAction) {
     };
     late.join().unwrap();
     let second = giver.join().unwrap();
-    assert!(purgatory.is_completed(&x), "{action:?}");
-    assert!(!purgatory.force_complete(&x), "{action:?}");
-    for handle in &second {
-        assert!(!purgatory.is_completed(handle), "{action:?}");
-    }
-    assert_eq!(purgatory.stats().pending, 9);
+    assert_reaches_nothing(&purgatory, &x, &second, action);
 }
 
 #[test]
