@@ -31,9 +31,9 @@
 //!   2^32 - 1 operations) is retired instead of freed and never handed out again, so a
 //!   stale `OpRef` can never match a later operation, at any uptime. (The cost: one slot
 //!   per 2^32 - 1 operations of one slot. A retired slot's tag is the tag of `RETIRED`; a
-//!   stale entry with that tag is dropped only by a `check_and_complete` on its key
-//!   (once the key's dead entries are a quarter of its list), which checks such entries
-//!   against the slot ([`OpTable::is_waiting_by_tag`]), never by purges.)
+//!   stale entry with that tag, or with an unfilled slot's tag (0), is checked against
+//!   the slot itself ([`OpTable::is_waiting_by_tag`]) by purges and by a
+//!   `check_and_complete` on its key, which drop it.)
 //! - The operation stays in its slot until exactly one thread takes it out, holding the
 //!   slot under the matching generation. Whoever takes it completes it (or hands it
 //!   back, for a cancel); every later attempt finds another generation. So `on_complete`
@@ -112,9 +112,12 @@ const TAG_MASK: u8 = u8::MAX;
 #[cfg(loom)]
 const TAG_MASK: u8 = 0;
 
+/// The tag of an unfilled slot (zeroed memory, see [`Segment::new`]).
+const UNFILLED_TAG: u8 = 0;
+
 /// The tag of `generation`: its low 8 bits.
 #[inline]
-fn tag_of(generation: u32) -> u8 {
+const fn tag_of(generation: u32) -> u8 {
     generation as u8 & TAG_MASK
 }
 
@@ -1156,14 +1159,21 @@ impl<O: DelayedOperation> OpTable<O> {
         self.tag(op.index).load(Ordering::Acquire) == tag_of(op.generation)
     }
 
-    /// [`may_be_waiting`](Self::may_be_waiting), made certain for the one case a later
-    /// look would never settle: a retired slot keeps its tag forever, so an entry whose
-    /// generation has the retired tag is checked against the slot itself (one entry in
-    /// 256 reads its slot; the others only their tag).
+    /// [`may_be_waiting`](Self::may_be_waiting), made certain for the two cases a later
+    /// look might never settle, where a slot's tag may never move again: a retired slot
+    /// keeps its tag forever, and an unfilled slot (of a segment given back and made
+    /// anew, not handed out that far again) has tag 0 until the table grows that far.
+    /// An entry whose generation has either tag is checked against the slot itself (two
+    /// entries in 256 read their slot; the others only their tag). Without the second
+    /// case, a stale entry whose generation is a multiple of 256 stayed listed, and kept
+    /// its key's list, for as long as its slot stayed unfilled.
     #[inline]
     pub(crate) fn is_waiting_by_tag(&self, pin: &Pinned<'_>, op: OpRef) -> bool {
-        self.may_be_waiting(pin, op)
-            && (tag_of(op.generation) != tag_of(RETIRED) || self.is_waiting(pin, op))
+        // The two tags are 255 and 0, the two below 2 once 1 is added (one compare).
+        const _: () = assert!(tag_of(RETIRED) == u8::MAX || cfg!(loom));
+        const _: () = assert!(UNFILLED_TAG == 0);
+        let lasting_tag = tag_of(op.generation).wrapping_add(1) < 2;
+        self.may_be_waiting(pin, op) && (!lasting_tag || self.is_waiting(pin, op))
     }
 
     /// Takes the operation `op` names, whatever its readiness (force, cancel).
@@ -1768,6 +1778,48 @@ mod tests {
                     .op()
             })
             .collect()
+    }
+
+    /// A stale name whose tag is an unfilled slot's (its generation a multiple of 256),
+    /// on a slot of a segment given back and made anew but not handed out that far
+    /// again: the tag alone cannot tell it is gone (and the slot's tag would not move
+    /// until the table grows that far), so [`OpTable::is_waiting_by_tag`] reads the
+    /// slot and says gone.
+    #[test]
+    fn a_stale_name_with_the_unfilled_tag_on_a_slot_made_anew_reads_as_gone() {
+        let table = OpTable::new();
+        let ops = fill(&table, FIRST_SEGMENT + 10);
+        let pin = table.pin();
+        // The occupant of a slot of segment 1 gets generation 256 (tag 0).
+        let before = ops[FIRST_SEGMENT + 5];
+        drop(table.take(&pin, before).expect("waiting"));
+        table.age_slot(before.index, 256);
+        let stale = table.insert_one(Named("x"), CarriedSpan::default()).op();
+        assert_eq!((stale.index, stale.generation), (before.index, 256));
+        assert_eq!(tag_of(stale.generation), UNFILLED_TAG);
+        for op in ops.iter().chain([&stale]) {
+            if *op != before {
+                drop(table.take(&pin, *op).expect("waiting"));
+            }
+        }
+        drop(pin);
+        assert_eq!(table.give_back(), FIRST_SEGMENT * 2, "segment 1 unlinked");
+        assert_eq!(table.give_back(), 0, "and freed");
+        // Segment 1 made anew, its first slot handed out, the stale name's not.
+        let again = *fill(&table, FIRST_SEGMENT + 1)
+            .iter()
+            .max_by_key(|op| op.index)
+            .expect("filled");
+        assert_eq!(again.index as usize, FIRST_SEGMENT);
+        let pin = table.pin();
+        assert!(
+            table.may_be_waiting(&pin, stale),
+            "the tags collide (else this test shows nothing)"
+        );
+        assert!(!table.is_waiting(&pin, stale));
+        assert!(!table.is_waiting_by_tag(&pin, stale), "kept listed");
+        assert!(table.lock(&pin, stale).is_none());
+        assert!(table.is_waiting_by_tag(&pin, again));
     }
 
     /// A table dropped with operations still in it, across two segments (the second

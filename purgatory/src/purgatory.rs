@@ -1077,6 +1077,47 @@ mod tests {
         }
     }
 
+    /// A stale entry whose generation is a multiple of 256 (the tag of an unfilled slot),
+    /// naming a slot of a segment given back and made anew but not handed out that far
+    /// again, on a key nobody checks: the purge drops it, and the key with it. (The tag
+    /// alone says "may be waiting" there until the table grows that far again.)
+    #[test]
+    fn a_stale_entry_with_an_unfilled_slots_tag_is_purged_with_its_key() {
+        let purgatory: Purgatory<u32, Named> = PurgatoryBuilder::new()
+            .timer(TimerBuilder::new().clock(ManualClock::new()).reaper(false))
+            .purge_interval(1)
+            .build()
+            .unwrap();
+        let state = purgatory.state();
+        // Two segments (1,024 and 2,048 slots), the second partly handed out.
+        let bulk: Vec<_> = (0..1034)
+            .map(|_| pending(purgatory.watch(Named, [0])))
+            .collect();
+        let before = bulk.iter().max_by_key(|h| h.op.index()).expect("watched");
+        assert!(before.op.index() >= 1024, "in the second segment");
+        assert!(purgatory.force_complete(before));
+        state.table.age_slot(before.op.index(), 256);
+        let lonely = pending(purgatory.watch(Named, [1]));
+        assert_eq!(lonely.op, OpRef::for_test(before.op.index(), 256));
+        for handle in bulk.iter().chain([&lonely]) {
+            purgatory.force_complete(handle);
+        }
+        assert_eq!(purgatory.pending(), 0);
+        // The second segment goes back before any purge has looked at key 1's list.
+        assert_eq!(state.table.give_back(), 2048);
+        assert_eq!(state.table.give_back(), 0);
+        // Made anew: 1,025 new operations fill the first segment and one slot of it.
+        let again: Vec<_> = (0..1025)
+            .map(|_| pending(purgatory.watch(Named, [0])))
+            .collect();
+        assert!(again.iter().all(|h| h.op.index() < before.op.index()));
+        purgatory.purge();
+        let stats = purgatory.stats();
+        assert_eq!(stats.keys, 1, "key 1 kept for its stale entry");
+        assert_eq!(stats.watched_live, 1025);
+        assert!(purgatory.cancel_for_key(&1).is_empty());
+    }
+
     /// Records each `try_complete` call by its operation's number; ready once told so.
     /// Each `try_complete` runs its hook, if it has one, after recording.
     struct Recorded {

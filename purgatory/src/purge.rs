@@ -17,10 +17,14 @@
 //!   cursor, which may be inside a list) on its next round; after a full pass over every shard it stops even if the
 //!   (estimated) counts still say a purge is due, so a drifted estimate cannot make the
 //!   reaper spin.
-//! - A purge reads only the dense generation tags (`OpTable::may_be_waiting`), so it
-//!   keeps an entry whose tag collides with its slot's current one: a later purge drops
-//!   it once the slot's generation moves on, or a check of its key does (which also
-//!   drops a retired slot's entries, which no purge does).
+//! - A purge reads the dense generation tags (`OpTable::is_waiting_by_tag`), and the slot
+//!   itself only for the two tags a slot may keep for good (a retired slot's, and an
+//!   unfilled one's, in a segment given back and made anew), about one entry in 128. So
+//!   it keeps an entry whose tag collides with its slot's current one only while the
+//!   slot's generation has not moved on: a later purge drops it, or a check of its key
+//!   does. A collision that would last (a slot retired, or never handed out again after
+//!   a give-back) is settled by the slot, so a key nobody checks again does not keep its
+//!   list for it.
 
 use std::hash::Hash;
 
@@ -44,13 +48,23 @@ impl<K: Hash + Eq, O: DelayedOperation> State<K, O> {
     /// dropped.
     fn purge_step(&self, index: usize, cursor: PurgeCursor) -> (usize, Option<PurgeCursor>) {
         let pin = self.table.pin();
-        let (removed, next) = self.watchers.purge_step(
-            index,
-            cursor,
-            STEP,
-            |op| self.table.may_be_waiting(&pin, op),
-            &self.user,
-        );
+        // Under loom every tag collides (`TAG_MASK` in `op_table.rs`), so reading the slot
+        // of each entry the tag cannot settle is reading every entry's slot word, which
+        // made loom 0.7.3 fail an assertion of its own bookkeeping (two stores of a word
+        // with one modification order, "TODO: this sometimes fails", tokio-rs/loom#252)
+        // in two give-back models. There the
+        // purge reads tags alone, as it did before; the same slot read is modelled on
+        // the check's path, which also drops what it settles.
+        let still_listed = |op| {
+            if cfg!(loom) {
+                self.table.may_be_waiting(&pin, op)
+            } else {
+                self.table.is_waiting_by_tag(&pin, op)
+            }
+        };
+        let (removed, next) =
+            self.watchers
+                .purge_step(index, cursor, STEP, still_listed, &self.user);
         if removed > 0 {
             self.counters.add(Count::Purged, removed as u64);
         }
