@@ -115,6 +115,9 @@ const TAG_MASK: u8 = 0;
 /// The tag of an unfilled slot (zeroed memory, see [`Segment::new`]).
 const UNFILLED_TAG: u8 = 0;
 
+/// The tag a retired slot keeps.
+const RETIRED_TAG: u8 = tag_of(RETIRED);
+
 /// The tag of `generation`: its low 8 bits.
 #[inline]
 const fn tag_of(generation: u32) -> u8 {
@@ -1169,9 +1172,10 @@ impl<O: DelayedOperation> OpTable<O> {
     /// its key's list, for as long as its slot stayed unfilled.
     #[inline]
     pub(crate) fn is_waiting_by_tag(&self, pin: &Pinned<'_>, op: OpRef) -> bool {
-        // The two tags are 255 and 0, the two below 2 once 1 is added (one compare).
-        const _: () = assert!(tag_of(RETIRED) == u8::MAX || cfg!(loom));
-        const _: () = assert!(UNFILLED_TAG == 0);
+        // The two tags are 0 and 255, the two below 2 once 1 is added: one compare (the
+        // plain `tag == UNFILLED_TAG || tag == RETIRED_TAG` cost about 6 instructions more a
+        // watch and its expiry in `expiring_watches`).
+        const _: () = assert!(UNFILLED_TAG == 0 && (RETIRED_TAG == u8::MAX || cfg!(loom)));
         let lasting_tag = tag_of(op.generation).wrapping_add(1) < 2;
         self.may_be_waiting(pin, op) && (!lasting_tag || self.is_waiting(pin, op))
     }

@@ -19,12 +19,14 @@
 //!   reaper spin.
 //! - A purge reads the dense generation tags (`OpTable::is_waiting_by_tag`), and the slot
 //!   itself only for the two tags a slot may keep for good (a retired slot's, and an
-//!   unfilled one's, in a segment given back and made anew), about one entry in 128. So
-//!   it keeps an entry whose tag collides with its slot's current one only while the
-//!   slot's generation has not moved on: a later purge drops it, or a check of its key
-//!   does. A collision that would last (a slot retired, or never handed out again after
-//!   a give-back) is settled by the slot, so a key nobody checks again does not keep its
-//!   list for it.
+//!   unfilled one's, in a segment given back and made anew), about one entry in 128.
+//!   Otherwise it keeps an entry whose tag collides with its slot's current one (the
+//!   slot reused a multiple of 256 times since): a later purge drops it once the slot's
+//!   generation moves on, or a check of its key does. While that slot stays free (the
+//!   load fell and it is not handed out again) the entry, and its key's list, stay; on a
+//!   key nobody checks again, until the slot is used again. Reading the slot of every
+//!   entry whose tag matches would settle that too, at a cache miss for each waiting
+//!   operation's entry a purge passes, which the tags are there to avoid.
 
 use std::hash::Hash;
 
